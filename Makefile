@@ -1,0 +1,54 @@
+# date_optax: two commands do all set-up on a fresh machine.
+#   make demo   creates .venv, installs the package, runs the main job on the CPU
+#   make test   creates .venv, installs the test extras, runs the test suite
+#
+# JAX >= 0.11 needs Python >= 3.12. We prefer a working python3.12 (pyenv shims
+# may exist without the version being active, so each candidate is *run*), and
+# fall back to python3 (3.11 gets jax 0.10; the library supports both).
+
+SHELL := /bin/bash
+VENV  ?= .venv
+PY    := $(VENV)/bin/python
+PYTEST_ARGS ?=
+JOBS ?= 2
+
+PYTHON ?= $(shell \
+  for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 \
+           /usr/local/bin/python3.12 /usr/bin/python3.12 python3; do \
+    if "$$p" -c 'import sys; sys.exit(sys.version_info < (3, 10))' >/dev/null 2>&1; then \
+      echo "$$p"; break; \
+    fi; \
+  done)
+
+.PHONY: demo test test-all bench lint clean venv
+
+$(VENV)/.created:
+	@test -n "$(PYTHON)" || { echo "no Python >= 3.10 found" >&2; exit 1; }
+	@echo "Creating $(VENV) with $(PYTHON) ($$($(PYTHON) --version))"
+	$(PYTHON) -m venv $(VENV)
+	@touch $@
+
+$(VENV)/.installed: $(VENV)/.created pyproject.toml
+	$(PY) -m pip install -q -e '.[examples]'
+	@touch $@
+
+$(VENV)/.installed-test: $(VENV)/.created pyproject.toml
+	$(PY) -m pip install -q -e '.[test,examples]'
+	@touch $@
+
+venv: $(VENV)/.installed-test
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/date-optax demo
+
+test: $(VENV)/.installed-test
+	$(PY) -m pytest -n $(JOBS) -q $(PYTEST_ARGS)
+
+test-all: $(VENV)/.installed-test
+	$(PY) -m pytest -n $(JOBS) -q -m '' $(PYTEST_ARGS)
+
+bench: $(VENV)/.installed-test
+	$(PY) benchmarks/optimizer_step.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,1 @@
+"""Implementation modules of date_optax; import the public names from `date_optax`."""
