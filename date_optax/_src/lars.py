@@ -305,8 +305,8 @@ def bounded_lars(
     >>> grads = {'w': jnp.array([0.06, 0.08])}         # ||g|| = 0.1
     >>> opt = date_optax.bounded_lars(0.5, base='sgd', lower=0.01, upper=10.0)
     >>> updates, _ = opt.update(grads, opt.init(params), params)
-    >>> print(updates['w'].round(4))        # -0.5 * clip(50, 0.01, 10) * g
-    [-0.3 -0.4]
+    >>> [f"{x:.2f}" for x in updates['w']]  # -0.5 * clip(50, 0.01, 10) * g
+    ['-0.30', '-0.40']
 
   References:
     You et al., `Large-Batch Training for LSTM and Beyond
