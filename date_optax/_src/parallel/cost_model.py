@@ -18,8 +18,7 @@ class AllReduceCost(NamedTuple):
     latency_steps: neighbour exchanges on the critical path (each costs
       `alpha`).
     bytes_per_link: bytes carried by the busiest link in one direction.
-    seconds: `alpha · latency_steps + beta · (bytes sent along the critical
-      path)`.
+    seconds: `alpha · latency_steps + beta · bytes_per_link`.
   """
 
   latency_steps: int
@@ -53,10 +52,11 @@ def allreduce_cost(
   * "torus": the two-phase algorithm on an X×Y torus. Each half of the buffer
     makes a ring reduce-scatter along one axis and then the other, and the
     gather in reverse: `2(X-1) + 2(Y-1)` steps. The halves run at the same
-    time on disjoint links, so the time is the slower half's
-    `alpha · steps + beta · ((X-1)/X · M + (Y-1)/Y · M/X)` (half A; B swaps X
-    and Y); a vertical link carries half A's first phase and half B's second,
-    both ways.
+    time; a vertical link carries half A's first phase (`M/2`) and half B's
+    second (`M/(2Y)`), scatter and gather, i.e.
+    `(X-1)/X · M · (1 + 1/Y)` bytes, and symmetrically for horizontal links.
+    The busiest link sets the bandwidth term. On a 1×P torus this is exactly
+    the ring over P devices.
 
   Args:
     algorithm: "ring" or "torus".
@@ -99,11 +99,10 @@ def allreduce_cost(
     )
   x, y = shape
   steps = 2 * (x - 1) + 2 * (y - 1)
-  # Bytes one half sends along its path: the first phase moves (X-1)/X of the
-  # half (M/2) twice (scatter and gather); the second phase works on 1/X of it.
-  half_a = (x - 1) / x * m + (y - 1) / y * m / x
-  half_b = (y - 1) / y * m + (x - 1) / x * m / y
-  vertical = (x - 1) / x * m / 2 * (1 + 1 / y) * 2
-  horizontal = (y - 1) / y * m / 2 * (1 + 1 / x) * 2
-  seconds = alpha * steps + beta * max(half_a, half_b)
-  return AllReduceCost(steps, max(vertical, horizontal), seconds)
+  # A vertical ring moves (X-1)/X of what it is given, once to scatter and once
+  # to gather: half A whole (M/2) in its first phase, half B after its y-phase
+  # left 1/Y of it (M/(2Y)) in its second.
+  vertical = 2 * (x - 1) / x * (m / 2 + m / (2 * y))
+  horizontal = 2 * (y - 1) / y * (m / 2 + m / (2 * x))
+  per_link = max(vertical, horizontal)
+  return AllReduceCost(steps, per_link, alpha * steps + beta * per_link)
