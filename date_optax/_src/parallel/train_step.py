@@ -258,6 +258,7 @@ class TrainStep:
     self.batch_sharding = NamedSharding(mesh, self.batch_spec)
     self.replicated = NamedSharding(mesh, P())
     self._jitted = jax.jit(self._step, donate_argnums=(0,) if donate else ())
+    self._init_cache: dict[Any, Any] = {}
 
   # -- layout ---------------------------------------------------------------
 
@@ -289,9 +290,13 @@ class TrainStep:
     `params` may be host (NumPy) arrays with the same value on every process.
     """
     params = jax.tree.map(lambda x: replicate_to_mesh(x, self.mesh), params)
-    create = lambda p: TrainState.create(p, self.optimizer)
-    shardings = self.state_sharding(jax.eval_shape(create, params))
-    return jax.jit(create, out_shardings=shardings)(params)
+    key = (jax.tree.structure(params),
+           tuple((x.shape, x.dtype) for x in jax.tree.leaves(params)))
+    if key not in self._init_cache:
+      create = lambda p: TrainState.create(p, self.optimizer)
+      shardings = self.state_sharding(jax.eval_shape(create, params))
+      self._init_cache[key] = jax.jit(create, out_shardings=shardings)
+    return self._init_cache[key](params)
 
   def shard_batch(self, batch: PyTree) -> PyTree:
     """This host's rows of the global batch -> global arrays split over replicas."""
@@ -360,6 +365,9 @@ class TrainStep:
     return new_state, metrics
 
   def _prepare(self, batch: PyTree) -> PyTree:
+    _check_batch(batch, 1)
+    per_process = self.num_replicas // max(1, jax.process_count())
+
     def to_global(x):
       if isinstance(x, jax.Array) and not x.is_fully_addressable:
         return x
@@ -367,6 +375,12 @@ class TrainStep:
           self.batch_sharding, x.ndim
       ):
         return x
+      if np.shape(x)[0] % per_process:
+        raise ValueError(
+            f"this process's batch rows ({np.shape(x)[0]}) must be divisible by "
+            f"its {per_process} data-parallel devices (the global batch by the "
+            f"{self.num_replicas} replicas)."
+        )
       return host_local_to_global(x, self.batch_sharding)
 
     return jax.tree.map(to_global, batch)
