@@ -140,7 +140,10 @@ def apply_gradients(
   """
   updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
   new_params = optax.apply_updates(state.params, updates)
-  finite = _all_finite((loss, grads, updates))
+  # The barrier materialises the flag once: otherwise XLA fuses the whole
+  # finiteness reduction into every select below, which made a ResNet-50-sized
+  # step compile ~15x slower (and recompute the check per leaf).
+  finite = lax.optimization_barrier(_all_finite((loss, grads, updates)))
 
   def keep(new, old):
     return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
