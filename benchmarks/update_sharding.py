@@ -69,7 +69,8 @@ def analytic() -> None:
 
   print("Optimizer-state MB per device (float32; LARS keeps 1 array per "
         "parameter, LAMB 2):\n")
-  print("| tree | params (M) | optimizer | N | whole | shard_update | fraction | ideal 1/N |")
+  print("| tree | params (M) | optimizer | N | whole | shard_update | fraction "
+        "| ideal 1/N |")
   print("|---|---:|---|---:|---:|---:|---:|---:|")
   for tree, fn in TREES.items():
     shapes = list(fn().values())
@@ -97,7 +98,8 @@ def measure(tree: str, steps: int) -> None:
 
   shapes = TREES[tree]()
   rng = np.random.default_rng(0)
-  params = {k: (0.05 * rng.standard_normal(s, dtype=np.float32)) for k, s in shapes.items()}
+  params = {k: 0.05 * rng.standard_normal(s, dtype=np.float32)
+            for k, s in shapes.items()}
   batch = np.ones((64, 1), np.float32)
 
   def loss_fn(p, b):

@@ -20,7 +20,7 @@ def init_params(seed: int = 0) -> dict:
           "bias": (0.1 * rng.normal(size=(HIDDEN,))).astype(np.float32),
       },
       "out": {
-          "kernel": (rng.normal(size=(HIDDEN, OUT)) / np.sqrt(HIDDEN)).astype(np.float32),
+          "kernel": (rng.normal(size=(HIDDEN, OUT)) / 4.0).astype(np.float32),
           "bias": (0.1 * rng.normal(size=(OUT,))).astype(np.float32),
       },
   }

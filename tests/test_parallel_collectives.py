@@ -61,7 +61,8 @@ def _all_three(mesh, axes, tree):
 
   def body(t):
     t = jax.tree.map(lambda x: x[0], t)
-    out = {"psum": jax.tree.map(lambda x: lax.psum(x.astype(jnp.int32) if x.dtype == jnp.bool_ else x, axes), t),
+    as_int = lambda x: x.astype(jnp.int32) if x.dtype == jnp.bool_ else x
+    out = {"psum": jax.tree.map(lambda x: lax.psum(as_int(x), axes), t),
            "ours_psum": dp.psum_all_reduce(t, axes),
            "ring": dp.ring_all_reduce(t, axes)}
     if len(compat.as_tuple(axes)) == 2:
@@ -110,7 +111,8 @@ def test_torus_needs_two_axes():
                              in_specs=P("data"), out_specs=P("data")))(jnp.ones(8))
   with pytest.raises(ValueError, match="algorithm"):
     jax.jit(compat.shard_map(lambda t: dp.all_reduce(t, "data", algorithm="tree"),
-                             mesh=mesh, in_specs=P("data"), out_specs=P("data")))(jnp.ones(8))
+                             mesh=mesh, in_specs=P("data"),
+                             out_specs=P("data")))(jnp.ones(8))
 
 
 def test_low_precision_accumulates_in_float32():
@@ -190,9 +192,10 @@ def test_check_vma_true_is_supported():
 
 
 def test_cost_reference_numbers():
-  assert dp.allreduce_cost("ring", 256, 1e8, alpha=1e-6, beta=1e-9).latency_steps == 510
-  assert dp.allreduce_cost("ring", (16, 16), 1e8, alpha=1e-6, beta=1e-9).latency_steps == 510
-  assert dp.allreduce_cost("torus", (16, 16), 1e8, alpha=1e-6, beta=1e-9).latency_steps == 60
+  cost = lambda alg, shape: dp.allreduce_cost(alg, shape, 1e8, alpha=1e-6, beta=1e-9)
+  assert cost("ring", 256).latency_steps == 510
+  assert cost("ring", (16, 16)).latency_steps == 510
+  assert cost("torus", (16, 16)).latency_steps == 60
 
 
 @given(p=st.integers(1, 4096), m=st.floats(0, 1e10), a=st.floats(0, 1e-3),

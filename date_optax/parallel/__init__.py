@@ -22,7 +22,11 @@ from date_optax._src.parallel.input_pipeline import (
     prefetch_to_device,
 )
 from date_optax._src.parallel.mesh import data_mesh, torus_mesh
-from date_optax._src.parallel.train_state import NonFiniteError, TrainState, check_metrics
+from date_optax._src.parallel.train_state import (
+    NonFiniteError,
+    TrainState,
+    check_metrics,
+)
 from date_optax._src.parallel.train_step import (
     PmapTrainStep,
     TrainStep,
@@ -54,4 +58,5 @@ __all__ = [
     "psum_all_reduce",
     "ring_all_reduce",
     "torus_all_reduce",
+    "torus_mesh",
 ]

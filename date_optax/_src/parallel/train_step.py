@@ -93,9 +93,15 @@ def _scaled(grads: PyTree, n: int) -> PyTree:
 
 
 def _mean_over_replicas(
-    grads: PyTree, axes: Any, algorithm: str, n: int, grid: tuple[int, int] | None = None
+    grads: PyTree,
+    axes: Any,
+    algorithm: str,
+    n: int,
+    grid: tuple[int, int] | None = None,
 ) -> PyTree:
-  total = collectives.all_reduce(_scaled(grads, n), axes, algorithm=algorithm, grid=grid)
+  total = collectives.all_reduce(
+      _scaled(grads, n), axes, algorithm=algorithm, grid=grid
+  )
   return jax.tree.map(lambda t, g: t.astype(g.dtype), total, grads)
 
 
@@ -171,7 +177,9 @@ def apply_gradients(
   return new_state, metrics
 
 
-def _check_common(loss_fn, optimizer, grad_reduce, compute_dtype, max_consecutive_skips):
+def _check_common(
+    loss_fn, optimizer, grad_reduce, compute_dtype, max_consecutive_skips
+):
   if not callable(loss_fn):
     raise TypeError(f"loss_fn must be callable, got {loss_fn!r}.")
   if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
@@ -183,7 +191,9 @@ def _check_common(loss_fn, optimizer, grad_reduce, compute_dtype, max_consecutiv
     try:
       dt = jnp.dtype(compute_dtype)
     except TypeError as e:
-      raise TypeError(f"compute_dtype must be a float dtype, got {compute_dtype!r}.") from e
+      raise TypeError(
+          f"compute_dtype must be a float dtype, got {compute_dtype!r}."
+      ) from e
     if not jnp.issubdtype(dt, jnp.floating):
       raise TypeError(f"compute_dtype must be a float dtype, got {compute_dtype!r}.")
   if max_consecutive_skips is not None:
@@ -408,7 +418,9 @@ def _to_blocks(x: jax.Array, d: int, n: int) -> jax.Array:
   return jnp.moveaxis(x, d, 0).reshape(n, -1)
 
 
-def _shard_from_chunk(chunk: jax.Array, shape: Sequence[int], d: int, n: int) -> jax.Array:
+def _shard_from_chunk(
+    chunk: jax.Array, shape: Sequence[int], d: int, n: int
+) -> jax.Array:
   moved = (shape[d] // n,) + tuple(s for i, s in enumerate(shape) if i != d)
   return jnp.moveaxis(chunk.reshape(moved), 0, d)
 
@@ -423,7 +435,9 @@ def _reduce_scatter_mean(
   out: list[Any] = [None] * len(leaves)
   whole = [i for i, d in enumerate(dims) if d is None]
   if whole:
-    reduced = collectives.all_reduce([leaves[i] for i in whole], axes, algorithm=algorithm)
+    reduced = collectives.all_reduce(
+        [leaves[i] for i in whole], axes, algorithm=algorithm
+    )
     for i, r in zip(whole, reduced, strict=True):
       out[i] = r
   groups: dict[Any, list[int]] = {}
@@ -600,7 +614,9 @@ class PmapTrainStep:
     >>> import jax, optax
     >>> import date_optax.parallel as dp
     >>> step = dp.make_pmap_train_step(lambda p, b: (p * b).mean(), optax.sgd(0.1))
-    >>> isinstance(step, dp.PmapTrainStep), step.num_replicas == jax.local_device_count()
+    >>> isinstance(step, dp.PmapTrainStep)
+    True
+    >>> step.num_replicas == jax.local_device_count()
     (True, True)
 
   References:
@@ -642,7 +658,8 @@ class PmapTrainStep:
     grads = _mean_over_replicas(
         grads, axis, self.grad_reduce, self.num_replicas, self.torus_shape
     )
-    new_state, metrics = apply_gradients(state, grads, lax.pmean(loss, axis), self.optimizer)
+    loss = lax.pmean(loss, axis)
+    new_state, metrics = apply_gradients(state, grads, loss, self.optimizer)
     if self.has_aux:
       metrics["aux"] = _reduce_aux(aux, axis)
     return new_state, metrics
@@ -651,7 +668,9 @@ class PmapTrainStep:
     """A fresh `TrainState` replicated over the devices (leading device axis)."""
     state = TrainState.create(jax.tree.map(jnp.asarray, params), self.optimizer)
     n = self.num_replicas
-    stacked = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (n,) + np.shape(x)), state)
+    stacked = jax.tree.map(
+        lambda x: np.broadcast_to(np.asarray(x), (n,) + np.shape(x)), state
+    )
     return jax.pmap(lambda s: s, devices=self.devices)(stacked)
 
   def shard_batch(self, batch: PyTree) -> PyTree:
