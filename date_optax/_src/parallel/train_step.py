@@ -617,7 +617,7 @@ class PmapTrainStep:
     >>> isinstance(step, dp.PmapTrainStep)
     True
     >>> step.num_replicas == jax.local_device_count()
-    (True, True)
+    True
 
   References:
     Goyal et al., "Accurate, Large Minibatch SGD", 2017.
