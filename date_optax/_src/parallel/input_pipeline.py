@@ -50,8 +50,8 @@ def epoch_permutation(num_examples: int, *, seed: int, epoch: int) -> np.ndarray
     >>> p = dp.epoch_permutation(5, seed=0, epoch=1)
     >>> sorted(p.tolist())
     [0, 1, 2, 3, 4]
-    >>> (p == dp.epoch_permutation(5, seed=0, epoch=1)).all()
-    np.True_
+    >>> bool((p == dp.epoch_permutation(5, seed=0, epoch=1)).all())
+    True
 
   References:
     Goyal et al., "Accurate, Large Minibatch SGD", 2017 (one random

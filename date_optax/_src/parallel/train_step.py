@@ -500,9 +500,13 @@ def make_train_step(
   Every device of `data_axes` holds a full copy of the parameters and a slice
   of the global batch. The step computes each slice's gradient with
   `shard_map`, averages the gradients over the replicas once with
-  `grad_reduce`, and applies `optimizer`. The step is skipped (parameters and
-  optimizer state unchanged, `consecutive_skips`/`total_skips` counted) when
-  the loss, a gradient or an update is NaN/Inf.
+  `grad_reduce`, and applies `optimizer`. (The gradient is taken with respect
+  to a device-varying copy of the parameters, so it is local: under
+  `shard_map(check_vma=True)` the gradient of a replicated input would come
+  back already summed, and a second reduction would scale it by N.) The step
+  is skipped (parameters and optimizer state unchanged,
+  `consecutive_skips`/`total_skips` counted) when the loss, a gradient or an
+  update is NaN/Inf.
 
   With `shard_update=True` (weight-update sharding) the gradients are
   reduce-scattered instead: each replica receives the summed gradient of its
