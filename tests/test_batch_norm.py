@@ -144,8 +144,9 @@ def run_vmap(module, variables, x, mask=None):
   return np.asarray(y).reshape(x.shape), upd["batch_stats"]
 
 
-def run_shard_map(module, variables, x, mask=None, mesh=None, spec=P("batch")):
+def run_shard_map(module, variables, x, mask=None, mesh=None, spec=None):
   mesh = mesh or mesh1d()
+  spec = spec or P("batch")
   sharding = NamedSharding(mesh, spec)
   xs = jax.device_put(x, sharding)
   ms = None if mask is None else jax.device_put(mask, sharding)
@@ -370,6 +371,17 @@ def test_masks_are_count_weighted_across_replicas(runner):
   assert np.abs(per_rep.mean(0) - gm).max() > 1e-2
 
 
+def test_elementwise_mask_counts_per_feature():
+  x = make_x()
+  mask = np.random.default_rng(3).uniform(size=x.shape) < 0.6
+  module = dnn.GhostBatchNorm(
+      use_running_average=False, axis_name="batch", group_size=2,
+      ghost_batch_size=4, momentum=MOMENTUM,
+  )
+  y, stats = run_vmap(module, init_vars(module, x[:B_LOCAL]), x, mask)
+  check_against_reference(y, stats, x, k=2, g=4, mask=mask)
+
+
 def test_fully_masked_group_stays_finite_and_keeps_running_stats():
   x = make_x()
   mask = np.ones((R * B_LOCAL, 1, 1), bool)
@@ -464,8 +476,22 @@ def test_bfloat16_inputs_reduce_in_float32():
   _, _, _, gm, _ = reference(np.asarray(xb, np.float32), num_replicas=1, group_size=1,
                              ghost=8)
   np.testing.assert_allclose(upd["batch_stats"]["mean"], ema(gm, 0.0), rtol=1e-5)
-  y_ref = reference(np.asarray(xb, np.float32), num_replicas=1, group_size=1, ghost=8)[0]
+  y_ref = reference(
+      np.asarray(xb, np.float32), num_replicas=1, group_size=1, ghost=8
+  )[0]
   np.testing.assert_allclose(np.asarray(y, np.float32), affine(y_ref), atol=0.05)
+
+
+def test_negative_fast_variance_is_clipped_to_zero():
+  x = make_x(batch=16)
+  x[..., 0] = 1000.3  # constant feature: E[x^2] - E[x]^2 rounds below zero
+  xj = jnp.asarray(x)
+  raw = jnp.square(xj).mean((0, 1)) - jnp.square(xj.mean((0, 1)))
+  assert raw[0] < 0  # the case the clip is for really occurs here
+  module = dnn.GhostBatchNorm(use_running_average=False, momentum=MOMENTUM)
+  y, upd = module.apply(init_vars(module, x), x, mutable=["batch_stats"])
+  assert np.isfinite(np.asarray(y)).all()
+  np.testing.assert_allclose(upd["batch_stats"]["var"][0], MOMENTUM, atol=1e-7)
 
 
 def test_multiple_feature_axes():
@@ -618,7 +644,9 @@ def test_batch_not_divisible_by_ghost_size_raises():
 
 def test_group_size_not_dividing_replicas_raises():
   x = make_x()
-  module = dnn.GhostBatchNorm(use_running_average=False, axis_name="batch", group_size=3)
+  module = dnn.GhostBatchNorm(
+      use_running_average=False, axis_name="batch", group_size=3
+  )
   variables = init_vars(module, x[:B_LOCAL])
   with pytest.raises(ValueError, match="group_size"):
     run_pmap(module, variables, x)

@@ -151,7 +151,9 @@ def _canonical_feature_axes(ndim: int, axis: Any) -> tuple[int, ...]:
 
 
 def _axis_size(axis_name: str | tuple[str, ...]) -> int:
-  return int(lax.axis_size(axis_name))
+  if hasattr(lax, "axis_size"):
+    return int(lax.axis_size(axis_name))
+  return int(lax.psum(1, axis_name))  # older JAX: a static int for a constant
 
 
 def _group_sum(
@@ -273,7 +275,8 @@ def _group_moments(
 
   # With a mask, replicas hold different numbers of valid examples: sum values
   # and counts in one collective and divide afterwards (count-weighted).
-  w = jnp.broadcast_to(jnp.asarray(mask), x.shape).reshape(layout_shape)
+  # Binary mask as in flax: any nonzero entry counts once.
+  w = jnp.broadcast_to(jnp.asarray(mask, bool), x.shape).reshape(layout_shape)
   w = w.astype(stat_dtype)
   if use_fast_variance:
     s1, s2, n = _group_sum(
@@ -410,11 +413,24 @@ def _scale_and_shift(
 class BNGroupLayout:
   """How an effective BN batch maps onto ghosts and replica groups.
 
+  Built by :func:`bn_group_layout`; ``module_kwargs`` feeds
+  :class:`GhostBatchNorm`.
+
   Attributes:
     ghost_batch_size: examples per ghost sub-batch inside one replica.
     group_size: consecutive replicas whose statistics are reduced together.
     per_device_batch: examples per replica.
     num_replicas: number of replicas.
+
+  Example:
+    >>> from date_optax.nn import BNGroupLayout
+    >>> layout = BNGroupLayout(ghost_batch_size=32, group_size=4,
+    ...                        per_device_batch=32, num_replicas=64)
+    >>> layout.effective_batch, layout.num_groups, layout.ghosts_per_device
+    (128, 16, 1)
+
+  References:
+    You et al., 2020, "The limit of the batch size", §4.1.
   """
 
   ghost_batch_size: int
@@ -547,9 +563,12 @@ class GhostBatchNorm(nn.Module):
 
   The running averages follow flax: ``ra = momentum * ra + (1 - momentum) *
   stat``, with ``stat`` the count-weighted average over this call's groups and
-  ghosts of the statistics used for normalising (biased variance). Evaluation
-  (``use_running_average=True``) normalises with the running averages and
-  accepts any batch size.
+  ghosts of the statistics used for normalising (biased variance). With ghosts
+  the running variance is thus the mean within-ghost variance, the scale the
+  layer was trained with (tf.keras does the same for virtual batches).
+  Features with no valid example in a masked call keep their running
+  averages. Evaluation (``use_running_average=True``) normalises with the
+  running averages and accepts any batch size.
 
   Where the replicas are:
 

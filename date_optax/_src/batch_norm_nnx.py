@@ -18,6 +18,9 @@ from flax import nnx
 from date_optax._src import batch_norm as bn_lib
 from date_optax._src import validation
 
+_ZEROS = nnx.initializers.zeros_init()
+_ONES = nnx.initializers.ones_init()
+
 
 class GhostBatchNorm(nnx.Module):
   """Batch norm over ghost sub-batches and groups of replicas (flax.nnx).
@@ -93,8 +96,8 @@ class GhostBatchNorm(nnx.Module):
       param_dtype: Any = jnp.float32,
       use_bias: bool = True,
       use_scale: bool = True,
-      bias_init: bn_lib.Initializer = nnx.initializers.zeros_init(),
-      scale_init: bn_lib.Initializer = nnx.initializers.ones_init(),
+      bias_init: bn_lib.Initializer = _ZEROS,
+      scale_init: bn_lib.Initializer = _ONES,
       axis_name: bn_lib.AxisName = None,
       use_fast_variance: bool = True,
       rngs: nnx.Rngs,
