@@ -9,6 +9,7 @@ mean and biased variance over the group's rows and the non-feature axes.
 from __future__ import annotations
 
 import functools
+import re
 
 import flax.linen as nn
 import jax
@@ -436,6 +437,32 @@ def test_gradients_agree_across_collectives():
       rtol=1e-4, atol=1e-4,
   )
   assert np.abs(gx_jit).max() > 1e-3
+
+
+@pytest.mark.parametrize("group_size", [None, 2])
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("fast", [True, False])
+def test_moments_travel_in_one_collective(group_size, masked, fast):
+  x = make_x()
+  mask = make_mask() if masked else None
+  module = dnn.GhostBatchNorm(
+      use_running_average=False, axis_name="batch", group_size=group_size,
+      ghost_batch_size=4, use_fast_variance=fast,
+  )
+  variables = init_vars(module, x[:B_LOCAL])
+  xs = x.reshape(R, B_LOCAL, *x.shape[1:])
+  ms = None if mask is None else mask.reshape(R, B_LOCAL, *mask.shape[1:])
+  def fwd(x, m):
+    return module.apply(variables, x, mask=m, mutable=["batch_stats"])[0]
+
+  pm = jax.pmap(fwd, axis_name="batch")
+  sm = jax.jit(jax.shard_map(
+      fwd, mesh=mesh1d(), in_specs=P("batch"), out_specs=P("batch")
+  ))
+  pattern = r"stablehlo\.(all_reduce|all_gather|collective_permute|all_to_all)"
+  want = 1 if fast else 2  # the two-pass variance needs the mean first
+  assert len(re.findall(pattern, pm.lower(xs, ms).as_text())) == want
+  assert len(re.findall(pattern, sm.lower(x, mask).as_text())) == want
 
 
 def test_pmap_running_stats_use_group_statistics():

@@ -306,27 +306,55 @@ def _group_moments(
   return _Moments(mean, var, n, layout_shape)
 
 
-def _normalize_train(
-    x: Array, moments: _Moments, epsilon: float
-) -> Array:
-  """(x - mean) / sqrt(var + eps) per group, in the statistics dtype."""
-  xr = x.astype(moments.mean.dtype).reshape(moments.layout_shape)
-  y = (xr - moments.mean) * lax.rsqrt(moments.var + epsilon)
-  return y.reshape(x.shape)
-
-
-def _normalize_eval(
+def _normalize(
     x: Array,
     mean: Array,
     var: Array,
+    scale: Array | None,
+    bias: Array | None,
+    *,
     feature_axes: tuple[int, ...],
     epsilon: float,
+    dtype: Any,
+    layout_shape: tuple[int, ...] | None = None,
 ) -> Array:
-  shape = _feature_broadcast_shape(x.shape, feature_axes)
+  """scale * (x - mean) / sqrt(var + eps) + bias, in the statistics dtype.
+
+  With `layout_shape` (training) the statistics are per group in that layout;
+  without it (evaluation) they are per feature. The scale is folded into the
+  per-group multiplier so each element costs one subtract and one FMA, as in
+  flax; multiplying after reshaping back was measurably slower.
+  """
   stat_dtype = jnp.promote_types(x.dtype, jnp.float32)
-  mean = jnp.asarray(mean, stat_dtype).reshape(shape)
-  var = jnp.asarray(var, stat_dtype).reshape(shape)
-  return (x.astype(stat_dtype) - mean) * lax.rsqrt(var + epsilon)
+  out_dtype = _output_dtype(x.dtype, scale, bias, dtype)
+  if layout_shape is None:
+    layout_shape = tuple(x.shape)
+    param_shape = _feature_broadcast_shape(x.shape, feature_axes)
+    mean = jnp.asarray(mean, stat_dtype).reshape(param_shape)
+    var = jnp.asarray(var, stat_dtype).reshape(param_shape)
+  else:
+    # Layout (G, K, J, g, *x.shape[1:]): input axis i >= 1 sits at i + 3.
+    lead = len(layout_shape) - x.ndim + 1
+    param_shape = (1,) * lead + tuple(
+        d if i in feature_axes else 1 for i, d in enumerate(x.shape) if i > 0
+    )
+  mul = lax.rsqrt(var + epsilon)
+  if scale is not None:
+    mul = mul * jnp.asarray(scale).reshape(param_shape)
+  y = (x.astype(stat_dtype).reshape(layout_shape) - mean) * mul
+  if bias is not None:
+    y = y + jnp.asarray(bias).reshape(param_shape)
+  return y.reshape(x.shape).astype(out_dtype)
+
+
+def _output_dtype(
+    x_dtype: Any, scale: Array | None, bias: Array | None, dtype: Any
+) -> Any:
+  if dtype is not None:
+    return dtype
+  # Same rule as flax: infer from the input and the parameters.
+  out = jnp.result_type(x_dtype, *(p.dtype for p in (scale, bias) if p is not None))
+  return out if jnp.issubdtype(out, jnp.inexact) else jnp.float32
 
 
 def _feature_broadcast_shape(
@@ -379,29 +407,6 @@ def _running_update(
     new_mean = jnp.where(has_data, new_mean, ra_mean)
     new_var = jnp.where(has_data, new_var, ra_var)
   return new_mean, new_var
-
-
-def _scale_and_shift(
-    y: Array,
-    scale: Array | None,
-    bias: Array | None,
-    feature_axes: tuple[int, ...],
-    x_dtype: Any,
-    dtype: Any,
-) -> Array:
-  shape = _feature_broadcast_shape(y.shape, feature_axes)
-  if scale is not None:
-    y = y * jnp.asarray(scale).reshape(shape)
-  if bias is not None:
-    y = y + jnp.asarray(bias).reshape(shape)
-  if dtype is None:
-    # Same rule as flax: infer from the input and the parameters.
-    dtype = jnp.result_type(
-        x_dtype, *(p.dtype for p in (scale, bias) if p is not None)
-    )
-    if not jnp.issubdtype(dtype, jnp.inexact):
-      dtype = jnp.float32
-  return y.astype(dtype)
 
 
 # --------------------------------------------------------------------------
@@ -719,23 +724,30 @@ class GhostBatchNorm(nn.Module):
         else None
     )
 
+    norm = dict(feature_axes=feature_axes, epsilon=self.epsilon, dtype=self.dtype)
     if use_running_average:
-      y = _normalize_eval(x, ra_mean.value, ra_var.value, feature_axes, self.epsilon)
-    else:
-      initializing = self.is_initializing()
-      moments = _group_moments(
-          x,
-          mask,
-          feature_axes=feature_axes,
-          ghost_batch_size=None if initializing else self.ghost_batch_size,
-          group_size=None if initializing else self.group_size,
-          num_replicas=None if initializing else self.num_replicas,
-          axis_name=None if initializing else self.axis_name,
-          use_fast_variance=self.use_fast_variance,
+      return _normalize(x, ra_mean.value, ra_var.value, scale, bias, **norm)
+    initializing = self.is_initializing()
+    moments = _group_moments(
+        x,
+        mask,
+        feature_axes=feature_axes,
+        ghost_batch_size=None if initializing else self.ghost_batch_size,
+        group_size=None if initializing else self.group_size,
+        num_replicas=None if initializing else self.num_replicas,
+        axis_name=None if initializing else self.axis_name,
+        use_fast_variance=self.use_fast_variance,
+    )
+    if not initializing:
+      ra_mean.value, ra_var.value = _running_update(
+          ra_mean.value, ra_var.value, moments, self.momentum, feature_shape
       )
-      y = _normalize_train(x, moments, self.epsilon)
-      if not initializing:
-        ra_mean.value, ra_var.value = _running_update(
-            ra_mean.value, ra_var.value, moments, self.momentum, feature_shape
-        )
-    return _scale_and_shift(y, scale, bias, feature_axes, x.dtype, self.dtype)
+    return _normalize(
+        x,
+        moments.mean,
+        moments.var,
+        scale,
+        bias,
+        layout_shape=moments.layout_shape,
+        **norm,
+    )

@@ -186,32 +186,37 @@ class GhostBatchNorm(nnx.Module):
       )
     scale = self.scale[...] if self.scale is not None else None
     bias = self.bias[...] if self.bias is not None else None
+    norm = dict(feature_axes=feature_axes, epsilon=self.epsilon, dtype=self.dtype)
     if use_running_average:
-      y = bn_lib._normalize_eval(
-          x, self.mean[...], self.var[...], feature_axes, self.epsilon
-      )
-    else:
-      moments = bn_lib._group_moments(
-          x,
-          mask,
-          feature_axes=feature_axes,
-          ghost_batch_size=self.ghost_batch_size,
-          group_size=self.group_size,
-          num_replicas=self.num_replicas,
-          axis_name=self.axis_name,
-          use_fast_variance=self.use_fast_variance,
-      )
-      y = bn_lib._normalize_train(x, moments, self.epsilon)
-      new_mean, new_var = bn_lib._running_update(
-          self.mean[...].reshape(feature_shape),
-          self.var[...].reshape(feature_shape),
-          moments,
-          self.momentum,
-          feature_shape,
-      )
-      self.mean[...] = new_mean.reshape(self.mean[...].shape)
-      self.var[...] = new_var.reshape(self.var[...].shape)
-    return bn_lib._scale_and_shift(y, scale, bias, feature_axes, x.dtype, self.dtype)
+      return bn_lib._normalize(x, self.mean[...], self.var[...], scale, bias, **norm)
+    moments = bn_lib._group_moments(
+        x,
+        mask,
+        feature_axes=feature_axes,
+        ghost_batch_size=self.ghost_batch_size,
+        group_size=self.group_size,
+        num_replicas=self.num_replicas,
+        axis_name=self.axis_name,
+        use_fast_variance=self.use_fast_variance,
+    )
+    new_mean, new_var = bn_lib._running_update(
+        self.mean[...].reshape(feature_shape),
+        self.var[...].reshape(feature_shape),
+        moments,
+        self.momentum,
+        feature_shape,
+    )
+    self.mean[...] = new_mean.reshape(self.mean[...].shape)
+    self.var[...] = new_var.reshape(self.var[...].shape)
+    return bn_lib._normalize(
+        x,
+        moments.mean,
+        moments.var,
+        scale,
+        bias,
+        layout_shape=moments.layout_shape,
+        **norm,
+    )
 
   def set_view(self, use_running_average: bool | None = None):
     """Used by ``nnx.view``: sets ``use_running_average`` when given.
