@@ -421,13 +421,13 @@ class BNGroupLayout:
   Built by :func:`bn_group_layout`; ``module_kwargs`` feeds
   :class:`GhostBatchNorm`.
 
-  Attributes:
+  Args:
     ghost_batch_size: examples per ghost sub-batch inside one replica.
     group_size: consecutive replicas whose statistics are reduced together.
     per_device_batch: examples per replica.
     num_replicas: number of replicas.
 
-  Example:
+  Examples:
     >>> from date_optax.nn import BNGroupLayout
     >>> layout = BNGroupLayout(ghost_batch_size=32, group_size=4,
     ...                        per_device_batch=32, num_replicas=64)
@@ -503,7 +503,7 @@ def bn_group_layout(
     ValueError: when a size is not a positive integer, or when no layout gives
       exactly ``effective_batch`` (the message lists the nearest that do).
 
-  Example:
+  Examples:
     >>> from date_optax.nn import bn_group_layout
     >>> layout = bn_group_layout(64, per_device_batch=128, num_replicas=256)
     >>> layout.ghost_batch_size, layout.group_size, layout.ghosts_per_device
@@ -598,8 +598,9 @@ class GhostBatchNorm(nn.Module):
 
   While ``init`` runs, the statistics are taken over the whole local batch
   without collectives or ghosts (as flax does), so any dummy batch works.
+  The constructor arguments are dataclass fields, as in flax.linen.BatchNorm.
 
-  Attributes:
+  Args:
     use_running_average: if True, normalise with the running averages.
     axis: feature axis or axes (not 0, which is the batch axis).
     momentum: EMA decay of the running averages, in [0, 1].
@@ -621,7 +622,7 @@ class GhostBatchNorm(nn.Module):
     num_replicas: replica blocks in the global batch under plain jit; must be
       None when ``axis_name`` is set.
 
-  Example:
+  Examples:
     Ghost batches of 4 inside a batch of 8, on one device:
 
     >>> import jax, jax.numpy as jnp

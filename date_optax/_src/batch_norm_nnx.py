@@ -62,7 +62,7 @@ class GhostBatchNorm(nnx.Module):
     bias_metadata: metadata for the bias :class:`flax.nnx.Param`.
     scale_metadata: metadata for the scale :class:`flax.nnx.Param`.
 
-  Example:
+  Examples:
     >>> import jax, jax.numpy as jnp
     >>> from flax import nnx
     >>> from date_optax.nn import nnx as dnnx
