@@ -23,3 +23,13 @@ __all__ = [
     "scale_by_trust_ratio",
     "trust_ratios",
 ]
+
+
+def __getattr__(name: str):
+  # date_optax.nn needs flax; import it on first use so `import date_optax`
+  # stays light while `date_optax.nn.GhostBatchNorm` works after it.
+  if name == "nn":
+    import importlib
+
+    return importlib.import_module("date_optax.nn")
+  raise AttributeError(f"module 'date_optax' has no attribute {name!r}")
