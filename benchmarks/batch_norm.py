@@ -8,18 +8,33 @@ Reports milliseconds and the ratio to flax measured in the same run
 
   python benchmarks/batch_norm.py                       # CPU-sized default
   python benchmarks/batch_norm.py --batch 256 --hw 56 --channels 256 --dtype bfloat16
+  python benchmarks/batch_norm.py --collectives   # 8 emulated CPU devices
+
+`--collectives` instead lists the collectives XLA emits for one layer in each
+replica layout (pmap, shard_map, jit on a sharded global batch).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
+import re
 import statistics
+import sys
 import time
+
+if "--collectives" in sys.argv:  # entry point: emulate 8 devices before JAX
+  os.environ["XLA_FLAGS"] = (
+      os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+  )
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 from tqdm import tqdm
 
 from date_optax.nn import GhostBatchNorm
@@ -65,6 +80,43 @@ def time_interleaved(prepared, repeats):
   return {n: (min(t), statistics.median(t)) for n, t in times.items()}
 
 
+_COLLECTIVE = re.compile(
+    r"= (\S+|\(.*?\)) (all-reduce|all-gather|reduce-scatter|collective-permute|"
+    r"all-to-all)\(.*?replica_groups=(.*?), [a-z_]+="
+)
+
+
+def list_collectives(group_size=2, ghost=4, per_device=8):
+  """Prints the collectives of one training step of one layer, per layout."""
+  n = jax.device_count()
+  mesh = Mesh(np.array(jax.devices()), ("batch",))
+  x = jax.random.normal(jax.random.key(0), (n * per_device, 4, 4, 16))
+  kw = dict(use_running_average=False, group_size=group_size, ghost_batch_size=ghost)
+  per_dev = GhostBatchNorm(axis_name="batch", **kw)
+  glob = GhostBatchNorm(num_replicas=n, **kw)
+  variables = glob.init(jax.random.key(1), x[:per_device])
+
+  def fwd(module):
+    return lambda x: module.apply(variables, x, mutable=["batch_stats"])
+
+  xs = x.reshape(n, per_device, *x.shape[1:])
+  sharded = jax.device_put(x, NamedSharding(mesh, P("batch")))
+  programs = {
+      "pmap (axis_index_groups)": jax.pmap(fwd(per_dev), axis_name="batch").lower(xs),
+      "shard_map (all-gather fallback)": jax.jit(jax.shard_map(
+          lambda x: fwd(per_dev)(x)[0], mesh=mesh, in_specs=P("batch"),
+          out_specs=P("batch"),
+      )).lower(sharded),
+      "jit, num_replicas (reshape)": jax.jit(fwd(glob)).lower(sharded),
+  }
+  print(f"{n} devices, group_size={group_size}, ghost_batch_size={ghost}, "
+        f"per-device batch {per_device}, input {x.shape}")
+  for name, lowered in programs.items():
+    found = _COLLECTIVE.findall(lowered.compile().as_text())
+    ops = [f"{op} of {re.sub(r'{[^}]*}', '', t)} over {g}" for t, op, g in found]
+    print(f"- {name}: " + "; ".join(ops))
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--batch", type=int, default=128)
@@ -73,7 +125,12 @@ def main():
   parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   parser.add_argument("--ghosts", default="64,32,16", help="ghost sizes to time")
   parser.add_argument("--repeats", type=int, default=20)
+  parser.add_argument("--collectives", action="store_true",
+                      help="list the collectives per replica layout and exit")
   args = parser.parse_args()
+  if args.collectives:
+    list_collectives()
+    return
 
   shape = (args.batch, args.hw, args.hw, args.channels)
   x = jax.random.normal(jax.random.key(1), shape, jnp.dtype(args.dtype))
