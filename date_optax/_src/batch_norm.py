@@ -42,13 +42,6 @@ Array = jax.Array
 AxisName = str | tuple[str, ...] | None
 Initializer = Callable[..., Array]
 
-# Seed 001 §4.1: an effective BN batch of about 64 gave the best ImageNet
-# accuracy (Ying et al., Fig. 6), and 128 examples per TPU core was the best
-# batch-per-core ratio at 32K on 256 cores.
-RULE_OF_THUMB_EFFECTIVE_BATCH = 64
-RULE_OF_THUMB_BATCH_PER_CORE = 128
-
-
 # --------------------------------------------------------------------------
 # Configuration checks shared by the linen and nnx modules.
 # --------------------------------------------------------------------------
