@@ -34,8 +34,6 @@ DEFAULT_BOUNDS = (0.01, 1.0)
 #: Base solvers :func:`date` accepts by name (those of `bounded_lars`).
 BASES = lars_lib.BASES
 
-_DEFAULT = object()  # "not given": distinguishes a default from an explicit None.
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Baseline:
@@ -589,8 +587,8 @@ def date(
     baseline: Baseline,
     batch_size: int,
     *,
-    lower: Any = _DEFAULT,
-    upper: Any = _DEFAULT,
+    lower: optax.ScalarOrSchedule | None = None,
+    upper: optax.ScalarOrSchedule | None = None,
     ratio_source: str = "gradient",
     lr_scaling: str = "sqrt",
     warmup_scaling: str = "linear",
@@ -626,9 +624,10 @@ def date(
   Args:
     baseline: the tuned :class:`Baseline`.
     batch_size: the target batch size ``B``.
-    lower: lower ratio bound (float, schedule or ``None`` for none); omitted:
-      ``baseline.ratio_bounds[0]`` or 0.01.
-    upper: upper ratio bound; omitted: ``baseline.ratio_bounds[1]`` or 1.
+    lower: lower ratio bound, a float ``>= 0`` or a schedule (DATE's dynamic
+      bounds); ``None``: ``baseline.ratio_bounds[0]`` if set, else 0.01.
+    upper: upper ratio bound, a float ``> 0`` or a schedule; ``None``:
+      ``baseline.ratio_bounds[1]`` if set, else 1.
     ratio_source: ``"gradient"`` (DATE) or ``"update"`` (the base's output;
       with Adam this is LAMB with bounds), see `bounded_lars`.
     lr_scaling: as in :func:`scale_recipe`.
@@ -669,8 +668,8 @@ def date(
       decay=decay,
   )
   default_lower, default_upper = baseline.ratio_bounds or DEFAULT_BOUNDS
-  lower = default_lower if lower is _DEFAULT else lower
-  upper = default_upper if upper is _DEFAULT else upper
+  lower = default_lower if lower is None else lower
+  upper = default_upper if upper is None else upper
   validation.check_bounds(lower, upper)
   if learning_rate is None:
     learning_rate = recipe.schedule

@@ -214,11 +214,15 @@ class Decay(abc.ABC):
     )
 
 
-def _progress(i, warmup_steps, total_steps):
-  """Fraction of the decay phase done at iteration `i`, in [0, 1]."""
-  span = float(total_steps - warmup_steps)
-  p = (i.astype(jnp.float32) - float(warmup_steps)) / span
-  return jnp.clip(p, 0.0, 1.0)
+def _remaining(i, start, total_steps):
+  """``(T − i) / (T − start)`` clipped to [0, 1].
+
+  The difference is taken in integers so the end of the decay, where the
+  value is small, keeps full float32 relative precision.
+  """
+  span = float(total_steps - start)
+  r = (total_steps - i).astype(jnp.float32) / span
+  return jnp.clip(r, 0.0, 1.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,7 +278,7 @@ class Poly(Decay):
 
   def value(self, i, peak_value, warmup_steps, total_steps, steps_per_epoch):
     del warmup_steps, steps_per_epoch
-    frac = jnp.clip(1.0 - i.astype(jnp.float32) / float(total_steps), 0.0, 1.0)
+    frac = _remaining(i, 0, total_steps)
     return (peak_value * frac**self.power).astype(jnp.float32)
 
 
@@ -311,8 +315,7 @@ class RollerCoaster(Decay):
 
   def value(self, i, peak_value, warmup_steps, total_steps, steps_per_epoch):
     del steps_per_epoch
-    p = _progress(i, warmup_steps, total_steps)
-    lr = peak_value * (1.0 - p) ** self.power
+    lr = peak_value * _remaining(i, warmup_steps, total_steps) ** self.power
     return jnp.maximum(lr, self.floor).astype(jnp.float32)
 
 
@@ -335,8 +338,10 @@ class Cosine(Decay):
 
   def value(self, i, peak_value, warmup_steps, total_steps, steps_per_epoch):
     del steps_per_epoch
-    p = _progress(i, warmup_steps, total_steps)
-    return (peak_value * 0.5 * (1.0 + jnp.cos(jnp.pi * p))).astype(jnp.float32)
+    # ½(1 + cos(π p)) = sin²(π r / 2) with r = 1 − p the part left: no
+    # cancellation near the end, where the value is small.
+    r = _remaining(i, warmup_steps, total_steps)
+    return (peak_value * jnp.sin(0.5 * jnp.pi * r) ** 2).astype(jnp.float32)
 
 
 def _epoch_threshold(epoch: Fraction, steps_per_epoch: Fraction) -> int:
@@ -349,8 +354,21 @@ def _epoch_threshold(epoch: Fraction, steps_per_epoch: Fraction) -> int:
   x = epoch * steps_per_epoch
   nearest = round(x)
   if abs(x - nearest) <= Fraction(1, 10**9) * max(1, abs(x)):
-    return int(nearest)
-  return math.floor(x)
+    t = int(nearest)
+  else:
+    t = math.floor(x)
+  return min(t, _INT32_MAX)  # iterations are int32; beyond is never reached
+
+
+_INT32_MAX = 2**31 - 1
+
+
+def _count_passed(i: jax.Array, thresholds: Sequence[int]) -> jax.Array:
+  """How many of the sorted `thresholds` lie strictly below `i` (exactly)."""
+  if not thresholds:
+    return jnp.zeros(i.shape, jnp.int32)
+  table = jnp.asarray(thresholds, jnp.int32)
+  return jnp.searchsorted(table, i, side="left").astype(jnp.int32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -416,8 +434,7 @@ class MultiStep(Decay):
     del warmup_steps, total_steps
     thresholds = [_epoch_threshold(exact(e), steps_per_epoch) for e in self.epochs]
     levels = np.cumprod((1.0,) + self.factor_list) * peak_value
-    passed = sum((i > t).astype(jnp.int32) for t in thresholds)
-    return jnp.asarray(levels, jnp.float32)[passed]
+    return jnp.asarray(levels, jnp.float32)[_count_passed(i, thresholds)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -431,7 +448,7 @@ class Exponential(Decay):
 
   Args:
     start_epoch: the last epoch at the peak, ``>= 0``.
-    factor: the per-epoch multiplier, ``> 0``.
+    factor: the per-epoch multiplier, in ``(0, 1]``.
 
   Examples:
     >>> from date_optax import schedules
@@ -452,16 +469,32 @@ class Exponential(Decay):
 
   def __post_init__(self):
     validation.check_nonnegative("start_epoch", self.start_epoch)
-    validation.check_positive("factor", self.factor)
+    validation.check_real(
+        "factor", self.factor, low=0.0, high=1.0, low_inclusive=False
+    )
 
   def value(self, i, peak_value, warmup_steps, total_steps, steps_per_epoch):
-    del warmup_steps, total_steps
-    s = float(steps_per_epoch)
-    start = float(exact(self.start_epoch) * steps_per_epoch)
-    # Number of boundaries start, start+1, ... that i/s has passed.
-    n = jnp.ceil((i.astype(jnp.float32) - start) / s)
-    n = jnp.maximum(n, 0.0)
-    return (peak_value * jnp.float32(self.factor) ** n).astype(jnp.float32)
+    del warmup_steps
+    e0 = exact(self.start_epoch)
+    # Boundaries e0, e0+1, ... as exact iteration thresholds (float32 epoch
+    # arithmetic misplaces steps at epoch ends), as many as can matter: up
+    # to the end of training, or until the rate underflows float32.
+    if total_steps is not None:
+      n_max = max(0, math.ceil(Fraction(total_steps) / steps_per_epoch - e0)) + 1
+    elif self.factor == 1.0:
+      n_max = 0
+    else:
+      n_max = math.ceil(
+          (max(math.log2(peak_value), 0.0) + 160.0) / -math.log2(self.factor)
+      )
+    thresholds = []
+    for j in range(n_max):
+      t = _epoch_threshold(e0 + j, steps_per_epoch)
+      if t >= _INT32_MAX:
+        break
+      thresholds.append(t)
+    levels = peak_value * float(self.factor) ** np.arange(len(thresholds) + 1)
+    return jnp.asarray(levels, jnp.float32)[_count_passed(i, thresholds)]
 
 
 def _as_tuple(name: str, value: Any) -> tuple[float, ...]:
