@@ -673,8 +673,6 @@ def date(
   validation.check_bounds(lower, upper)
   if learning_rate is None:
     learning_rate = recipe.schedule
-  else:
-    validation.check_positive("learning_rate", learning_rate, allow_schedule=True)
   options = dict(baseline.optimizer_options)
   options.update(solver_options)
   return lars_lib.bounded_lars(
