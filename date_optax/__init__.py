@@ -5,17 +5,40 @@ learning-rate schedules and the DATE engine, data-parallel train steps for
 device meshes and TPU pods, and ghost/distributed batch normalisation.
 """
 
+from date_optax import schedules
+from date_optax._src.engine import (
+    Baseline,
+    MultiStageRecipe,
+    Recipe,
+    date,
+    date_recipe,
+    multi_stage,
+    scale_recipe,
+)
 from date_optax._src.lamb import LambState, lamb
 from date_optax._src.lars import LarsState, bounded_lars, lars
 from date_optax._src.masks import exclude_bias_and_norm
+from date_optax._src.schedules import (
+    linear_scaling,
+    roller_coaster,
+    sqrt_scaling,
+    warmup_decay_schedule,
+)
 from date_optax._src.trust_ratio import TrustRatioState, scale_by_trust_ratio, trust_ratios
-from date_optax._src.engine import Baseline, MultiStageRecipe, Recipe, date, date_recipe, multi_stage, scale_recipe
-from date_optax._src.schedules import linear_scaling, roller_coaster, sqrt_scaling, warmup_decay_schedule
-from date_optax import schedules
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "LambState",
+    "LarsState",
+    "TrustRatioState",
+    "bounded_lars",
+    "exclude_bias_and_norm",
+    "lamb",
+    "lars",
+    "scale_by_trust_ratio",
+    "trust_ratios",
+    # LEGW schedules and the DATE engine (issue 3).
     "Baseline",
     "MultiStageRecipe",
     "Recipe",
@@ -28,13 +51,4 @@ __all__ = [
     "schedules",
     "sqrt_scaling",
     "warmup_decay_schedule",
-    "LambState",
-    "LarsState",
-    "TrustRatioState",
-    "bounded_lars",
-    "exclude_bias_and_norm",
-    "lamb",
-    "lars",
-    "scale_by_trust_ratio",
-    "trust_ratios",
 ]

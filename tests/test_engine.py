@@ -71,7 +71,8 @@ def test_legw_table_1_schedule_is_unshifted_poly():
 
 def test_date_worked_example():
   base = date_baseline()
-  assert (base.total_steps, base.warmup_steps, base.steps_per_epoch) == (1755, 117, 58.5)
+  assert base.total_steps == 1755
+  assert (base.warmup_steps, base.steps_per_epoch) == (117, 58.5)
   r = date_optax.date_recipe(base, 8192)
   assert r.warmup_epochs == 16.0
   assert r.warmup_steps == 117
@@ -170,7 +171,8 @@ def test_scaling_rule_choices(lr_rule, warmup_rule, j):
   r = date_optax.scale_recipe(base, B, lr_scaling=lr_rule, warmup_scaling=warmup_rule)
   k = B / 1024
   factor = {"linear": k, "sqrt": math.sqrt(k), "none": 1.0}
-  np.testing.assert_allclose(r.peak_learning_rate, 1.25e-3 * factor[lr_rule], rtol=1e-14)
+  np.testing.assert_allclose(r.peak_learning_rate, 1.25e-3 * factor[lr_rule],
+                             rtol=1e-14)
   np.testing.assert_allclose(r.warmup_epochs, 2 * factor[warmup_rule], rtol=1e-14)
   assert r.warmup_steps == math.floor(r.warmup_epochs * 59904 / B + 0.5)
 
@@ -246,7 +248,8 @@ def test_multi_stage_bert_two_stages():
   np.testing.assert_allclose(lr, want, rtol=1e-6)
   # Re-warms from 0 at the boundary instead of continuing to decay.
   assert lr[7036] == pytest.approx(1e-6)
-  np.testing.assert_allclose(lr[7037], r2.peak_learning_rate / r2.warmup_steps, rtol=1e-6)
+  np.testing.assert_allclose(lr[7037], r2.peak_learning_rate / r2.warmup_steps,
+                             rtol=1e-6)
   assert ms.stage_of(7036) == 0 and ms.stage_of(7037) == 1
   with pytest.raises(ValueError, match="stages"):
     date_optax.multi_stage([])
@@ -359,7 +362,8 @@ def _train(tx, batch_size, epochs, seed=0):
   n = x.shape[0]
   steps = math.ceil(epochs * n / batch_size)
   rng = np.random.default_rng(1)
-  order = np.concatenate([rng.permutation(n) for _ in range(steps * batch_size // n + 1)])
+  epochs_needed = steps * batch_size // n + 1
+  order = np.concatenate([rng.permutation(n) for _ in range(epochs_needed)])
   batches = jnp.asarray(order[: steps * batch_size].reshape(steps, batch_size))
 
   @jax.jit

@@ -40,7 +40,7 @@ def ref_lr(count, peak, W, T=None, decay=("constant",), spe=None,
   if kind == "multistep":
     epochs, factors = decay[1:]
     out = peak
-    for e, f in zip(epochs, factors):
+    for e, f in zip(epochs, factors, strict=True):
       # Iteration i covers epochs ((i-1)/s, i/s]; past e when i/s > e.
       if Fraction(i) / Fraction(spe) > Fraction(e):
         out *= f
@@ -130,8 +130,8 @@ def test_multistep_matches_reference(spe):
   W = 117 if float(spe) == 58.5 else 3
   sched = schedules.multistep(1.25e-3, W, spe, epochs=epochs, factors=0.1)
   n = int(math.ceil(30 * float(spe))) + 2
-  want = ref_curve(n, 1.25e-3, W, None, ("multistep", epochs, factors),
-                   spe=Fraction(spe) if isinstance(spe, Fraction) else Fraction(repr(spe)))
+  exact_spe = spe if isinstance(spe, Fraction) else Fraction(repr(spe))
+  want = ref_curve(n, 1.25e-3, W, None, ("multistep", epochs, factors), spe=exact_spe)
   np.testing.assert_allclose(values(sched, n), want, rtol=2e-6)
 
 
@@ -176,7 +176,8 @@ def test_warmup_decay_schedule_accepts_names_and_decays():
 
 def test_decay_from_name():
   assert schedules.decay_from_name("poly", power=3) == schedules.Poly(3)
-  assert schedules.decay_from_name("roller_coaster") == schedules.RollerCoaster(1.0, 1e-6)
+  rc = schedules.decay_from_name("roller_coaster")
+  assert rc == schedules.RollerCoaster(1.0, 1e-6)
   d = schedules.MultiStep(epochs=(30, 60))
   assert schedules.decay_from_name(d) is d
   assert sorted(schedules.DECAYS) == sorted(
@@ -328,7 +329,8 @@ def test_schedules_match_reference_property(W, extra, peak, name):
          "total_steps"),
         (lambda: schedules.warmup_decay_schedule(
             1.0, 2, 10, decay=schedules.MultiStep(epochs=(1,))), "steps_per_epoch"),
-        (lambda: schedules.warmup_decay_schedule(1.0, 2, 10, warmup="linear"), "warmup"),
+        (lambda: schedules.warmup_decay_schedule(1.0, 2, 10, warmup="linear"),
+         "warmup"),
         (lambda: schedules.constant_warmup(1.0, 2, factor=0.0), "warmup_factor"),
         (lambda: schedules.constant_warmup(1.0, 2, factor=1.5), "warmup_factor"),
         (lambda: schedules.MultiStep(epochs=(20, 10)), "increasing"),

@@ -416,9 +416,10 @@ def scale_recipe(
   )
   if baseline.warmup_ratio is not None and warmup_scaling != "sqrt":
     # Exact, so that BERT's 1/320 · 2^j prints as given.
+    k = Fraction(batch_size, baseline.batch_size)
     ratio = float(
         sched_lib.exact(baseline.warmup_ratio)
-        * _warmup_factor_exact(warmup_scaling, Fraction(batch_size, baseline.batch_size))
+        * _warmup_factor_exact(warmup_scaling, k)
     )
   else:
     ratio = float(w / sched_lib.exact(baseline.epochs))

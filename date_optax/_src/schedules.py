@@ -202,7 +202,10 @@ class Decay(abc.ABC):
       warmup: str = "gradual",
       warmup_factor: float = 0.1,
   ) -> Schedule:
-    """This decay after a warmup, as an optax schedule; see :func:`warmup_decay_schedule`."""
+    """This decay after a warmup, as an optax schedule.
+
+    See :func:`warmup_decay_schedule` for the arguments.
+    """
     return warmup_decay_schedule(
         peak_value,
         warmup_steps,
@@ -407,7 +410,7 @@ class MultiStep(Decay):
       raise ValueError("epochs must list at least one boundary epoch, got ().")
     for e in epochs:
       validation.check_positive("epochs", e)
-    if any(b <= a for a, b in zip(epochs, epochs[1:])):
+    if any(b <= a for a, b in zip(epochs, epochs[1:], strict=False)):
       raise ValueError(f"epochs must be strictly increasing, got {epochs!r}.")
     if isinstance(self.factors, (list, tuple, np.ndarray)):
       factors = _as_tuple("factors", self.factors)
