@@ -358,6 +358,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"# {title}")
     print(format_table(rows))
   if values.get("plot"):
-    plot(recipes, values["plot"], title)
+    try:
+      plot(recipes, values["plot"], title)
+    except ImportError as e:  # matplotlib is an optional dependency
+      print(f"date-optax recipe: error: --plot needs matplotlib "
+            f"(pip install 'date-optax[docs]'): {e}", file=sys.stderr)
+      return 2
     print(f"# wrote {values['plot']}", file=sys.stderr)
   return 0
