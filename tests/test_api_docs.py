@@ -1,0 +1,81 @@
+"""Every public name imports, is documented (Args/Returns/Examples/References),
+and its docstring examples run as doctests."""
+
+import doctest
+import importlib
+import inspect
+import pkgutil
+
+import pytest
+
+import date_optax
+
+PUBLIC_PACKAGES = ["date_optax"] + [
+    f"date_optax.{m.name}"
+    for m in pkgutil.iter_modules(date_optax.__path__)
+    if not m.name.startswith("_")
+]
+
+
+def _public_objects():
+  for pkg_name in PUBLIC_PACKAGES:
+    pkg = importlib.import_module(pkg_name)
+    for name in getattr(pkg, "__all__", []):
+      yield pkg_name, name, getattr(pkg, name)
+
+
+PUBLIC = list(_public_objects())
+
+
+def _documented_callable(obj) -> bool:
+  return inspect.isfunction(obj) or (
+      inspect.isclass(obj) and not issubclass(obj, tuple)
+  )
+
+
+@pytest.mark.parametrize(
+    "pkg,name,obj", PUBLIC, ids=[f"{p}.{n}" for p, n, _ in PUBLIC]
+)
+def test_public_name_documented(pkg, name, obj):
+  doc = inspect.getdoc(obj)
+  assert doc, f"{pkg}.{name} has no docstring"
+  if _documented_callable(obj) and not name.endswith("State"):
+    for section in ("Args:", "Returns:", "Examples:", "References:"):
+      if section == "Args:" and not inspect.signature(obj).parameters:
+        continue
+      if section == "Returns:" and inspect.isclass(obj):
+        continue
+      assert section in doc, f"{pkg}.{name} docstring lacks {section}"
+
+
+def _doctests():
+  finder = doctest.DocTestFinder(exclude_empty=True)
+  seen = set()
+  for pkg, name, obj in PUBLIC:
+    if id(obj) in seen:
+      continue
+    seen.add(id(obj))
+    for t in finder.find(obj, f"{pkg}.{name}"):
+      if t.examples:
+        yield t
+
+
+DOCTESTS = list(_doctests())
+
+
+@pytest.mark.parametrize("test", DOCTESTS, ids=[t.name for t in DOCTESTS])
+def test_doctest(test):
+  runner = doctest.DocTestRunner(
+      optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+  )
+  runner.run(test)
+  assert runner.failures == 0, f"doctest {test.name} failed (see output above)"
+
+
+def test_every_public_callable_has_an_example():
+  missing = [
+      f"{p}.{n}" for p, n, o in PUBLIC
+      if _documented_callable(o) and not n.endswith("State")
+      and ">>>" not in (inspect.getdoc(o) or "")
+  ]
+  assert not missing, f"no doctest example: {missing}"
