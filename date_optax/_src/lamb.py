@@ -134,7 +134,7 @@ def lamb(
   def update_fn(updates, state, params=None, **extra_args):
     del extra_args
     if params is None:
-      raise ValueError(optax.NO_PARAMS_MSG)
+      raise ValueError(tr.NO_PARAMS_MSG)
     count = optax.safe_int32_increment(state.count)
     lr = tr.value_at(learning_rate, state.count)
     wd = tr.value_at(weight_decay, state.count)

@@ -133,7 +133,7 @@ def lars(
   def update_fn(updates, state, params=None, **extra_args):
     del extra_args
     if params is None:
-      raise ValueError(optax.NO_PARAMS_MSG)
+      raise ValueError(tr.NO_PARAMS_MSG)
     lr = tr.value_at(learning_rate, state.count)
     wd = tr.value_at(weight_decay, state.count)
     lo = tr.value_at(lower, state.count)

@@ -12,6 +12,10 @@ from date_optax._src import masks as masks_lib
 from date_optax._src import validation
 
 ScalarOrSchedule = optax.ScalarOrSchedule
+NO_PARAMS_MSG = (
+    "You are using a transformation that requires the current value of "
+    "parameters, but you are not passing `params` when calling `update`."
+)
 MaskOrFn = Any
 LayerAxes = Any  # None | int | tuple[int, ...] | pytree of those | callable
 
@@ -216,7 +220,7 @@ def scale_by_trust_ratio(
 
   def update_fn(updates, state, params=None, **extra_args):
     if params is None:
-      raise ValueError(optax.NO_PARAMS_MSG)
+      raise ValueError(NO_PARAMS_MSG)
     if inner_tx is None:
       inner_updates, inner_state = updates, state.inner_state
     else:

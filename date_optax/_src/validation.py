@@ -20,7 +20,18 @@ def _is_schedule(value: Any) -> bool:
   return callable(value)
 
 
-def _as_float(name: str, value: Any) -> float:
+def _is_tracer(value: Any) -> bool:
+  import jax  # local: validation is imported before anything touches JAX
+
+  return isinstance(value, jax.core.Tracer)
+
+
+def _as_float(name: str, value: Any) -> float | None:
+  """The value as a float; None for a traced value (checked when concrete)."""
+  if _is_tracer(value):
+    # optax.inject_hyperparams rebuilds the optimizer from traced
+    # hyperparameters inside jit; they were validated when first built.
+    return None
   if isinstance(value, bool) or value is None:
     raise TypeError(f"{name} must be a real number, got {value!r}.")
   if isinstance(value, numbers.Real):
@@ -56,6 +67,8 @@ def check_real(
   if _is_schedule(value):
     raise TypeError(f"{name} must be a number, not a schedule (got {value!r}).")
   x = _as_float(name, value)
+  if x is None:
+    return value
   lo = "[" if low_inclusive else "("
   hi = "]" if high_inclusive else ")"
   rng = f"{lo}{'-inf' if low is None else low}, {'inf' if high is None else high}{hi}"
@@ -120,6 +133,8 @@ def check_choice(name: str, value: Any, choices: Iterable[str]) -> str:
 
 
 def check_bool(name: str, value: Any) -> bool:
+  if _is_tracer(value):
+    return value
   if not isinstance(value, (bool, np.bool_)):
     raise TypeError(f"{name} must be a bool, got {value!r}.")
   return bool(value)
@@ -136,6 +151,8 @@ def check_bounds(lower: Any, upper: Any) -> None:
       and upper is not None
       and not _is_schedule(lower)
       and not _is_schedule(upper)
+      and not _is_tracer(lower)
+      and not _is_tracer(upper)
       and float(lower) > float(upper)
   ):
     raise ValueError(
