@@ -152,14 +152,23 @@ def lars(
     ):
       decay = decay and use_wd
       g32 = g.astype(jnp.float32)
-      v = g32 + wd * w.astype(jnp.float32) if decay else g32
+      w32 = w.astype(jnp.float32)
+      v = g32 + wd * w32 if decay else g32
       if trust:
+        # Every reduction reads only the inputs (w, g): a norm of a derived
+        # tensor such as g + λw makes XLA materialise it, an extra pass over
+        # memory. ‖g + λw‖² is expanded into ‖g‖² + 2λ⟨g, w⟩ + λ²‖w‖².
         red = tr.reduce_axes(w.ndim, ax)
-        w_norm = jnp.sqrt(tr.sum_squares(w, red))
-        if decay and denominator == "sum_of_norms":
-          denom = jnp.sqrt(tr.sum_squares(g, red)) + wd * w_norm
+        w_sq = tr.sum_squares(w, red)
+        g_sq = tr.sum_squares(g, red)
+        w_norm = jnp.sqrt(w_sq)
+        if not decay:
+          denom = jnp.sqrt(g_sq)
+        elif denominator == "sum_of_norms":
+          denom = jnp.sqrt(g_sq) + wd * w_norm
         else:
-          denom = jnp.sqrt(tr.sum_squares(v, red))
+          gw = jnp.sum(g32 * w32, axis=red, keepdims=True)
+          denom = jnp.sqrt(jnp.maximum(g_sq + 2.0 * wd * gw + wd * wd * w_sq, 0.0))
         r = tr.trust_ratio(
             w_norm, denom, trust_coefficient=trust_coefficient, eps=eps,
             lower=lo, upper=hi,

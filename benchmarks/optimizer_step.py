@@ -1,0 +1,227 @@
+"""Optimizer-step time of date_optax vs optax and a memory-bandwidth roofline.
+
+For each parameter tree (ResNet-50-, BERT-base- and stacked-layer-shaped) this
+times one jitted optimizer step (``update`` + ``apply_updates``, state and
+params donated) as the median of repeated steps after compilation, and reports
+ratios to references measured in the same run:
+
+- optax.lars / optax.lamb / momentum SGD / adamw (the same math in optax);
+- a roofline: the bytes the step must move (read and write of params,
+  gradients and optimizer state) divided by the bandwidth of a plain
+  elementwise pass measured on this machine in this run.
+
+Usage:
+  python benchmarks/optimizer_step.py            # all trees, 15 steps each
+  python benchmarks/optimizer_step.py --trees resnet50 --steps 10
+  python benchmarks/optimizer_step.py --check    # also compare numerics
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import date_optax
+
+
+# ---------------------------------------------------------------------------
+# Parameter trees with the shapes of real models.
+
+
+def resnet50_shapes() -> dict[str, tuple[int, ...]]:
+  """ResNet-50 v1.5 (torchvision layout): conv kernels, BN scale/bias, fc."""
+  shapes = {}
+
+  def conv_bn(name, k, cin, cout):
+    shapes[f"{name}/conv/kernel"] = (k, k, cin, cout)
+    shapes[f"{name}/bn/scale"] = (cout,)
+    shapes[f"{name}/bn/bias"] = (cout,)
+
+  conv_bn("stem", 7, 3, 64)
+  cin = 64
+  for stage, (blocks, width) in enumerate([(3, 64), (4, 128), (6, 256), (3, 512)]):
+    for b in range(blocks):
+      p = f"stage{stage}/block{b}"
+      conv_bn(f"{p}/conv1", 1, cin, width)
+      conv_bn(f"{p}/conv2", 3, width, width)
+      conv_bn(f"{p}/conv3", 1, width, 4 * width)
+      if b == 0:
+        conv_bn(f"{p}/proj", 1, cin, 4 * width)
+      cin = 4 * width
+  shapes["head/kernel"] = (2048, 1000)
+  shapes["head/bias"] = (1000,)
+  return shapes
+
+
+def bert_base_shapes() -> dict[str, tuple[int, ...]]:
+  h, f, layers = 768, 3072, 12
+  shapes = {
+      "emb/word": (30522, h), "emb/pos": (512, h), "emb/type": (2, h),
+      "emb/ln/scale": (h,), "emb/ln/bias": (h,),
+  }
+  for i in range(layers):
+    p = f"layer{i}"
+    for n in ("q", "k", "v", "o"):
+      shapes[f"{p}/attn/{n}/kernel"] = (h, h)
+      shapes[f"{p}/attn/{n}/bias"] = (h,)
+    shapes[f"{p}/ln1/scale"] = (h,)
+    shapes[f"{p}/ln1/bias"] = (h,)
+    shapes[f"{p}/ffn/in/kernel"] = (h, f)
+    shapes[f"{p}/ffn/in/bias"] = (f,)
+    shapes[f"{p}/ffn/out/kernel"] = (f, h)
+    shapes[f"{p}/ffn/out/bias"] = (h,)
+    shapes[f"{p}/ln2/scale"] = (h,)
+    shapes[f"{p}/ln2/bias"] = (h,)
+  shapes["pooler/kernel"] = (h, h)
+  shapes["pooler/bias"] = (h,)
+  return shapes
+
+
+def stacked_shapes() -> dict[str, tuple[int, ...]]:
+  """A 12-layer transformer with layers stacked by nn.scan (leading axis L)."""
+  h, f, layers = 768, 3072, 12
+  return {
+      "emb": (32000, h),
+      "layers/attn/qkv": (layers, h, 3 * h), "layers/attn/out": (layers, h, h),
+      "layers/ffn/in": (layers, h, f), "layers/ffn/out": (layers, f, h),
+      "layers/ln/scale": (layers, h), "layers/ln/bias": (layers, h),
+  }
+
+
+TREES = {"resnet50": resnet50_shapes, "bert_base": bert_base_shapes,
+         "stacked": stacked_shapes}
+
+
+def make_tree(shapes: dict[str, tuple[int, ...]], seed: int) -> dict:
+  rng = np.random.default_rng(seed)
+  return {k: jnp.asarray(rng.standard_normal(s, dtype=np.float32) * 0.05)
+          for k, s in shapes.items()}
+
+
+# ---------------------------------------------------------------------------
+
+
+def optimizers(tree_name: str):
+  mask = lambda p: {k: len(v.shape) > 1 for k, v in p.items()}
+  axes = ({k: (0,) if k.startswith("layers/") else None
+           for k in stacked_shapes()} if tree_name == "stacked" else None)
+  return {
+      # name: (optimizer, reference name, state arrays per parameter)
+      "optax.sgd(momentum)": (optax.sgd(0.1, momentum=0.9), None, 1),
+      "optax.adamw": (optax.adamw(1e-3, weight_decay=1e-4), None, 2),
+      "optax.lars": (optax.lars(0.1, weight_decay=1e-4), None, 1),
+      "optax.lamb": (optax.lamb(1e-3, weight_decay=1e-4), None, 2),
+      "date_optax.lars": (date_optax.lars(0.1, weight_decay=1e-4,
+                                          denominator="norm_of_sum",
+                                          layer_axes=axes),
+                          "optax.lars", 1),
+      "date_optax.lamb": (date_optax.lamb(1e-3, weight_decay=1e-4,
+                                          trust_ratio_mask=True, layer_axes=axes),
+                          "optax.lamb", 2),
+      "date_optax.bounded_lars": (date_optax.bounded_lars(0.1, trust_ratio_mask=mask,
+                                                          layer_axes=axes),
+                                  "optax.sgd(momentum)", 1),
+  }
+
+
+def time_step(opt, params, grads, steps: int) -> tuple[float, dict]:
+  state = opt.init(params)
+
+  def step(params, state, grads):
+    upd, state = opt.update(grads, state, params)
+    return optax.apply_updates(params, upd), state
+
+  f = jax.jit(step, donate_argnums=(0, 1))
+  params = jax.tree.map(jnp.copy, params)
+  params, state = f(params, state, grads)  # compile + warm up
+  jax.block_until_ready(params)
+  times = []
+  for _ in range(steps):
+    t0 = time.perf_counter()
+    params, state = f(params, state, grads)
+    jax.block_until_ready((params, state))
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times), params
+
+
+def bandwidth(nbytes_target: int, steps: int) -> float:
+  """Bytes/s of an elementwise pass (read 2 arrays, write 1) on this machine."""
+  n = max(nbytes_target // 12, 1 << 20)
+  a = jnp.ones((n,), jnp.float32)
+  b = jnp.ones((n,), jnp.float32)
+  f = jax.jit(lambda a, b: a * 0.999 + b, donate_argnums=(0,))
+  a = f(a, b)
+  jax.block_until_ready(a)
+  times = []
+  for _ in range(steps):
+    t0 = time.perf_counter()
+    a = f(a, b)
+    jax.block_until_ready(a)
+    times.append(time.perf_counter() - t0)
+  return 3 * n * 4 / statistics.median(times)
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--trees", default="resnet50,bert_base,stacked")
+  ap.add_argument("--steps", type=int, default=15)
+  ap.add_argument("--check", action="store_true",
+                  help="compare date_optax results with optax (norm_of_sum LARS, LAMB)")
+  ap.add_argument("--json", default=None, help="write results to this file")
+  args = ap.parse_args(argv)
+  if args.steps < 10:
+    ap.error("--steps must be >= 10 (the median of at least 10 steps)")
+
+  print(f"jax {jax.__version__}, optax {optax.__version__}, "
+        f"{jax.devices()[0].platform} x{jax.device_count()}, "
+        f"{platform.processor() or platform.machine()}")
+  results = {}
+  for tree_name in args.trees.split(","):
+    shapes = TREES[tree_name]()
+    params = make_tree(shapes, 0)
+    grads = make_tree(shapes, 1)
+    n = sum(int(np.prod(s)) for s in shapes.values())
+    bw = bandwidth(n * 4 * 3, args.steps)
+    print(f"\n{tree_name}: {n / 1e6:.1f}M parameters, {len(shapes)} leaves; "
+          f"elementwise bandwidth {bw / 1e9:.1f} GB/s")
+    rows = {}
+    outs = {}
+    for name, (opt, ref, nstate) in optimizers(tree_name).items():
+      t, outs[name] = time_step(opt, params, grads, args.steps)
+      # Roofline bytes: read params, grads and state; write params and state.
+      nbytes = (2 + 1 + 2 * nstate) * n * 4
+      rows[name] = dict(ms=1e3 * t, roofline_ms=1e3 * nbytes / bw, ref=ref)
+    print(f"{'optimizer':26s} {'ms':>8s} {'x roofline':>11s} {'x reference':>12s}")
+    for name, r in rows.items():
+      ref = r["ref"]
+      r["x_roofline"] = r["ms"] / r["roofline_ms"]
+      r["x_reference"] = r["ms"] / rows[ref]["ms"] if ref else None
+      xr = f"{r['x_reference']:.2f} vs {ref}" if ref else ""
+      print(f"{name:26s} {r['ms']:8.1f} {r['x_roofline']:11.2f} {xr:>12s}")
+    if args.check:
+      for ours, theirs in [("date_optax.lars", "optax.lars"),
+                           ("date_optax.lamb", "optax.lamb")]:
+        if tree_name == "stacked":
+          continue  # per-slice ratios are a different (intended) computation
+        err = max(float(jnp.max(jnp.abs(a - b)))
+                  for a, b in zip(jax.tree.leaves(outs[ours]),
+                                  jax.tree.leaves(outs[theirs])))
+        print(f"  max |{ours} - {theirs}| after {args.steps + 1} steps: {err:.2e}")
+        rows[ours]["max_abs_diff_vs_ref"] = err
+    results[tree_name] = dict(params=n, leaves=len(shapes),
+                              bandwidth_gbs=bw / 1e9, rows=rows)
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+  main()

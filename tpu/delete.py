@@ -1,0 +1,29 @@
+#!/usr/bin/env python3
+"""Delete the slice (a queued resource together with its TPU VM, with --queued).
+
+Runs without a confirmation prompt (--quiet): check --name first, or look at
+the --dry-run output.
+
+  python3 tpu/delete.py --project=my-proj --zone=europe-west4-a \
+      --accelerator-type=v3-32 --dry-run
+"""
+
+from __future__ import annotations
+
+import sys
+
+import _tpu
+
+
+def main(argv=None) -> int:
+  return _tpu.main_step(
+    __doc__,
+    "delete",
+    [],
+    lambda args, runner, _: _tpu.delete_slice(args, runner),
+    argv,
+  )
+
+
+if __name__ == "__main__":
+  sys.exit(main())
