@@ -214,7 +214,8 @@ def main():
     assert int(state.step) == restore_step, (int(state.step), restore_step)
     print(f"resumed from {restore_step} at epoch {epoch} index {index}", flush=True)
     if ARGS.dump_restored:
-      np.savez(ARGS.dump_restored, **flat_state(state, {"epoch": epoch, "index": index}))
+      np.savez(ARGS.dump_restored,
+               **flat_state(state, {"epoch": epoch, "index": index}))
   else:
     state = jax.jit(init_state, out_shardings=state_sharding)()
     epoch, index = 0, 0

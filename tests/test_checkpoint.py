@@ -119,7 +119,8 @@ def test_sigkill_mid_run_then_resume_is_bitwise_identical(baseline, tmp_path):
                 "--dump-restored", tmp_path / "restored.npz")
   assert "resumed from 8 at epoch 1 index 0" in out
   # Restoring is exact, and so is everything computed after it.
-  _assert_bitwise_equal(_load(tmp_path / "restored.npz"), _load(baseline / "dump_8.npz"))
+  _assert_bitwise_equal(_load(tmp_path / "restored.npz"),
+                        _load(baseline / "dump_8.npz"))
   _assert_bitwise_equal(_load(tmp_path / "final.npz"), final)
   # The resumed run appended to the metrics CSV; the values agree with the
   # uninterrupted run's log at every step.
@@ -143,7 +144,8 @@ def test_restore_on_fewer_devices_matches(baseline, tmp_path):
                 "--dump-restored", tmp_path / "restored.npz", devices=4)
   assert "resumed from 16 at epoch 2 index 0" in out
   # The restored state is the saved one, bit for bit, resharded over 4 devices.
-  _assert_bitwise_equal(_load(tmp_path / "restored.npz"), _load(baseline / "dump_16.npz"))
+  _assert_bitwise_equal(_load(tmp_path / "restored.npz"),
+                        _load(baseline / "dump_16.npz"))
   # Training on goes on with another reduction order: equal within float noise.
   got, want = _load(tmp_path / "final.npz"), _load(baseline / "final.npz")
   assert sorted(got) == sorted(want)
@@ -161,7 +163,8 @@ def test_crash_during_save_keeps_previous_checkpoint(baseline, tmp_path, crash_a
   assert rc == -signal.SIGKILL, out
   assert f"crashing in {crash_at} of step 12" in out
   leftovers = [d for d in os.listdir(tmp_path / "ckpt") if d.startswith("12.")]
-  assert leftovers and "orbax-checkpoint-tmp" in leftovers[0], os.listdir(tmp_path / "ckpt")
+  assert leftovers, os.listdir(tmp_path / "ckpt")
+  assert "orbax-checkpoint-tmp" in leftovers[0]
 
   mngr = CheckpointManager(tmp_path / "ckpt")
   assert mngr.all_steps() == (4, 8) and mngr.latest_step() == 8
@@ -171,7 +174,8 @@ def test_crash_during_save_keeps_previous_checkpoint(baseline, tmp_path, crash_a
   out = _run_ok(tmp_path, "--out", tmp_path / "final.npz",
                 "--dump-restored", tmp_path / "restored.npz")
   assert "resumed from 8" in out and "saved 12" in out
-  _assert_bitwise_equal(_load(tmp_path / "restored.npz"), _load(baseline / "dump_8.npz"))
+  _assert_bitwise_equal(_load(tmp_path / "restored.npz"),
+                        _load(baseline / "dump_8.npz"))
   _assert_bitwise_equal(_load(tmp_path / "final.npz"), _load(baseline / "final.npz"))
   assert sorted(os.listdir(tmp_path / "ckpt")) == ["16", "20", "24"]
 
@@ -200,7 +204,7 @@ def test_roundtrip_keeps_types_keys_and_telemetry(tmp_path):
   np.testing.assert_array_equal(jax.random.key_data(restored["rng"]),
                                 jax.random.key_data(state["rng"]))
   assert restored["old_rng"].dtype == jnp.uint32
-  for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(state)):
+  for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(state), strict=True):
     if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
       a, b = jax.random.key_data(a), jax.random.key_data(b)
     np.testing.assert_array_equal(a, b)

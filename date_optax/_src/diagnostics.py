@@ -94,7 +94,9 @@ def lipschitz_estimate(
     and Beyond", SC 2019 (LEGW), §4 and Figure 3.
   """
   if not callable(loss_fn):
-    raise TypeError(f"loss_fn must be a callable loss_fn(params, batch), got {loss_fn!r}.")
+    raise TypeError(
+        f"loss_fn must be a callable loss_fn(params, batch), got {loss_fn!r}."
+    )
   validation.check_positive("h", h)
   validation.check_bool("has_aux", has_aux)
 

@@ -143,8 +143,9 @@ def per_layer_ratios(ratios: Any) -> dict[str, jax.Array]:
 
   A leaf of shape `()` gives one entry named by its path in the tree (keys
   joined by `/`); a stacked leaf of shape `(L,)` gives `L` entries suffixed
-  `[0]` ... `[L-1]` (several layer axes give `[i,j]`). Useful to log every layer with `MetricWriter` or to build
-  the history for `plot_trust_ratio_heatmap`. Jit-able.
+  `[0]` ... `[L-1]` (several layer axes give `[i,j]`). Useful to log every
+  layer with `MetricWriter` or to build the history for
+  `plot_trust_ratio_heatmap`. Jit-able.
 
   Args:
     ratios: the per-layer ratios, e.g. `date_optax.trust_ratios(opt_state)`,
@@ -278,7 +279,9 @@ class MetricWriter:
       step = np.asarray(step)[()]  # a device step counter
     step = validation.check_int("step", step, low=0)
     if not isinstance(scalars, Mapping):
-      raise TypeError(f"scalars must be a mapping name -> value, got {scalars!r}.")
+      raise TypeError(
+          f"scalars must be a mapping name -> value, got {scalars!r}."
+      )
     now = time.time()
     values = {str(k): _scalar(str(k), v) for k, v in scalars.items()}
     for name, value in values.items():
@@ -310,7 +313,9 @@ class MetricWriter:
     self.close()
 
 
-def read_metrics_csv(path: str | os.PathLike) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def read_metrics_csv(
+    path: str | os.PathLike,
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   """Reads a `MetricWriter` CSV into `{name: (steps, values)}`.
 
   Steps are sorted; when a step was written more than once (a run resumed
@@ -359,8 +364,9 @@ def plot_trust_ratio_heatmap(
   """Saves a PNG heatmap of the trust ratio of every layer over steps.
 
   Rows are layers (named as in `per_layer_ratios`, in tree order), columns are
-  the logged steps, and the colour is `log10(ratio)`. Bounds, when given, are
-  marked on the colour bar.
+  the logged steps, and the colour is `log10(ratio)` over the data's range.
+  Bounds, when given, are drawn in red on the colour bar (when inside that
+  range), and its label gives the share of cells at each bound.
 
   Args:
     history: one entry per logged step; each entry is a ratios pytree
@@ -424,13 +430,11 @@ def plot_trust_ratio_heatmap(
   height = min(2.0 + 0.28 * len(names), 16.0)
   fig = Figure(figsize=(9.0, height))
   ax = fig.subplots()
+  # The colour range is the data's, for contrast; bounds inside it are drawn
+  # on the colour bar and the share of cells at each bound is in its label.
   finite = logd[np.isfinite(logd)]
   vmin = float(finite.min()) if finite.size else -1.0
   vmax = float(finite.max()) if finite.size else 1.0
-  if lower is not None:
-    vmin = min(vmin, math.log10(lower))
-  if upper is not None:
-    vmax = max(vmax, math.log10(upper))
   if vmax - vmin < 1e-6:
     vmin, vmax = vmin - 0.5, vmax + 0.5
   im = ax.imshow(
@@ -445,14 +449,18 @@ def plot_trust_ratio_heatmap(
   ax.set_yticks(range(len(names)))
   ax.set_yticklabels(names, fontsize=8)
   ax.set_xlabel("step")
-  ax.set_title(title or "trust ratio per layer (log10)")
+  ax.set_title(title or "trust ratio per layer", fontsize=10)
   cbar = fig.colorbar(im, ax=ax)
-  cbar.set_label("log10(trust ratio)")
-  for bound, label in ((lower, "lower"), (upper, "upper")):
-    if bound is not None:
-      cbar.ax.axhline(math.log10(bound), color="red", linewidth=1.5)
-      cbar.ax.text(1.6, math.log10(bound), label, color="red", fontsize=7,
-                   va="center", transform=cbar.ax.get_yaxis_transform())
+  label = "log10(trust ratio)"
+  tol = 1 + _BOUND_RTOL
+  for bound, name in ((lower, "lower"), (upper, "upper")):
+    if bound is None:
+      continue
+    at = data <= bound * tol if name == "lower" else data >= bound / tol
+    label += f"\n{name} {bound:g}: {100 * at.mean():.1f}% of cells"
+    if vmin <= math.log10(bound) <= vmax:
+      cbar.ax.axhline(math.log10(bound), color="red", linewidth=2.0)
+  cbar.set_label(label, fontsize=8)
   fig.tight_layout()
   out = os.fspath(path)
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
