@@ -54,11 +54,15 @@ __all__ = [
 ]
 
 
+_SUBPACKAGES = ("checkpoint", "diagnostics", "nn", "parallel", "schedules")
+
+
 def __getattr__(name: str):
-  # date_optax.nn needs flax; import it on first use so `import date_optax`
-  # stays light while `date_optax.nn.GhostBatchNorm` works after it.
-  if name == "nn":
+  # Subpackages with heavier dependencies (flax modules, orbax, collectives)
+  # are imported on first use, so `import date_optax` stays light while
+  # `date_optax.nn.GhostBatchNorm` works right after it.
+  if name in _SUBPACKAGES:
     import importlib
 
-    return importlib.import_module("date_optax.nn")
+    return importlib.import_module(f"date_optax.{name}")
   raise AttributeError(f"module 'date_optax' has no attribute {name!r}")
