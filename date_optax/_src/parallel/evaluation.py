@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -107,6 +108,12 @@ class EvalStep:
     return self._jitted(params, batch, mask)
 
 
+@functools.lru_cache(maxsize=16)
+def _eval_step(metric_fn: MetricFn, mesh: jax.sharding.Mesh, axes: tuple) -> EvalStep:
+  # Cached so that evaluating every few epochs compiles once.
+  return EvalStep(metric_fn, mesh, axes)
+
+
 def evaluate(
     metric_fn: MetricFn,
     params: Any,
@@ -172,7 +179,7 @@ def evaluate(
   start, stop = min(index * per_host, n), min((index + 1) * per_host, n)
   local_batch = batch_size // count
   steps = math.ceil(per_host / local_batch)
-  step = EvalStep(metric_fn, mesh, axes)
+  step = _eval_step(metric_fn, mesh, axes)
   params = jax.tree.map(lambda x: replicate_to_mesh(x, mesh), params)
   example = jax.tree.map(lambda x: np.asarray(x[:1]), data)
   results = []
