@@ -412,3 +412,36 @@ def test_sharded_state_checkpoints_and_resumes_exactly(tmp_path):
   summary = trust_ratio_summary(metrics["trust_ratios"])
   ratios = np.array(jax.tree.leaves(metrics["trust_ratios"]))
   np.testing.assert_allclose(summary["max"], ratios.max())
+
+
+@pytest.mark.parametrize("kind", ["jit", "pmap"])
+def test_trust_ratio_summary_in_metrics(kind):
+  """min/median/max and the fraction at each bound, from a numpy reference."""
+  lower, upper = 0.02, 0.5
+  opt = date_optax.bounded_lars(0.05, lower=lower, upper=upper)
+  if kind == "jit":
+    step = dp.make_train_step(pm.loss_fn, opt, dp.data_mesh(), donate=False,
+                              trust_ratio_bounds=(lower, upper))
+  else:
+    step = dp.make_pmap_train_step(pm.loss_fn, opt, donate=False,
+                                   trust_ratio_bounds=(lambda c: lower, upper))
+  state = step.init(pm.init_params())
+  for batch in BATCHES:
+    state, metrics = step(state, batch)
+  r = np.concatenate([np.ravel(x) for x in jax.tree.leaves(metrics["trust_ratios"])])
+  assert (r == lower).any() or (r == upper).any(), r  # bounds are exercised
+  np.testing.assert_allclose(metrics["trust_ratio/min"], r.min(), rtol=1e-6)
+  np.testing.assert_allclose(metrics["trust_ratio/max"], r.max(), rtol=1e-6)
+  np.testing.assert_allclose(metrics["trust_ratio/median"], np.median(r), rtol=1e-6)
+  np.testing.assert_allclose(metrics["trust_ratio/frac_at_lower"],
+                             np.mean(np.isclose(r, lower, rtol=1e-6)), atol=1e-7)
+  np.testing.assert_allclose(metrics["trust_ratio/frac_at_upper"],
+                             np.mean(np.isclose(r, upper, rtol=1e-6)), atol=1e-7)
+
+
+def test_trust_ratio_bounds_validated():
+  with pytest.raises(ValueError, match="lower"):
+    dp.make_train_step(pm.loss_fn, date_optax.lamb(0.1), dp.data_mesh(),
+                       trust_ratio_bounds=(2.0, 1.0))
+  with pytest.raises(TypeError, match="trust_ratio_bounds"):
+    dp.make_pmap_train_step(pm.loss_fn, date_optax.lamb(0.1), trust_ratio_bounds=3.0)

@@ -26,7 +26,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from date_optax._src import validation
+from date_optax._src import telemetry, validation
 from date_optax._src.parallel import collectives, compat
 from date_optax._src.parallel import update_sharding as us
 from date_optax._src.parallel.distributed import host_local_to_global, replicate_to_mesh
@@ -137,6 +137,7 @@ def apply_gradients(
     grads: PyTree,
     loss: jax.Array,
     optimizer: optax.GradientTransformation,
+    trust_ratio_bounds: tuple[Any, Any] | None = None,
 ) -> tuple[TrainState, Metrics]:
   """One optimizer step on already-reduced gradients, skipped if non-finite.
 
@@ -174,6 +175,14 @@ def apply_gradients(
   ratios = trust_ratios(opt_state)
   if ratios is not None:
     metrics["trust_ratios"] = ratios
+    lower, upper = trust_ratio_bounds or (None, None)
+    # Bounds may be schedules of the optimizer's update count.
+    count = state.step - state.total_skips
+    lower = lower(count) if callable(lower) else lower
+    upper = upper(count) if callable(upper) else upper
+    metrics.update(
+        telemetry.trust_ratio_summary(ratios, lower, upper, prefix="trust_ratio/")
+    )
   return new_state, metrics
 
 
@@ -256,7 +265,9 @@ class TrainStep:
       has_aux: bool,
       data_axes: tuple[Hashable, ...],
       max_consecutive_skips: int | None,
+      trust_ratio_bounds: tuple[Any, Any] | None = None,
   ):
+    self.trust_ratio_bounds = trust_ratio_bounds
     self.loss_fn = loss_fn
     self.optimizer = optimizer
     self.mesh = mesh
@@ -368,7 +379,9 @@ class TrainStep:
         lambda x: lax.with_sharding_constraint(x, self.batch_sharding), batch
     )
     loss, aux, grads = self._grads(state.params, batch)
-    new_state, metrics = apply_gradients(state, grads, loss, self.optimizer)
+    new_state, metrics = apply_gradients(
+        state, grads, loss, self.optimizer, self.trust_ratio_bounds
+    )
     if self.shard_update:
       new_state = new_state.replace(params=self._gather_params(new_state.params))
     if self.has_aux:
@@ -494,6 +507,7 @@ def make_train_step(
     has_aux: bool = False,
     data_axes: Sequence[Hashable] | None = None,
     max_consecutive_skips: int | None = None,
+    trust_ratio_bounds: tuple[Any, Any] | None = None,
 ) -> TrainStep:
   """Builds a synchronous data-parallel train step, `jit`-compiled over a mesh.
 
@@ -536,6 +550,9 @@ def make_train_step(
     max_consecutive_skips: when set, each call reads
       `metrics["consecutive_skips"]` on the host (waiting for the step) and
       raises `NonFiniteError` once it exceeds this number.
+    trust_ratio_bounds: the optimizer's `(lower, upper)` ratio bounds
+      (floats, schedules of the update count, or None), used for the
+      "trust_ratio/frac_at_lower|upper" metrics.
 
   Returns:
     A `TrainStep`: `state, metrics = step(state, batch)`, with
@@ -543,8 +560,11 @@ def make_train_step(
     have the global batch as leading dimension (NumPy arrays are this host's
     rows of it). `metrics` holds "loss" (float32 mean over the global batch),
     "grad_norm" (global L2 norm of the mean gradient), "skipped",
-    "consecutive_skips", "total_skips", and "trust_ratios" (per-layer ratios
-    from `date_optax.trust_ratios`) when the optimizer keeps them.
+    "consecutive_skips", "total_skips", and, when the optimizer keeps
+    per-layer trust ratios, "trust_ratios" (from `date_optax.trust_ratios`)
+    with their summary "trust_ratio/min", "/median", "/max",
+    "/frac_at_lower" and "/frac_at_upper" (see
+    `date_optax.diagnostics.trust_ratio_summary`).
 
   Examples:
     >>> import jax, jax.numpy as jnp, numpy as np
@@ -593,6 +613,7 @@ def make_train_step(
       has_aux=bool(has_aux),
       data_axes=axes,
       max_consecutive_skips=max_consecutive_skips,
+      trust_ratio_bounds=_check_ratio_bounds(trust_ratio_bounds),
   )
 
 
@@ -628,7 +649,9 @@ class PmapTrainStep:
   """
 
   def __init__(self, loss_fn, optimizer, *, axis_name, grad_reduce, torus_shape,
-               compute_dtype, donate, has_aux, max_consecutive_skips, devices):
+               compute_dtype, donate, has_aux, max_consecutive_skips, devices,
+               trust_ratio_bounds=None):
+    self.trust_ratio_bounds = trust_ratio_bounds
     self.loss_fn = loss_fn
     self.optimizer = optimizer
     self.axis_name = axis_name
@@ -663,7 +686,9 @@ class PmapTrainStep:
         grads, axis, self.grad_reduce, self.num_replicas, self.torus_shape
     )
     loss = lax.pmean(loss, axis)
-    new_state, metrics = apply_gradients(state, grads, loss, self.optimizer)
+    new_state, metrics = apply_gradients(
+        state, grads, loss, self.optimizer, self.trust_ratio_bounds
+    )
     if self.has_aux:
       metrics["aux"] = _reduce_aux(aux, axis)
     return new_state, metrics
@@ -691,6 +716,18 @@ class PmapTrainStep:
     return state, metrics
 
 
+def _check_ratio_bounds(bounds: Any) -> tuple[Any, Any] | None:
+  if bounds is None:
+    return None
+  if not isinstance(bounds, (tuple, list)) or len(bounds) != 2:
+    raise TypeError(
+        f"trust_ratio_bounds must be None or a (lower, upper) pair, got {bounds!r}."
+    )
+  lower, upper = bounds
+  validation.check_bounds(lower, upper)
+  return (lower, upper)
+
+
 def _most_square(n: int) -> tuple[int, int]:
   """The X×Y grid of n devices closest to square, X <= Y."""
   rows = int(np.floor(np.sqrt(n)))
@@ -711,6 +748,7 @@ def make_pmap_train_step(
     has_aux: bool = False,
     max_consecutive_skips: int | None = None,
     devices: Sequence[Any] | None = None,
+    trust_ratio_bounds: tuple[Any, Any] | None = None,
 ) -> PmapTrainStep:
   """Builds the same data-parallel train step with `jax.pmap` (older code).
 
@@ -735,6 +773,7 @@ def make_pmap_train_step(
       more steps than this in a row were skipped (each call then waits for
       the step).
     devices: the local devices to use (default all).
+    trust_ratio_bounds: as in `make_train_step`.
 
   Returns:
     A `PmapTrainStep`: `state, metrics = step(state, global_batch)` and
@@ -780,4 +819,5 @@ def make_pmap_train_step(
       has_aux=bool(has_aux),
       max_consecutive_skips=max_consecutive_skips,
       devices=devices,
+      trust_ratio_bounds=_check_ratio_bounds(trust_ratio_bounds),
   )
