@@ -167,7 +167,7 @@ def lars(
         elif denominator == "sum_of_norms":
           denom = jnp.sqrt(g_sq) + wd * w_norm
         else:
-          gw = jnp.sum(g32 * w32, axis=red, keepdims=True)
+          gw = tr.sum_products(g, w, red)
           denom = jnp.sqrt(jnp.maximum(g_sq + 2.0 * wd * gw + wd * wd * w_sq, 0.0))
         r = tr.trust_ratio(
             w_norm, denom, trust_coefficient=trust_coefficient, eps=eps,

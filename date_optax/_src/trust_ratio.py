@@ -56,10 +56,36 @@ def reduce_axes(ndim: int, layer_axes: tuple[int, ...] | None) -> tuple[int, ...
   return tuple(a for a in range(ndim) if a not in layer_axes)
 
 
+def sum_products(x: jax.Array, y: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+  """Per-layer ⟨x, y⟩ accumulated in float32, keeping dims for broadcasting.
+
+  Written as a (batched) dot product rather than `sum(x * y)`: XLA lowers a
+  dot to a multi-threaded kernel on CPU, where a reduction runs on one core,
+  and on every backend it accumulates in float32 without a float32 copy of
+  bf16 inputs.
+  """
+  x = jnp.asarray(x)
+  y = jnp.asarray(y)
+  keep = tuple(a for a in range(x.ndim) if a not in axes)
+  out_shape = tuple(1 if a in axes else x.shape[a] for a in range(x.ndim))
+  if x.size == 0:
+    return jnp.zeros(out_shape, jnp.float32)
+  if x.dtype != y.dtype:
+    x, y = x.astype(jnp.float32), y.astype(jnp.float32)
+  # Contract the layer's axes in place (no reshape or transpose), so sharded
+  # operands keep their sharding and the compiler only all-reduces partial sums.
+  red = tuple(axes)
+  out = jax.lax.dot_general(
+      x, y, ((red, red), (keep, keep)),
+      precision=jax.lax.Precision.HIGHEST,
+      preferred_element_type=jnp.float32,
+  )
+  return out.reshape(out_shape)
+
+
 def sum_squares(x: jax.Array, axes: tuple[int, ...]) -> jax.Array:
   """Per-layer sum of squares in float32, keeping dims for broadcasting."""
-  x = jnp.asarray(x)
-  return jnp.sum(jnp.square(x.astype(jnp.float32)), axis=axes, keepdims=True)
+  return sum_products(x, x, axes)
 
 
 def trust_ratio(
