@@ -47,6 +47,10 @@ test: $(VENV)/.installed-test
 test-all: $(VENV)/.installed-test
 	$(PY) -m pytest -n $(JOBS) -q -m '' $(PYTEST_ARGS)
 
+lint: $(VENV)/.installed-test
+	$(PY) -m pip install -q ruff
+	$(VENV)/bin/ruff check date_optax tests benchmarks tpu examples
+
 bench: $(VENV)/.installed-test
 	$(PY) benchmarks/optimizer_step.py
 

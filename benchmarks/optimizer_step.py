@@ -31,7 +31,6 @@ import optax
 
 import date_optax
 
-
 # ---------------------------------------------------------------------------
 # Parameter trees with the shapes of real models.
 

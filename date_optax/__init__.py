@@ -5,9 +5,25 @@ learning-rate schedules and the DATE engine, data-parallel train steps for
 device meshes and TPU pods, and ghost/distributed batch normalisation.
 """
 
+from date_optax import schedules
+from date_optax._src.engine import (
+    Baseline,
+    MultiStageRecipe,
+    Recipe,
+    date,
+    date_recipe,
+    multi_stage,
+    scale_recipe,
+)
 from date_optax._src.lamb import LambState, lamb
 from date_optax._src.lars import LarsState, bounded_lars, lars
 from date_optax._src.masks import exclude_bias_and_norm
+from date_optax._src.schedules import (
+    linear_scaling,
+    roller_coaster,
+    sqrt_scaling,
+    warmup_decay_schedule,
+)
 from date_optax._src.trust_ratio import TrustRatioState, scale_by_trust_ratio, trust_ratios
 
 __version__ = "0.1.0"
@@ -22,4 +38,31 @@ __all__ = [
     "lars",
     "scale_by_trust_ratio",
     "trust_ratios",
+    # LEGW schedules and the DATE engine (issue 3).
+    "Baseline",
+    "MultiStageRecipe",
+    "Recipe",
+    "date",
+    "date_recipe",
+    "linear_scaling",
+    "multi_stage",
+    "roller_coaster",
+    "scale_recipe",
+    "schedules",
+    "sqrt_scaling",
+    "warmup_decay_schedule",
 ]
+
+
+_SUBPACKAGES = ("checkpoint", "diagnostics", "nn", "parallel", "schedules")
+
+
+def __getattr__(name: str):
+  # Subpackages with heavier dependencies (flax modules, orbax, collectives)
+  # are imported on first use, so `import date_optax` stays light while
+  # `date_optax.nn.GhostBatchNorm` works right after it.
+  if name in _SUBPACKAGES:
+    import importlib
+
+    return importlib.import_module(f"date_optax.{name}")
+  raise AttributeError(f"module 'date_optax' has no attribute {name!r}")

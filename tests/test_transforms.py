@@ -9,12 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import reference as ref
 from flax import nnx
 from hypothesis import given
 from hypothesis import strategies as st
 
 import date_optax
-import reference as ref
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -369,7 +369,7 @@ def test_stacked_lamb_equals_unstacked():
   k = jax.random.split(jax.random.key(5), 3)
   layers = [jax.random.normal(k[i], (3, 4)) * (i + 1) for i in range(3)]
   stacked = {"k": jnp.stack(layers)}
-  separate = {f"k{i}": l for i, l in enumerate(layers)}
+  separate = {f"k{i}": layer for i, layer in enumerate(layers)}
   opt_s = date_optax.lamb(0.1, weight_decay=0.01, layer_axes=0)
   opt_u = date_optax.lamb(0.1, weight_decay=0.01)
   a, _ = run(opt_s, stacked)

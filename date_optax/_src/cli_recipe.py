@@ -1,0 +1,368 @@
+"""``date-optax recipe``: a tuned baseline scaled to a list of batch sizes.
+
+Prints, for every batch size, the LEGW/DATE recipe (peak learning rate,
+warmup in epochs and iterations, total iterations, iterations per epoch)
+and with ``--plot FILE.png`` draws the learning rate against the epoch.
+
+Example (LEGW Table 1)::
+
+  date-optax recipe --base-batch 1024 --lr '2**2.5' --warmup-epochs 0.3125 \\
+      --epochs 90 --num-examples 1281167 --decay poly --power 2 \\
+      --batch 1K,2K,4K,8K,16K,32K
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import csv
+import json
+import math
+import operator
+import os
+import sys
+from typing import Any
+
+IMAGENET_TRAIN = 1281167
+
+#: Baselines from the papers (SPEC §7); explicit flags override them.
+PRESETS: dict[str, dict[str, Any]] = {
+    # LEGW Table 1: ResNet-50 on ImageNet, poly decay of power 2.
+    "legw-table1": dict(
+        base_batch=1024, lr="2**2.5", warmup_epochs=0.3125, epochs=90,
+        num_examples=IMAGENET_TRAIN, decay="poly", power=2.0,
+        batch="1K,2K,4K,8K,16K,32K",
+    ),
+    # DATE's worked example (seed 000 §3.6): MNIST/LeNet, 1755 iterations.
+    "date-example": dict(
+        base_batch=1024, lr="1.25e-3", warmup_epochs=2, epochs=30,
+        num_examples=59904, decay="roller_coaster", batch="1024,8192",
+    ),
+    # LAMB on ImageNet (seed 004 "Table 5"); the slides give no decay.
+    "lamb-imagenet": dict(
+        base_batch=512, lr="4/(2**3.0*100)", warmup_epochs=0.3125, epochs=90,
+        num_examples=IMAGENET_TRAIN, batch="512,1K,2K,4K,8K,16K,32K",
+    ),
+    # LAMB on BERT (seed 004 "Table 1"): warmup as a fraction of the run;
+    # 1M iterations at 512 (15625 at 32K, as in the LAMB paper).
+    "lamb-bert": dict(
+        base_batch=512, lr="5/(2**3.0*10**3)", warmup_ratio="1/320", epochs=1,
+        num_examples=512 * 10**6, batch="512,1K,2K,4K,8K,16K,32K",
+    ),
+}
+
+_DEFAULTS = dict(
+    warmup="gradual", warmup_factor=0.1, decay="roller_coaster", power=None,
+    floor=None, boundaries=None, factors=None, start_epoch=None, factor=None,
+    lr_scaling="sqrt", warmup_scaling="linear", format="table",
+)
+_REQUIRED = ("base_batch", "lr", "epochs", "num_examples", "batch")
+
+_BINOPS = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+    ast.Div: operator.truediv, ast.Pow: operator.pow,
+}
+
+
+def parse_number(text: str) -> float:
+  """A float from a plain arithmetic expression: ``2**2.5``, ``2^2.5``, ``1/320``."""
+  def ev(node):
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+      return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+      return _BINOPS[type(node.op)](ev(node.left), ev(node.right))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+      v = ev(node.operand)
+      return -v if isinstance(node.op, ast.USub) else v
+    raise ValueError
+  try:
+    value = float(ev(ast.parse(str(text).replace("^", "**"), mode="eval").body))
+  except (ValueError, SyntaxError, ZeroDivisionError, OverflowError, TypeError):
+    raise argparse.ArgumentTypeError(
+        f"not a number or arithmetic expression: {text!r}"
+    ) from None
+  return value
+
+
+def parse_batch_sizes(text: str) -> list[int]:
+  """``1024,2K,32k`` -> ``[1024, 2048, 32768]`` (K = 1024)."""
+  out = []
+  for item in str(text).split(","):
+    item = item.strip()
+    if not item:
+      continue
+    mult = 1
+    if item[-1] in "kK":
+      item, mult = item[:-1], 1024
+    try:
+      value = float(item) * mult
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"not a batch size: {item!r}") from None
+    if value != int(value):
+      raise argparse.ArgumentTypeError(f"batch sizes must be integers, got {item!r}")
+    out.append(int(value))
+  if not out:
+    raise argparse.ArgumentTypeError("give at least one batch size")
+  return out
+
+
+def _float_list(text: str) -> list[float]:
+  return [parse_number(t) for t in str(text).split(",") if t.strip()]
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+  """Adds the ``recipe`` subcommand to `subparsers`."""
+  p = subparsers.add_parser(
+      "recipe",
+      help="scale a tuned baseline to other batch sizes (LEGW/DATE recipe)",
+      description=(
+          "Scale a baseline tuned at one batch size to other batch sizes "
+          "without retuning: sqrt learning-rate scaling, warmup epochs growing "
+          "linearly with the batch (LEGW), the baseline's decay. Numbers may "
+          "be arithmetic expressions such as 2**2.5 or 1/320."
+      ),
+      epilog=(
+          "example (LEGW Table 1):\n"
+          "  date-optax recipe --base-batch 1024 --lr '2**2.5' "
+          "--warmup-epochs 0.3125 \\\n"
+          "      --epochs 90 --num-examples 1281167 --decay poly --power 2 \\\n"
+          "      --batch 1K,2K,4K,8K,16K,32K --plot legw.png\n"
+          "  date-optax recipe --preset legw-table1"
+      ),
+      formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
+  p.add_argument("--preset", choices=sorted(PRESETS),
+                 help="start from a baseline of the papers (flags override it)")
+  g = p.add_argument_group("baseline")
+  g.add_argument("--base-batch", type=int,
+                 help="batch size B0 the baseline was tuned at")
+  g.add_argument("--lr", type=parse_number, help="peak learning rate at B0")
+  w = g.add_mutually_exclusive_group()
+  w.add_argument("--warmup-epochs", type=parse_number, help="warmup length in epochs")
+  w.add_argument("--warmup-ratio", type=parse_number,
+                 help="warmup as a fraction of all iterations (BERT)")
+  g.add_argument("--epochs", type=parse_number, help="epochs of the run")
+  g.add_argument("--num-examples", type=int, help="training examples per epoch")
+  g.add_argument("--warmup", choices=("gradual", "constant"), help="warmup shape "
+                 f"(default {_DEFAULTS['warmup']})")
+  g.add_argument("--warmup-factor", type=parse_number,
+                 help="peak multiplier during a constant warmup (default 0.1)")
+  g.add_argument("--decay", choices=("constant", "poly", "roller_coaster", "multistep",
+                                     "exponential", "cosine"),
+                 help="decay after the warmup (default roller_coaster)")
+  g.add_argument("--power", type=parse_number, help="poly / roller_coaster power")
+  g.add_argument("--floor", type=parse_number, help="roller_coaster floor")
+  g.add_argument("--boundaries", type=_float_list,
+                 help="multistep epochs, e.g. 30,60,80")
+  g.add_argument("--factors", type=_float_list,
+                 help="multistep factor(s): one for all boundaries or one each")
+  g.add_argument("--start-epoch", type=parse_number,
+                 help="exponential: last peak epoch")
+  g.add_argument("--factor", type=parse_number, help="exponential: factor per epoch")
+  s = p.add_argument_group("scaling")
+  s.add_argument("--batch", type=parse_batch_sizes,
+                 help="target batch sizes, comma-separated (K = 1024)")
+  s.add_argument("--lr-scaling", choices=("sqrt", "linear", "none"),
+                 help="peak learning-rate rule (default sqrt)")
+  s.add_argument("--warmup-scaling", choices=("linear", "sqrt", "none"),
+                 help="warmup-epochs rule (default linear, LEGW)")
+  o = p.add_argument_group("output")
+  o.add_argument("--format", choices=("table", "csv", "json"),
+                 help="output format (default table)")
+  o.add_argument("--plot", metavar="FILE.png",
+                 help="draw the learning rate against the epoch for every batch")
+  p.set_defaults(func=run)
+  return p
+
+
+def _resolve(args: argparse.Namespace) -> dict[str, Any]:
+  """Flags, over the preset, over the defaults."""
+  values: dict[str, Any] = dict(_DEFAULTS)
+  if args.preset:
+    preset = dict(PRESETS[args.preset])
+    for key in ("lr", "warmup_ratio"):
+      if key in preset:
+        preset[key] = parse_number(preset[key])
+    preset["batch"] = parse_batch_sizes(preset["batch"])
+    values.update(preset)
+  given = {k: v for k, v in vars(args).items() if v is not None}
+  if "warmup_epochs" in given:
+    values.pop("warmup_ratio", None)
+  if "warmup_ratio" in given:
+    values.pop("warmup_epochs", None)
+  values.update(given)
+  return values
+
+
+def _decay(values: dict[str, Any]):
+  from date_optax._src import schedules  # noqa: PLC0415 - keep --help fast
+
+  name = values["decay"]
+  options: dict[str, Any] = {}
+  if name in ("poly", "roller_coaster") and values["power"] is not None:
+    options["power"] = values["power"]
+  if name == "roller_coaster" and values["floor"] is not None:
+    options["floor"] = values["floor"]
+  if name == "multistep":
+    if not values["boundaries"]:
+      raise ValueError("--decay multistep needs --boundaries (epochs, e.g. 30,60,80).")
+    options["epochs"] = tuple(values["boundaries"])
+    factors = values["factors"] or [0.1]
+    options["factors"] = factors[0] if len(factors) == 1 else tuple(factors)
+  if name == "exponential":
+    if values["start_epoch"] is None or values["factor"] is None:
+      raise ValueError("--decay exponential needs --start-epoch and --factor.")
+    options["start_epoch"] = values["start_epoch"]
+    options["factor"] = values["factor"]
+  return schedules.decay_from_name(name, **options)
+
+
+def _fmt(x: float) -> str:
+  return f"{x:.6g}"
+
+
+def _ratio(x: float) -> str:
+  """``1/320`` when the ratio is the reciprocal of an integer, else decimal."""
+  if x <= 0:
+    return "0"
+  inv = 1 / x
+  if abs(inv - round(inv)) <= 1e-9 * inv:
+    return f"1/{round(inv)}"
+  return _fmt(x)
+
+
+def _rows(recipes) -> list[dict[str, Any]]:
+  return [
+      {
+          "batch": r.batch_size,
+          "k": r.scale,
+          "peak_lr": r.peak_learning_rate,
+          "log2_peak_lr": math.log2(r.peak_learning_rate),
+          "warmup_epochs": r.warmup_epochs,
+          "warmup_ratio": r.warmup_ratio,
+          "warmup_steps": r.warmup_steps,
+          "total_steps": r.total_steps,
+          "steps_per_epoch": r.steps_per_epoch,
+      }
+      for r in recipes
+  ]
+
+
+_COLUMNS = (
+    ("batch", "batch", str),
+    ("k", "k", _fmt),
+    ("peak LR", "peak_lr", _fmt),
+    ("log2 LR", "log2_peak_lr", lambda x: f"{x:.4g}"),
+    ("warmup epochs", "warmup_epochs", _fmt),
+    ("warmup ratio", "warmup_ratio", _ratio),
+    ("warmup steps", "warmup_steps", str),
+    ("total steps", "total_steps", str),
+    ("steps/epoch", "steps_per_epoch", _fmt),
+)
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+  """Right-aligned text table of the recipe rows."""
+  cells = [[title for title, _, _ in _COLUMNS]]
+  cells += [[fmt(row[key]) for _, key, fmt in _COLUMNS] for row in rows]
+  widths = [max(len(c[j]) for c in cells) for j in range(len(_COLUMNS))]
+  return "\n".join(
+      "  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True))
+      for line in cells
+  )
+
+
+def plot(recipes, path: str, title: str) -> None:
+  """Learning rate against epoch, one line per batch size, saved to `path`."""
+  import matplotlib  # noqa: PLC0415 - optional dependency, only for --plot
+
+  matplotlib.use("Agg")
+  import jax.numpy as jnp  # noqa: PLC0415
+  import matplotlib.pyplot as plt  # noqa: PLC0415
+  import numpy as np  # noqa: PLC0415
+
+  fig, ax = plt.subplots(figsize=(8, 4.8), dpi=120)
+  for r in recipes:
+    T = r.total_steps
+    # At most ~4000 points per curve, always including the warmup's end.
+    counts = np.unique(np.concatenate([
+        np.linspace(0, T - 1, min(T, 4000)).round().astype(np.int64),
+        [max(r.warmup_steps - 1, 0), min(r.warmup_steps, T - 1)],
+    ]))
+    lr = np.asarray(r.schedule(jnp.asarray(counts, jnp.int32)))
+    epochs = np.concatenate([[0.0], (counts + 1) / r.steps_per_epoch])
+    ax.plot(epochs, np.concatenate([[0.0], lr]),
+            label=f"B={r.batch_size}: peak {r.peak_learning_rate:.4g}, "
+                  f"warmup {r.warmup_epochs:g} ep")
+  ax.set_xlabel("epoch")
+  ax.set_ylabel("learning rate")
+  ax.set_title(title.replace("; ", "\n"), fontsize=9)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path)
+  plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+  """Runs ``date-optax recipe``."""
+  values = _resolve(args)
+  missing = [k for k in _REQUIRED if values.get(k) is None]
+  if missing:
+    flags = ", ".join("--" + k.replace("_", "-") for k in missing)
+    print(f"date-optax recipe: error: missing {flags} (or use --preset)",
+          file=sys.stderr)
+    return 2
+  import date_optax  # noqa: PLC0415 - imports jax; keep --help fast
+
+  try:
+    baseline = date_optax.Baseline(
+        batch_size=values["base_batch"],
+        learning_rate=values["lr"],
+        warmup_epochs=values.get("warmup_epochs"),
+        warmup_ratio=values.get("warmup_ratio"),
+        epochs=values["epochs"],
+        num_examples=values["num_examples"],
+        warmup=values["warmup"],
+        warmup_factor=values["warmup_factor"],
+        decay=_decay(values),
+    )
+    recipes = [
+        date_optax.scale_recipe(
+            baseline, b, lr_scaling=values["lr_scaling"],
+            warmup_scaling=values["warmup_scaling"],
+        )
+        for b in values["batch"]
+    ]
+  except (ValueError, TypeError) as e:
+    print(f"date-optax recipe: error: {e}", file=sys.stderr)
+    return 2
+
+  rows = _rows(recipes)
+  warm = (f"warmup {baseline.base_warmup_epochs:g} epochs"
+          if baseline.warmup_ratio is None
+          else f"warmup ratio {_ratio(baseline.warmup_ratio)}")
+  title = (f"baseline B0={baseline.batch_size}, lr {baseline.learning_rate:.6g}, "
+           f"{warm}, {baseline.epochs:g} epochs, n={baseline.num_examples}, "
+           f"{baseline.decay}; lr_scaling={values['lr_scaling']}, "
+           f"warmup_scaling={values['warmup_scaling']}")
+  if values["format"] == "json":
+    json.dump({"baseline": title, "recipes": rows}, sys.stdout, indent=2)
+    print()
+  elif values["format"] == "csv":
+    writer = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+  else:
+    print(f"# {title}")
+    print(format_table(rows))
+  if values.get("plot"):
+    try:
+      plot(recipes, values["plot"], title)
+    except ImportError as e:  # matplotlib is an optional dependency
+      print(f"date-optax recipe: error: --plot needs matplotlib "
+            f"(pip install 'date-optax[docs]'): {e}", file=sys.stderr)
+      return 2
+    print(f"# wrote {values['plot']}", file=sys.stderr)
+  return 0

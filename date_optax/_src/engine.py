@@ -1,0 +1,686 @@
+"""LEGW recipes and the DATE engine: a tuned baseline scaled to any batch size.
+
+SPEC §5–6. A :class:`Baseline` records what was tuned at one batch size;
+:func:`scale_recipe` turns it into a :class:`Recipe` for another batch size
+(sqrt learning-rate scaling, warmup epochs growing linearly with the batch,
+durations converted to iterations with the dataset size); :func:`date` builds
+the DATE optimizer: that recipe with roller-coaster decay driving bounded
+LARS over the baseline's own solver.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from date_optax._src import lars as lars_lib
+from date_optax._src import schedules as sched_lib
+from date_optax._src import validation
+
+#: Ratio bounds used by :func:`date` unless the baseline says otherwise. The
+#: upper bound 1 never raises a layer's learning rate above the one the
+#: baseline was tuned with; it only damps layers whose gradient is large
+#: relative to their weights (SPEC §6).
+DEFAULT_BOUNDS = (0.01, 1.0)
+
+#: Base solvers :func:`date` accepts by name (those of `bounded_lars`).
+BASES = lars_lib.BASES
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Baseline:
+  """A training run tuned at one batch size: the input of LEGW and DATE.
+
+  Durations are in epochs (or, for the warmup, a fraction of the run) and are
+  turned into iterations with `num_examples`: ``steps_per_epoch = n/B``,
+  ``total_steps = ceil(epochs·n/B)``, ``warmup_steps = round(w·n/B)``
+  (halves rounded up). Floats are read as the decimals they print as, so
+  ``epochs=0.3`` is exactly 3/10 in these counts. All fields are keywords.
+
+  Args:
+    batch_size: ``B0``, the batch size the baseline was tuned at.
+    learning_rate: ``η0``, the peak learning rate at ``B0``.
+    warmup_epochs: ``w0``, warmup length in epochs (``0 <= w0 < epochs``).
+    epochs: ``E``, the length of the run in epochs.
+    num_examples: ``n``, training examples per epoch.
+    warmup_ratio: alternatively, the warmup as a fraction of all iterations
+      (BERT's convention), in ``[0, 1)``; give at most one of `warmup_epochs`
+      and `warmup_ratio` (neither: no warmup).
+    warmup: ``"gradual"`` (linear from 0) or ``"constant"`` warmup.
+    warmup_factor: the peak multiplier during a constant warmup, in (0, 1].
+    decay: the baseline's decay, a :class:`~date_optax.schedules.Decay` or
+      its name (``"roller_coaster"``, ``"poly"``, ...; default options).
+    optimizer: the base solver, a name in :data:`BASES` or an optax
+      ``GradientTransformation`` that returns the solver's direction without
+      its learning rate (``optax.scale_by_adam()``, ...).
+    optimizer_options: the solver's settings, keywords of
+      :func:`date_optax.bounded_lars` (``momentum``, ``b1``, ``weight_decay``,
+      ...; RMSProp's ``decay`` goes here too).
+    ratio_bounds: ``(lower, upper)`` if the baseline itself was tuned with
+      bounded trust ratios; :func:`date` then keeps them.
+
+  Examples:
+    >>> import date_optax
+    >>> base = date_optax.Baseline(batch_size=1024, learning_rate=1.25e-3,
+    ...     warmup_epochs=2, epochs=30, num_examples=59904)
+    >>> base.total_steps, base.warmup_steps, base.steps_per_epoch
+    (1755, 117, 58.5)
+
+  References:
+    You et al., `Large-batch training for LSTM and beyond
+    <https://arxiv.org/abs/1901.08256>`_, SC 2019 (Algorithm 1, inputs).
+  """
+
+  batch_size: int
+  learning_rate: float
+  warmup_epochs: float | None = None
+  epochs: float
+  num_examples: int
+  warmup_ratio: float | None = None
+  warmup: str = "gradual"
+  warmup_factor: float = 0.1
+  decay: sched_lib.Decay | str = "roller_coaster"
+  optimizer: str | optax.GradientTransformation = "momentum"
+  optimizer_options: Mapping[str, Any] = dataclasses.field(
+      default_factory=dict, hash=False
+  )
+  ratio_bounds: tuple[Any, Any] | None = None
+
+  def __post_init__(self):
+    validation.check_int("batch_size", self.batch_size, low=1)
+    validation.check_positive("learning_rate", self.learning_rate)
+    validation.check_positive("epochs", self.epochs)
+    validation.check_int("num_examples", self.num_examples, low=1)
+    if self.warmup_epochs is not None and self.warmup_ratio is not None:
+      raise ValueError(
+          "give warmup_epochs or warmup_ratio, not both (got "
+          f"warmup_epochs={self.warmup_epochs!r}, "
+          f"warmup_ratio={self.warmup_ratio!r})."
+      )
+    if self.warmup_epochs is not None:
+      validation.check_real(
+          "warmup_epochs", self.warmup_epochs, low=0.0, high=float(self.epochs),
+          high_inclusive=False,
+      )
+    if self.warmup_ratio is not None:
+      validation.check_unit_interval("warmup_ratio", self.warmup_ratio)
+    validation.check_choice("warmup", self.warmup, sched_lib.WARMUPS)
+    validation.check_real(
+        "warmup_factor", self.warmup_factor, low=0.0, high=1.0,
+        low_inclusive=False,
+    )
+    object.__setattr__(self, "decay", sched_lib.decay_from_name(self.decay))
+    if isinstance(self.optimizer, str):
+      validation.check_choice("optimizer", self.optimizer, BASES)
+    elif not isinstance(self.optimizer, optax.GradientTransformation):
+      raise TypeError(
+          f"optimizer must be one of {BASES} or an optax GradientTransformation, "
+          f"got {self.optimizer!r}."
+      )
+    if not isinstance(self.optimizer_options, Mapping):
+      raise TypeError(
+          f"optimizer_options must be a mapping, got {self.optimizer_options!r}."
+      )
+    object.__setattr__(
+        self, "optimizer_options", types.MappingProxyType(dict(self.optimizer_options))
+    )
+    if self.ratio_bounds is not None:
+      if len(tuple(self.ratio_bounds)) != 2:
+        raise ValueError(
+            f"ratio_bounds must be a pair (lower, upper), got {self.ratio_bounds!r}."
+        )
+      lower, upper = self.ratio_bounds
+      validation.check_bounds(lower, upper)
+      object.__setattr__(self, "ratio_bounds", (lower, upper))
+    # The baseline must itself leave iterations after its warmup.
+    _iteration_counts(self, self.batch_size, "none", check=True)
+
+  @property
+  def base_warmup_epochs(self) -> float:
+    """The warmup in epochs, whichever way it was given."""
+    return float(_base_warmup(self))
+
+  @property
+  def steps_per_epoch(self) -> float:
+    """``n / B0`` (a float)."""
+    return self.num_examples / self.batch_size
+
+  @property
+  def total_steps(self) -> int:
+    """``ceil(E · n / B0)``."""
+    return _iteration_counts(self, self.batch_size, "none")[2]
+
+  @property
+  def warmup_steps(self) -> int:
+    """``round(w0 · n / B0)``."""
+    return _iteration_counts(self, self.batch_size, "none")[1]
+
+  def recipe(self) -> Recipe:
+    """The baseline's own schedule: :func:`scale_recipe` at ``B0``."""
+    return scale_recipe(self, self.batch_size)
+
+  def solver(
+      self, learning_rate: optax.ScalarOrSchedule | None = None
+  ) -> optax.GradientTransformation:
+    """The baseline's own optimizer: its solver with its own schedule.
+
+    That is the plain base solver (no trust ratio) with weight decay as in
+    `bounded_lars`, or `bounded_lars` with `ratio_bounds` when the baseline
+    was tuned with bounded ratios. The reference :func:`date` is measured
+    against at ``k = 1``.
+
+    Args:
+      learning_rate: replaces the baseline's schedule (``self.recipe()``).
+
+    Returns:
+      An optax ``GradientTransformation``.
+    """
+    lr = self.recipe().schedule if learning_rate is None else learning_rate
+    options = dict(self.optimizer_options)
+    if self.ratio_bounds is not None:
+      lower, upper = self.ratio_bounds
+      return lars_lib.bounded_lars(
+          lr, base=self.optimizer, lower=lower, upper=upper, **options
+      )
+    weight_decay = options.pop("weight_decay", 0.0)
+    weight_decay_mask = options.pop("weight_decay_mask", None)
+    base_keys = ("momentum", "b1", "b2", "eps", "decay", "initial_accumulator_value")
+    direction = lars_lib.make_base(
+        self.optimizer, **{k: options[k] for k in base_keys if k in options}
+    )
+    parts = [direction, optax.scale_by_learning_rate(lr)]
+    if weight_decay != 0.0:
+      parts.insert(0, optax.add_decayed_weights(weight_decay, weight_decay_mask))
+    return optax.chain(*parts)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Recipe:
+  """A baseline scaled to one batch size (the output of :func:`scale_recipe`).
+
+  Build it with :func:`scale_recipe` or :func:`date_recipe`, not by hand.
+
+  Args:
+    batch_size: the target batch size ``B``.
+    peak_learning_rate: the learning rate at the end of the warmup.
+    warmup_epochs: the warmup length in epochs.
+    warmup_steps: the warmup length in iterations ``W``.
+    total_steps: iterations in the whole run, ``T = ceil(E·n/B)``.
+    steps_per_epoch: ``n / B`` (a float).
+    schedule: the optax schedule ``count -> learning rate``.
+    scale: ``k = B / B0``.
+    epochs: ``E``, unchanged from the baseline.
+    warmup_ratio: ``warmup_epochs / epochs``.
+    decay: the decay after the warmup.
+    warmup: ``"gradual"`` or ``"constant"``.
+    baseline: the :class:`Baseline` it was scaled from.
+
+  Examples:
+    >>> import date_optax
+    >>> base = date_optax.Baseline(batch_size=1024, learning_rate=1.25e-3,
+    ...     warmup_epochs=2, epochs=30, num_examples=59904)
+    >>> r = date_optax.scale_recipe(base, 8192)
+    >>> r.warmup_epochs, r.warmup_steps, r.total_steps
+    (16.0, 117, 220)
+
+  References:
+    You et al., `Large-batch training for LSTM and beyond
+    <https://arxiv.org/abs/1901.08256>`_, SC 2019 (§3.6).
+  """
+
+  batch_size: int
+  peak_learning_rate: float
+  warmup_epochs: float
+  warmup_steps: int
+  total_steps: int
+  steps_per_epoch: float
+  schedule: optax.Schedule = dataclasses.field(repr=False, compare=False)
+  scale: float
+  epochs: float
+  warmup_ratio: float
+  decay: sched_lib.Decay
+  warmup: str
+  baseline: Baseline = dataclasses.field(repr=False)
+
+  def learning_rates(self) -> np.ndarray:
+    """The learning rate of every iteration ``1..T`` (float32 numpy array)."""
+    return np.asarray(self.schedule(jnp.arange(self.total_steps, dtype=jnp.int32)))
+
+  def epoch_of(self, step: Any) -> np.ndarray:
+    """Epochs completed at the end of iteration ``step + 1`` (counts from 0)."""
+    return (np.asarray(step) + 1) / self.steps_per_epoch
+
+
+def _base_warmup(baseline: Baseline) -> Fraction:
+  if baseline.warmup_epochs is not None:
+    return sched_lib.exact(baseline.warmup_epochs)
+  if baseline.warmup_ratio is not None:
+    return sched_lib.exact(baseline.warmup_ratio) * sched_lib.exact(baseline.epochs)
+  return Fraction(0)
+
+
+def _warmup_factor_exact(rule: str, k: Fraction) -> Fraction:
+  """The warmup multiplier as an exact fraction where it is rational."""
+  if rule == "linear":
+    return k
+  if rule == "none":
+    return Fraction(1)
+  return Fraction(math.sqrt(k))
+
+
+def _iteration_counts(
+    baseline: Baseline, batch_size: int, warmup_scaling: str, *, check: bool = False
+) -> tuple[Fraction, int, int]:
+  """Scaled warmup epochs (exact), warmup steps and total steps at `batch_size`.
+
+  With `check`, raises the ValueError of SPEC §5 when the warmup would reach
+  the end of training.
+  """
+  n = baseline.num_examples
+  k = Fraction(batch_size, baseline.batch_size)
+  epochs = sched_lib.exact(baseline.epochs)
+  w = _base_warmup(baseline) * _warmup_factor_exact(warmup_scaling, k)
+  # For linear scaling w·n/B == w0·n/B0 exactly: the warmup iterations do not
+  # depend on the batch size.
+  warmup_steps = sched_lib.round_half_up(w * n / batch_size)
+  total_steps = math.ceil(epochs * n / batch_size)
+  if check and not _fits(w, warmup_steps, epochs, total_steps):
+    largest = _largest_supported_batch(baseline, warmup_scaling, batch_size)
+    hint = (
+        f" The largest batch size this baseline supports with "
+        f"warmup_scaling={warmup_scaling!r} is {largest}."
+        if largest is not None
+        else ""
+    )
+    raise ValueError(
+        f"batch_size={batch_size} scales the warmup to {float(w):g} epochs "
+        f"({warmup_steps} iterations), which reaches the end of training "
+        f"({float(epochs):g} epochs, {total_steps} iterations): no iteration "
+        f"would be left to decay.{hint} Shorten the baseline's warmup or train "
+        "longer."
+    )
+  return w, warmup_steps, total_steps
+
+
+def _fits(w: Fraction, warmup_steps: int, epochs: Fraction, total_steps: int) -> bool:
+  return w < epochs and (warmup_steps == 0 or warmup_steps < total_steps)
+
+
+def _largest_supported_batch(
+    baseline: Baseline, warmup_scaling: str, batch_size: int
+) -> int | None:
+  """Largest batch below `batch_size` whose warmup still fits (bisection)."""
+
+  def ok(b: int) -> bool:
+    w, ws, ts = _iteration_counts(baseline, b, warmup_scaling)
+    return _fits(w, ws, sched_lib.exact(baseline.epochs), ts)
+
+  lo, hi = 1, batch_size  # invariant: ok(lo) (checked below), not ok(hi)
+  if not ok(lo):
+    return None
+  while hi - lo > 1:
+    mid = (lo + hi) // 2
+    if ok(mid):
+      lo = mid
+    else:
+      hi = mid
+  return lo
+
+
+def scale_recipe(
+    baseline: Baseline,
+    batch_size: int,
+    *,
+    lr_scaling: str = "sqrt",
+    warmup_scaling: str = "linear",
+    decay: sched_lib.Decay | str | None = None,
+    warmup: str | None = None,
+    warmup_factor: float | None = None,
+) -> Recipe:
+  r"""Scales a tuned baseline to `batch_size` without retuning (LEGW, SPEC §5).
+
+  With ``k = B / B0``: the peak learning rate is ``η0·sqrt(k)`` (or
+  ``η0·k``, or ``η0``), the warmup lasts ``w0·k`` epochs (or ``w0·sqrt(k)``
+  or ``w0``), which with linear scaling keeps the warmup *iterations*
+  ``round(w0·n/B0)`` constant; the run keeps its epochs, so it has
+  ``ceil(E·n/B)`` iterations. Works in both directions (``k < 1`` too).
+
+  Args:
+    baseline: the tuned :class:`Baseline`.
+    batch_size: the target batch size ``B`` (a positive int, any multiple or
+      fraction of ``B0``).
+    lr_scaling: ``"sqrt"`` (LEGW, DATE), ``"linear"`` (Goyal et al.) or
+      ``"none"``.
+    warmup_scaling: ``"linear"`` (LEGW), ``"sqrt"`` or ``"none"``.
+    decay: the decay after the warmup; ``None`` keeps the baseline's.
+    warmup: ``"gradual"`` or ``"constant"``; ``None`` keeps the baseline's.
+    warmup_factor: the constant-warmup multiplier; ``None`` keeps the
+      baseline's.
+
+  Returns:
+    A :class:`Recipe`; ``recipe.schedule`` is the optax schedule.
+
+  Raises:
+    ValueError: for a bad argument, or when the scaled warmup reaches the end
+      of training; the message names the largest batch size the baseline
+      supports.
+
+  Examples:
+    LEGW Table 1 (ResNet-50 on ImageNet, poly decay of power 2):
+
+    >>> import date_optax
+    >>> base = date_optax.Baseline(batch_size=1024, learning_rate=2 ** 2.5,
+    ...     warmup_epochs=0.3125, epochs=90, num_examples=1281167,
+    ...     decay=date_optax.schedules.Poly(power=2))
+    >>> r = date_optax.scale_recipe(base, 32768)
+    >>> f"{r.peak_learning_rate:.6f}", r.warmup_epochs, r.warmup_steps
+    ('32.000000', 10.0, 391)
+
+  References:
+    You et al., `Large-Batch Training for LSTM and Beyond
+    <https://arxiv.org/abs/1901.08256>`_, 2019 (§3, Table 1).
+  """
+  if not isinstance(baseline, Baseline):
+    raise TypeError(f"baseline must be a date_optax.Baseline, got {baseline!r}.")
+  validation.check_int("batch_size", batch_size, low=1)
+  validation.check_choice("lr_scaling", lr_scaling, sched_lib.SCALING_RULES)
+  validation.check_choice("warmup_scaling", warmup_scaling, sched_lib.SCALING_RULES)
+  decay = baseline.decay if decay is None else sched_lib.decay_from_name(decay)
+  warmup = baseline.warmup if warmup is None else warmup
+  warmup_factor = baseline.warmup_factor if warmup_factor is None else warmup_factor
+  validation.check_choice("warmup", warmup, sched_lib.WARMUPS)
+
+  w, warmup_steps, total_steps = _iteration_counts(
+      baseline, batch_size, warmup_scaling, check=True
+  )
+  peak = sched_lib.scale_by_rule(
+      lr_scaling, baseline.learning_rate, batch_size, baseline.batch_size
+  )
+  spe = Fraction(baseline.num_examples, batch_size)
+  schedule = sched_lib.warmup_decay_schedule(
+      peak,
+      warmup_steps,
+      total_steps,
+      decay=decay,
+      steps_per_epoch=spe,
+      warmup=warmup,
+      warmup_factor=warmup_factor,
+  )
+  if baseline.warmup_ratio is not None and warmup_scaling != "sqrt":
+    # Exact, so that BERT's 1/320 · 2^j prints as given.
+    k = Fraction(batch_size, baseline.batch_size)
+    ratio = float(
+        sched_lib.exact(baseline.warmup_ratio)
+        * _warmup_factor_exact(warmup_scaling, k)
+    )
+  else:
+    ratio = float(w / sched_lib.exact(baseline.epochs))
+  return Recipe(
+      batch_size=int(batch_size),
+      peak_learning_rate=peak,
+      warmup_epochs=float(w),
+      warmup_steps=warmup_steps,
+      total_steps=total_steps,
+      steps_per_epoch=baseline.num_examples / batch_size,
+      schedule=schedule,
+      scale=batch_size / baseline.batch_size,
+      epochs=float(baseline.epochs),
+      warmup_ratio=ratio,
+      decay=decay,
+      warmup=warmup,
+      baseline=baseline,
+  )
+
+
+# ---------------------------------------------------------------------------
+# Multi-stage training.
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiStageRecipe:
+  """Several recipes run one after the other (BERT's two-stage training).
+
+  Build it with :func:`multi_stage`.
+
+  Args:
+    stages: the :class:`Recipe` of each stage, in order.
+    boundaries: the iteration count at which each stage starts (0 first).
+    total_steps: the iterations of all stages together.
+    schedule: the joined optax schedule; it re-warms from 0 at each boundary.
+
+  Examples:
+    >>> import date_optax
+    >>> base = date_optax.Baseline(batch_size=64, learning_rate=0.1,
+    ...     warmup_epochs=1, epochs=4, num_examples=256)
+    >>> ms = date_optax.multi_stage([base.recipe(), base.recipe()])
+    >>> ms.total_steps, ms.stage_of(15), ms.stage_of(16)
+    (32, 0, 1)
+
+  References:
+    You et al., `Large Batch Optimization for Deep Learning: Training BERT in
+    76 minutes <https://arxiv.org/abs/1904.00962>`_, ICLR 2020.
+  """
+
+  stages: tuple[Recipe, ...]
+  boundaries: tuple[int, ...]
+  total_steps: int
+  schedule: optax.Schedule = dataclasses.field(repr=False, compare=False)
+
+  def stage_of(self, step: int) -> int:
+    """The index of the stage that update `step` (zero-based) belongs to."""
+    return int(np.searchsorted(np.asarray(self.boundaries), step, side="right") - 1)
+
+
+def multi_stage(stages: Sequence[Recipe]) -> MultiStageRecipe:
+  """Chains recipes into one schedule that re-warms at every stage boundary.
+
+  Each stage has its own batch size (and may come from its own baseline,
+  e.g. BERT's sequence-length-128 and -512 phases). Stage ``s`` runs for
+  ``stages[s].total_steps`` iterations and its schedule restarts from count
+  0, so the learning rate climbs again from 0 instead of continuing the
+  previous stage's decay (SPEC §5).
+
+  Args:
+    stages: the recipes, in training order.
+
+  Returns:
+    A :class:`MultiStageRecipe`; pass its ``schedule`` as the learning rate
+    (e.g. ``date(baseline, B, learning_rate=ms.schedule)``).
+
+  Examples:
+    >>> import date_optax
+    >>> p1 = date_optax.Baseline(batch_size=512, learning_rate=1e-3,
+    ...     warmup_ratio=0.1, epochs=1, num_examples=5120)
+    >>> p2 = date_optax.Baseline(batch_size=512, learning_rate=1e-3,
+    ...     warmup_ratio=0.2, epochs=1, num_examples=1024)
+    >>> ms = date_optax.multi_stage([date_optax.scale_recipe(p1, 1024),
+    ...                              date_optax.scale_recipe(p2, 512)])
+    >>> ms.boundaries, ms.total_steps
+    ((0, 5), 7)
+
+  References:
+    You et al., `Large Batch Optimization for Deep Learning: Training BERT in
+    76 minutes <https://arxiv.org/abs/1904.00962>`_, ICLR 2020.
+  """
+  stages = tuple(stages)
+  if not stages:
+    raise ValueError("stages must hold at least one Recipe, got ().")
+  for s in stages:
+    if not isinstance(s, Recipe):
+      raise TypeError(f"stages must be Recipes (see scale_recipe), got {s!r}.")
+  steps = [s.total_steps for s in stages]
+  schedule = sched_lib.multi_stage_schedule([s.schedule for s in stages], steps)
+  boundaries = (0,) + tuple(int(b) for b in np.cumsum(steps)[:-1])
+  return MultiStageRecipe(
+      stages=stages,
+      boundaries=boundaries,
+      total_steps=int(sum(steps)),
+      schedule=schedule,
+  )
+
+
+# ---------------------------------------------------------------------------
+# DATE.
+
+
+def date_recipe(
+    baseline: Baseline,
+    batch_size: int,
+    *,
+    lr_scaling: str = "sqrt",
+    warmup_scaling: str = "linear",
+    decay: sched_lib.Decay | str | None = None,
+) -> Recipe:
+  """The recipe behind ``date(baseline, batch_size, ...)``.
+
+  It is :func:`scale_recipe` with DATE's choices: sqrt learning-rate scaling,
+  linear warmup-epoch scaling and roller-coaster decay (the baseline's own
+  roller coaster if it has one, so its `power` and `floor` are kept).
+
+  Args:
+    baseline: the tuned :class:`Baseline`.
+    batch_size: the target batch size.
+    lr_scaling: as in :func:`scale_recipe`.
+    warmup_scaling: as in :func:`scale_recipe`.
+    decay: ``None`` for DATE's roller coaster, or another decay.
+
+  Returns:
+    The :class:`Recipe` whose ``schedule`` :func:`date` uses.
+
+  Examples:
+    DATE's worked example (SPEC §7): MNIST, 30 epochs, ``B0 = 1024``.
+
+    >>> import date_optax
+    >>> base = date_optax.Baseline(batch_size=1024, learning_rate=1.25e-3,
+    ...     warmup_epochs=2, epochs=30, num_examples=59904)
+    >>> r = date_optax.date_recipe(base, 8192)
+    >>> r.warmup_steps, r.total_steps, r.peak_learning_rate == 1.25e-3 * 8 ** 0.5
+    (117, 220, True)
+
+  References:
+    You et al., `Large-batch training for LSTM and beyond
+    <https://arxiv.org/abs/1901.08256>`_, SC 2019 (Algorithm 1).
+  """
+  if decay is None:
+    decay = (
+        baseline.decay
+        if isinstance(baseline.decay, sched_lib.RollerCoaster)
+        else sched_lib.RollerCoaster()
+    )
+  return scale_recipe(
+      baseline,
+      batch_size,
+      lr_scaling=lr_scaling,
+      warmup_scaling=warmup_scaling,
+      decay=decay,
+  )
+
+
+def date(
+    baseline: Baseline,
+    batch_size: int,
+    *,
+    lower: optax.ScalarOrSchedule | None = None,
+    upper: optax.ScalarOrSchedule | None = None,
+    ratio_source: str = "gradient",
+    lr_scaling: str = "sqrt",
+    warmup_scaling: str = "linear",
+    decay: sched_lib.Decay | str | None = None,
+    learning_rate: optax.ScalarOrSchedule | None = None,
+    **solver_options: Any,
+) -> optax.GradientTransformation:
+  r"""DATE: the baseline's solver, scaled to `batch_size` with no retuning.
+
+  The learning rate follows :func:`date_recipe` (sqrt scaling, LEGW warmup,
+  roller-coaster decay) and drives :func:`date_optax.bounded_lars` over the
+  baseline's solver, so each layer's step is
+
+  .. math::
+
+    w \leftarrow w - \eta_i \cdot \mathrm{clip}(\|w\| / \|g\|, l, u)
+      \cdot \mathrm{base}(g).
+
+  **Bounds.** The baseline's ``η0`` was tuned for the plain solver, whose
+  per-layer ratio is 1. Raw ratios ``‖w‖/‖g‖`` are usually 10–1000, so an
+  upper bound above 1 multiplies most layers' learning rate (SPEC §6: a
+  momentum baseline lost 26 accuracy points under [0.01, 10] and matched
+  under [0.01, 1]). The default is therefore :data:`DEFAULT_BOUNDS` =
+  ``(0.01, 1)``: a layer never moves faster than in the baseline, and only
+  layers whose gradient is large relative to their weights are slowed, so
+  ``date(baseline, baseline.batch_size)`` trains like the baseline. A
+  baseline tuned with bounded ratios (``Baseline.ratio_bounds``) keeps its
+  own bounds.
+
+  The recipe is available as ``date_recipe(baseline, batch_size, ...)``
+  with the same scaling and decay arguments.
+
+  Args:
+    baseline: the tuned :class:`Baseline`.
+    batch_size: the target batch size ``B``.
+    lower: lower ratio bound, a float ``>= 0`` or a schedule (DATE's dynamic
+      bounds); ``None``: ``baseline.ratio_bounds[0]`` if set, else 0.01.
+    upper: upper ratio bound, a float ``> 0`` or a schedule; ``None``:
+      ``baseline.ratio_bounds[1]`` if set, else 1.
+    ratio_source: ``"gradient"`` (DATE) or ``"update"`` (the base's output;
+      with Adam this is LAMB with bounds), see `bounded_lars`.
+    lr_scaling: as in :func:`scale_recipe`.
+    warmup_scaling: as in :func:`scale_recipe`.
+    decay: ``None`` for the roller coaster, or another decay.
+    learning_rate: replaces the recipe's schedule, e.g. a
+      :class:`MultiStageRecipe`'s ``schedule``.
+    **solver_options: override ``baseline.optimizer_options`` (keywords of
+      `bounded_lars`: ``momentum``, ``b1``, ``b2``, ``eps``, ``weight_decay``,
+      ``weight_decay_mask``, ``trust_ratio_mask``, ``layer_axes``).
+
+  Returns:
+    An optax ``GradientTransformation``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import date_optax
+    >>> base = date_optax.Baseline(batch_size=1024, learning_rate=1.25e-3,
+    ...     warmup_epochs=2, epochs=30, num_examples=59904,
+    ...     optimizer="momentum", optimizer_options={"momentum": 0.9})
+    >>> tx = date_optax.date(base, 8192)
+    >>> params = {"w": jnp.ones((3, 2))}
+    >>> state = tx.init(params)
+    >>> updates, state = tx.update({"w": jnp.ones((3, 2))}, state, params)
+    >>> recipe = date_optax.date_recipe(base, 8192)  # what tx follows
+    >>> recipe.total_steps
+    220
+
+  References:
+    You et al., `Large-batch training for LSTM and beyond
+    <https://arxiv.org/abs/1901.08256>`_, SC 2019 (Algorithm 1, §3.5–3.6).
+  """
+  recipe = date_recipe(
+      baseline,
+      batch_size,
+      lr_scaling=lr_scaling,
+      warmup_scaling=warmup_scaling,
+      decay=decay,
+  )
+  default_lower, default_upper = baseline.ratio_bounds or DEFAULT_BOUNDS
+  lower = default_lower if lower is None else lower
+  upper = default_upper if upper is None else upper
+  validation.check_bounds(lower, upper)
+  if learning_rate is None:
+    learning_rate = recipe.schedule
+  options = dict(baseline.optimizer_options)
+  options.update(solver_options)
+  return lars_lib.bounded_lars(
+      learning_rate,
+      base=baseline.optimizer,
+      lower=lower,
+      upper=upper,
+      ratio_source=ratio_source,
+      **options,
+  )

@@ -1,0 +1,7 @@
+"""Exact, atomic checkpoint/resume of a whole train state (orbax-checkpoint)."""
+
+from date_optax._src.checkpoint import CheckpointManager
+
+__all__ = [
+    "CheckpointManager",
+]
