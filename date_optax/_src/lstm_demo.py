@@ -346,12 +346,18 @@ METHOD_LABELS = {
 }
 
 
-def _plain_solver(solver: str, learning_rate) -> optax.GradientTransformation:
-  if solver == "momentum":
-    return optax.sgd(learning_rate, momentum=0.9)
-  if solver == "adam":
-    return optax.adam(learning_rate)
-  raise ValueError(f"solver must be 'momentum' or 'adam', got {solver!r}.")
+def baseline_of(tuned: TunedBaseline, **changes: Any):
+  """The :class:`date_optax.Baseline` of `tuned` (roller-coaster decay)."""
+  import date_optax  # noqa: PLC0415
+
+  fields = dict(
+      batch_size=tuned.batch_size, learning_rate=tuned.learning_rate,
+      warmup_epochs=tuned.warmup_epochs, epochs=tuned.epochs,
+      num_examples=tuned.num_examples, optimizer=tuned.solver,
+      optimizer_options={"momentum": 0.9} if tuned.solver == "momentum" else {},
+  )
+  fields.update(changes)
+  return date_optax.Baseline(**fields)
 
 
 def scaled_run(
@@ -359,14 +365,14 @@ def scaled_run(
 ) -> tuple[optax.GradientTransformation, Callable[[Any], Any]]:
   """The optimizer and its learning-rate schedule for `method` at `batch_size`.
 
-  With ``k = B / B0``, ``n`` examples and ``E`` epochs (``T = E·floor(n/B)``
-  iterations, iterations counted from 1):
+  With ``k = B / B0`` (every duration from :func:`date_optax.scale_recipe`):
 
-  - ``"baseline"``: the plain solver on DATE's schedule (sqrt LR, LEGW
-    warmup, roller-coaster decay); at ``k = 1`` this is the tuned baseline.
+  - ``"baseline"``: the plain solver (``Baseline.solver``) on DATE's schedule
+    (sqrt LR, LEGW warmup, roller-coaster decay); at ``k = 1`` this is the
+    tuned baseline itself.
   - ``"linear"``: the plain solver, peak ``η0·k``, 5-epoch gradual warmup,
-    roller-coaster decay (Goyal et al. 2017; the decay kept from the
-    baseline so that only the scaling rule differs).
+    roller-coaster decay (Goyal et al. 2017, with the baseline's decay so
+    that only the scaling rule differs).
   - ``"adam"``: Adam at the constant learning rate ``η0·sqrt(k)``.
   - ``"legw"``: the plain solver, peak ``η0·sqrt(k)``, warmup ``w0·k``
     epochs, poly decay of power 2 (LEGW, SPEC §5).
@@ -375,46 +381,24 @@ def scaled_run(
   import date_optax  # noqa: PLC0415
 
   k = batch_size / tuned.batch_size
-  n, e = tuned.num_examples, tuned.epochs
-  total = e * (n // batch_size)
-  legw_warmup = int(round(tuned.warmup_epochs * n / tuned.batch_size))
-  if method == "linear":
-    sched = _warmup_then(
-        tuned.learning_rate * k, int(round(5 * n / batch_size)), total, "roller_coaster"
-    )
-    return _plain_solver(tuned.solver, sched), sched
+  baseline = baseline_of(tuned)
   if method == "adam":
     sched = optax.constant_schedule(tuned.learning_rate * math.sqrt(k))
     return optax.adam(sched), sched
-  if method == "legw":
-    sched = _warmup_then(tuned.learning_rate * math.sqrt(k), legw_warmup, total, "poly2")
-    return _plain_solver(tuned.solver, sched), sched
-  sched = _warmup_then(
-      tuned.learning_rate * math.sqrt(k), legw_warmup, total, "roller_coaster"
-  )
-  if method == "baseline":
-    return _plain_solver(tuned.solver, sched), sched
   if method == "date":
-    tx = date_optax.bounded_lars(
-        sched, base=tuned.solver, lower=0.01, upper=1.0, momentum=0.9
+    recipe = date_optax.date_recipe(baseline, batch_size)
+    return date_optax.date(baseline, batch_size), recipe.schedule
+  if method == "baseline":
+    recipe = date_optax.date_recipe(baseline, batch_size)
+  elif method == "linear":
+    recipe = date_optax.scale_recipe(
+        baseline_of(tuned, warmup_epochs=5.0), batch_size,
+        lr_scaling="linear", warmup_scaling="none",
     )
-    return tx, sched
-  raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
-
-
-def _warmup_then(peak: float, warmup: int, total: int, decay: str):
-  """SPEC §5: gradual warmup to `peak`, then roller coaster or poly(2)."""
-  if not 0 <= warmup < total:
-    raise ValueError(f"warmup of {warmup} iterations leaves none of {total} to decay.")
-
-  def schedule(count):
-    i = jnp.asarray(count, jnp.float32) + 1.0
-    warm = peak * i / max(warmup, 1)
-    if decay == "poly2":
-      after = peak * jnp.clip(1.0 - i / total, 0.0, 1.0) ** 2
-    else:
-      frac = jnp.clip(1.0 - (i - warmup) / (total - warmup), 0.0, 1.0)
-      after = jnp.maximum(peak * frac, 1e-6)
-    return jnp.where(i <= warmup, warm, after)
-
-  return schedule
+  elif method == "legw":
+    recipe = date_optax.scale_recipe(
+        baseline, batch_size, decay=date_optax.schedules.Poly(power=2)
+    )
+  else:
+    raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
+  return baseline.solver(recipe.schedule), recipe.schedule
