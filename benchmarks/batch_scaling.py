@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import sys
@@ -58,7 +57,7 @@ LABELS = {
     "date_adam": "(d') DATE (date_optax.date), Adam",
 }
 MOMENTUM_GRID = (0.05, 0.1, 0.2, 0.4)
-ADAM_GRID = (1e-3, 2e-3, 4e-3, 8e-3)
+ADAM_GRID = (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)
 
 FULL = dict(num_train=32768, num_test=8192, epochs=30, base_batch=16, seeds=3)
 # Quick mode has no grid: it reuses the full mode's tuned learning rates.

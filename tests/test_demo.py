@@ -54,8 +54,9 @@ def test_date_run_bounds_its_ratios():
   data = lstm_demo.load_mnist1d(64, 16, seed=3)
   tx, _ = lstm_demo.scaled_run("date", tuned, 16)
   model = lstm_demo.LSTMClassifier(hidden_size=8)
-  import date_optax
   import jax
+
+  import date_optax
 
   params = model.init(jax.random.key(0), jnp.zeros((1, 40)))
   state = tx.init(params)

@@ -25,8 +25,12 @@ from examples.mnist1d_lstm.configs import baseline as mnist1d_baseline  # noqa: 
 from examples.mnist1d_lstm.configs import default as mnist1d_default  # noqa: E402
 from examples.resnet50_imagenet import train as resnet_train  # noqa: E402
 from examples.resnet50_imagenet.configs import default as resnet_default  # noqa: E402
-from examples.resnet50_imagenet.configs import fake_data_cpu  # noqa: E402
-from examples.resnet50_imagenet.configs import v2_32, v3_32, v4_32  # noqa: E402
+from examples.resnet50_imagenet.configs import (  # noqa: E402
+  fake_data_cpu,  # noqa: E402
+  v2_32,
+  v3_32,
+  v4_32,
+)
 
 
 def _read_metrics(path):
