@@ -1,0 +1,1 @@
+"""Data-parallel training on device meshes (implementation of `date_optax.parallel`)."""

@@ -1,0 +1,62 @@
+"""Data-parallel training on device meshes and TPU pods.
+
+Meshes (`data_mesh`, `torus_mesh`), all-reduce algorithms over named axes
+(`psum_all_reduce`, `ring_all_reduce`, `torus_all_reduce`) with their cost
+model, train steps for `jit` over a mesh and for `pmap` (with weight-update
+sharding and non-finite step skipping), multi-host set-up, distributed
+evaluation and a per-host input pipeline.
+"""
+
+from date_optax._src.parallel.collectives import (
+    all_reduce,
+    psum_all_reduce,
+    ring_all_reduce,
+    torus_all_reduce,
+)
+from date_optax._src.parallel.cost_model import AllReduceCost, allreduce_cost
+from date_optax._src.parallel.distributed import host_local_to_global, initialize
+from date_optax._src.parallel.evaluation import evaluate, pad_batch
+from date_optax._src.parallel.input_pipeline import (
+    epoch_batches,
+    epoch_permutation,
+    prefetch_to_device,
+)
+from date_optax._src.parallel.mesh import data_mesh, torus_mesh
+from date_optax._src.parallel.train_state import (
+    NonFiniteError,
+    TrainState,
+    check_metrics,
+)
+from date_optax._src.parallel.train_step import (
+    PmapTrainStep,
+    TrainStep,
+    make_pmap_train_step,
+    make_train_step,
+)
+from date_optax._src.parallel.update_sharding import bytes_per_device
+
+__all__ = [
+    "AllReduceCost",
+    "NonFiniteError",
+    "PmapTrainStep",
+    "TrainState",
+    "TrainStep",
+    "all_reduce",
+    "allreduce_cost",
+    "bytes_per_device",
+    "check_metrics",
+    "data_mesh",
+    "epoch_batches",
+    "epoch_permutation",
+    "evaluate",
+    "host_local_to_global",
+    "initialize",
+    "make_pmap_train_step",
+    "make_train_step",
+    "pad_batch",
+    "prefetch_to_device",
+    "psum_all_reduce",
+    "ring_all_reduce",
+    "torus_all_reduce",
+    "torus_mesh",
+]

@@ -1,0 +1,264 @@
+"""All-reduce algorithms over named axes, and their cost model."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+import date_optax.parallel as dp
+from date_optax._src.parallel import collectives, compat
+
+# Leaf shapes that no number of devices here divides, every dtype family,
+# a scalar and an empty leaf.
+SHAPES = {
+    "f32": ((3, 5), np.float32),
+    "bf16": ((7,), jnp.bfloat16),
+    "f16": ((2, 3), np.float16),
+    "i32": ((2, 3), np.int32),
+    "i8": ((5,), np.int8),
+    "bool": ((4,), np.bool_),
+    "scalar": ((), np.float32),
+    "empty": ((0, 3), np.float32),
+}
+
+
+def _tree(n: int, seed: int = 0) -> dict:
+  """Per-device trees stacked along a leading axis of n devices.
+
+  Values are small integers, so every summation order is exact and the three
+  algorithms must agree bit for bit.
+  """
+  rng = np.random.default_rng(seed)
+  tree = {}
+  for name, (shape, dtype) in SHAPES.items():
+    if dtype == np.bool_:
+      tree[name] = rng.random((n,) + shape) < 0.2
+    else:
+      tree[name] = rng.integers(-4, 5, size=(n,) + shape).astype(dtype)
+  return tree
+
+
+def _numpy_sum(tree: dict) -> dict:
+  out = {}
+  for name, x in tree.items():
+    if x.dtype == np.bool_:
+      out[name] = x.any(axis=0)
+    else:
+      out[name] = np.asarray(x, np.float64).sum(axis=0).astype(x.dtype)
+  return out
+
+
+def _all_three(mesh, axes, tree):
+  """psum, ring and torus (when 2 axes) of per-device trees, in one program."""
+
+  def body(t):
+    t = jax.tree.map(lambda x: x[0], t)
+    as_int = lambda x: x.astype(jnp.int32) if x.dtype == jnp.bool_ else x
+    out = {"psum": jax.tree.map(lambda x: lax.psum(as_int(x), axes), t),
+           "ours_psum": dp.psum_all_reduce(t, axes),
+           "ring": dp.ring_all_reduce(t, axes)}
+    if len(compat.as_tuple(axes)) == 2:
+      out["torus"] = dp.torus_all_reduce(t, axes)
+    return jax.tree.map(lambda x: x[None], out)
+
+  fn = compat.shard_map(body, mesh=mesh, in_specs=P(axes), out_specs=P(axes))
+  return jax.jit(fn)(tree)
+
+
+@pytest.mark.parametrize(
+    "shape", [(1, 8), (2, 4), (4, 2), (8, 1), (3, 2), (1, 3), (3, 1), (1, 1)],
+    ids=lambda s: f"{s[0]}x{s[1]}",
+)
+def test_ring_and_torus_equal_psum_on_torus_meshes(shape):
+  mesh = dp.torus_mesh(*shape)
+  n = shape[0] * shape[1]
+  tree = _tree(n, seed=n)
+  ref = _numpy_sum(tree)
+  out = _all_three(mesh, ("x", "y"), tree)
+  for alg in ("ours_psum", "ring", "torus"):
+    for name, expected in ref.items():
+      got = np.asarray(out[alg][name])
+      assert got.dtype == np.dtype(SHAPES[name][1]), (alg, name, got.dtype)
+      assert got.shape == (n,) + SHAPES[name][0]
+      for d in range(n):  # every device holds the whole sum
+        np.testing.assert_array_equal(got[d], expected, err_msg=f"{alg} {name} dev {d}")
+  # lax.psum itself agrees (bool compared as counts > 0).
+  for name, expected in ref.items():
+    p = np.asarray(out["psum"][name])[0]
+    np.testing.assert_array_equal(p.astype(bool) if name == "bool" else p, expected)
+
+
+def test_ring_over_a_1d_data_mesh_equals_psum():
+  mesh = dp.data_mesh()
+  tree = _tree(8, seed=3)
+  out = _all_three(mesh, "data", tree)
+  for name, expected in _numpy_sum(tree).items():
+    np.testing.assert_array_equal(np.asarray(out["ring"][name])[5], expected)
+
+
+def test_torus_needs_two_axes():
+  mesh = dp.data_mesh()
+  with pytest.raises(ValueError, match="two axis names"):
+    jax.jit(compat.shard_map(lambda t: dp.torus_all_reduce(t, "data"), mesh=mesh,
+                             in_specs=P("data"), out_specs=P("data")))(jnp.ones(8))
+  with pytest.raises(ValueError, match="algorithm"):
+    jax.jit(compat.shard_map(lambda t: dp.all_reduce(t, "data", algorithm="tree"),
+                             mesh=mesh, in_specs=P("data"),
+                             out_specs=P("data")))(jnp.ones(8))
+
+
+def test_low_precision_accumulates_in_float32():
+  # 257 is not a bfloat16 (it rounds to 256), so a bfloat16 accumulator that
+  # meets the 256 before the last 1 loses ones; a float32 accumulator reaches
+  # 263, which rounds to 264. Column j holds the 256 on device j, so whatever
+  # the order of the additions, some column meets it early.
+  mesh = dp.torus_mesh(2, 4)
+  x = np.ones((8, 8), jnp.bfloat16)
+  x[np.arange(8), np.arange(8)] = 256
+  out = _all_three(mesh, ("x", "y"), {"v": x})
+  for alg in ("ours_psum", "ring", "torus"):
+    assert out[alg]["v"].dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(out[alg]["v"], np.float32), 264.0)
+
+
+def test_float32_random_values_match_psum_closely():
+  mesh = dp.torus_mesh(2, 4)
+  x = np.random.default_rng(0).normal(size=(8, 13, 3)).astype(np.float32)
+  out = _all_three(mesh, ("x", "y"), {"v": x})
+  for alg in ("ring", "torus"):
+    np.testing.assert_allclose(out[alg]["v"], out["psum"]["v"], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(2, 4), (4, 2)], ids=["2x4", "4x2"])
+def test_reduce_scatter_layout_matches_partition_spec(shape):
+  """Replica k keeps row k: the row PartitionSpec(("x", "y")) puts on it."""
+  mesh = dp.torus_mesh(*shape)
+  blocks = np.random.default_rng(1).integers(-9, 9, (8, 8, 6)).astype(np.float32)
+
+  def body(b):
+    out = {}
+    for alg in collectives.ALGORITHMS:
+      chunk = collectives.reduce_scatter_blocks(b[0], ("x", "y"), alg)
+      full = collectives.all_gather_blocks(chunk, ("x", "y"), alg)
+      out[alg] = (chunk[None], full[None])
+    return out
+
+  fn = jax.jit(compat.shard_map(body, mesh=mesh, in_specs=P(("x", "y")),
+                                out_specs=P(("x", "y"))))
+  out = fn(blocks)
+  total = blocks.sum(0)
+  for alg, (chunks, fulls) in out.items():
+    np.testing.assert_array_equal(chunks, total, err_msg=alg)
+    np.testing.assert_array_equal(fulls, np.broadcast_to(total, (8, 8, 6)), err_msg=alg)
+
+
+def test_under_pmap_with_a_grid():
+  """One pmap axis of 8 devices viewed as a 2x4 torus, and as one ring."""
+  tree = _tree(8, seed=5)
+  ref = _numpy_sum(tree)
+
+  def body(t):
+    return {"ring": dp.ring_all_reduce(t, "i"),
+            "torus": dp.torus_all_reduce(t, "i", grid=(2, 4)),
+            "torus_t": dp.all_reduce(t, "i", algorithm="torus", grid=(4, 2))}
+
+  out = jax.pmap(body, axis_name="i")(tree)
+  for alg in out:
+    for name, expected in ref.items():
+      np.testing.assert_array_equal(np.asarray(out[alg][name])[7], expected)
+
+
+def test_check_vma_true_is_supported():
+  """Inside a checked shard_map the result is device-varying; values still exact."""
+  mesh = dp.torus_mesh(2, 4)
+  x = np.arange(8.0 * 3).reshape(8, 3).astype(np.float32)
+  fn = compat.shard_map(lambda t: dp.torus_all_reduce(t, ("x", "y")), mesh=mesh,
+                        in_specs=P(("x", "y")), out_specs=P(("x", "y")), check=True)
+  out = np.asarray(jax.jit(fn)(x))
+  np.testing.assert_array_equal(out, np.tile(x.sum(0), (8, 1)))
+
+
+# --------------------------------------------------------------------------
+# Cost model (SPEC §8): reference formulas written out here.
+# --------------------------------------------------------------------------
+
+
+def test_cost_reference_numbers():
+  cost = lambda alg, shape: dp.allreduce_cost(alg, shape, 1e8, alpha=1e-6, beta=1e-9)
+  assert cost("ring", 256).latency_steps == 510
+  assert cost("ring", (16, 16)).latency_steps == 510
+  assert cost("torus", (16, 16)).latency_steps == 60
+
+
+@given(p=st.integers(1, 4096), m=st.floats(0, 1e10), a=st.floats(0, 1e-3),
+       b=st.floats(0, 1e-8))
+def test_ring_cost_formula(p, m, a, b):
+  c = dp.allreduce_cost("ring", p, m, alpha=a, beta=b)
+  assert c.latency_steps == 2 * (p - 1)
+  np.testing.assert_allclose(c.bytes_per_link, 2 * (p - 1) / p * m, rtol=1e-12)
+  np.testing.assert_allclose(c.seconds, 2 * (p - 1) * a + 2 * (p - 1) / p * m * b,
+                             rtol=1e-12, atol=1e-300)
+
+
+@given(x=st.integers(1, 64), y=st.integers(1, 64), m=st.floats(1, 1e10))
+def test_torus_cost_properties(x, y, m):
+  a, b = 2e-6, 1e-11
+  t = dp.allreduce_cost("torus", (x, y), m, alpha=a, beta=b)
+  assert t.latency_steps == 2 * (x - 1) + 2 * (y - 1)
+  # The busiest link: a vertical one carries half of the buffer (M/2) and then
+  # 1/Y of the other half, each scattered and gathered over a ring of X.
+  vertical = 2 * (x - 1) / x * (m / 2 + m / (2 * y))
+  horizontal = 2 * (y - 1) / y * (m / 2 + m / (2 * x))
+  np.testing.assert_allclose(t.bytes_per_link, max(vertical, horizontal), rtol=1e-12)
+  np.testing.assert_allclose(t.seconds, a * t.latency_steps + b * t.bytes_per_link,
+                             rtol=1e-12)
+  ring = dp.allreduce_cost("ring", x * y, m, alpha=a, beta=b)
+  if x == 1 or y == 1:  # a 1xP torus is a ring
+    np.testing.assert_allclose(t, ring, rtol=1e-12)
+  else:
+    assert t.latency_steps < ring.latency_steps
+    assert t.seconds <= ring.seconds
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        (dict(algorithm="tree", mesh_shape=4), ValueError),
+        (dict(algorithm="torus", mesh_shape=(2, 2, 2)), ValueError),
+        (dict(algorithm="torus", mesh_shape=16), ValueError),
+        (dict(algorithm="ring", mesh_shape=0), ValueError),
+        (dict(algorithm="ring", mesh_shape=(4, 2.5)), TypeError),
+        (dict(algorithm="ring", mesh_shape=4, nbytes=-1.0), ValueError),
+        (dict(algorithm="ring", mesh_shape=4, alpha=-1.0), ValueError),
+        (dict(algorithm="ring", mesh_shape=4, beta=math.inf), ValueError),
+    ],
+)
+def test_cost_validation(kwargs, error):
+  args = dict(nbytes=1.0, alpha=1e-6, beta=1e-9) | kwargs
+  algorithm, mesh_shape = args.pop("algorithm"), args.pop("mesh_shape")
+  with pytest.raises(error):
+    dp.allreduce_cost(algorithm, mesh_shape, args.pop("nbytes"), **args)
+
+
+def test_meshes():
+  m = dp.torus_mesh(2, 4)
+  assert m.axis_names == ("x", "y") and dict(m.shape) == {"x": 2, "y": 4}
+  assert [d.id for d in m.devices.flat] == [d.id for d in jax.devices()]
+  assert dict(dp.data_mesh(3).shape) == {"data": 3}
+  assert dp.data_mesh(axis_name="batch").axis_names == ("batch",)
+  with pytest.raises(ValueError, match="devices"):
+    dp.torus_mesh(4, 4)
+  with pytest.raises(ValueError):
+    dp.torus_mesh(0, 2)
+  with pytest.raises(TypeError):
+    dp.data_mesh(2.0)
+  with pytest.raises(ValueError, match="axis_names"):
+    dp.torus_mesh(2, 2, axis_names=("x", "x"))

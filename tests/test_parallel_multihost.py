@@ -1,0 +1,79 @@
+"""Two real processes (gloo CPU collectives) match one process with 8 devices."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import parallel_model as pm
+import pytest
+
+import date_optax.parallel as dp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TIMEOUT_S = 240
+
+
+def _free_port() -> int:
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _run_workers(tmp_path) -> list[dict]:
+  port = _free_port()
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)  # the worker sets its own device count
+  procs, outs, logs = [], [], []
+  try:
+    for i in range(2):
+      out = tmp_path / f"out{i}.npz"
+      log = open(tmp_path / f"log{i}.txt", "w")  # noqa: SIM115 - closed below
+      logs.append(log)
+      outs.append(out)
+      procs.append(subprocess.Popen(
+          [sys.executable, os.path.join(HERE, "multihost_worker.py"),
+           "--port", str(port), "--process-id", str(i), "--out", str(out)],
+          stdout=log, stderr=subprocess.STDOUT, env=env, cwd=HERE,
+      ))
+    deadline = time.monotonic() + TIMEOUT_S
+    for p in procs:
+      p.wait(timeout=max(1.0, deadline - time.monotonic()))
+  except subprocess.TimeoutExpired:
+    pytest.fail(f"multi-host workers did not finish in {TIMEOUT_S} s")
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+    for log in logs:
+      log.close()
+  for i, p in enumerate(procs):
+    if p.returncode != 0:
+      tail = (tmp_path / f"log{i}.txt").read_text()[-3000:]
+      pytest.fail(f"worker {i} exited with {p.returncode}:\n{tail}")
+  return [dict(np.load(o)) for o in outs]
+
+
+def test_two_processes_match_one_process_with_8_devices(tmp_path):
+  import multihost_worker as worker  # the same training code, in this process
+
+  assert jax.device_count() == 8 and jax.process_count() == 1
+  params, losses, evals = worker.train_and_evaluate(dp.torus_mesh(2, 4))
+  results = _run_workers(tmp_path)
+  for res in results:  # both processes hold the same replicated result
+    np.testing.assert_allclose(res["losses"], losses, rtol=1e-6)
+    for layer in ("hidden", "out"):
+      for name in ("kernel", "bias"):
+        np.testing.assert_allclose(
+            res[f"{layer}/{name}"], params[layer][name], rtol=1e-6, atol=1e-7
+        )
+    np.testing.assert_allclose(res["eval_loss"], evals["loss"], rtol=1e-6)
+    np.testing.assert_allclose(res["eval_agree"], evals["agree"], rtol=1e-6)
+  # The run trained: the parameters moved away from their initial values.
+  assert not np.allclose(params["out"]["kernel"], pm.init_params()["out"]["kernel"])
