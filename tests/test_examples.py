@@ -86,9 +86,9 @@ def test_mnist1d_lstm_smoke(tmp_path):
   metrics = _read_metrics(tmp_path / "metrics.csv")
   assert all(np.isfinite(v) for _, v in metrics["loss"])
   # The logged learning rate is DATE's schedule at that iteration (k = 4:
-  # peak 0.05 * 2, warmup round(0.25 * 512 / 16) = 8 iterations of 16).
+  # peak 8e-3 * 2, warmup round(0.25 * 512 / 16) = 8 iterations of 16).
   for step, lr in metrics["learning_rate"]:
-    np.testing.assert_allclose(lr, _date_lr(step, 0.1, 8, 16), rtol=1e-5)
+    np.testing.assert_allclose(lr, _date_lr(step, 0.016, 8, 16), rtol=1e-5)
   # DATE's layer-wise ratios stay inside its bounds [0.01, 1].
   assert max(v for _, v in metrics["trust_ratio/max"]) <= 1.0 + 1e-6
   assert min(v for _, v in metrics["trust_ratio/min"]) >= 0.01 - 1e-8

@@ -3,8 +3,10 @@
 The baseline of the config (tuned at `base_batch_size`) is a
 `date_optax.Baseline`; `config.method` scales it to `config.batch_size`:
 `date_optax.date` (DATE), the baseline's plain solver on the DATE schedule,
-or linear LR scaling with a 5-epoch warmup. The step is data-parallel: the
-global batch is split over a `("data",)` mesh and the parameters replicated.
+or linear LR scaling with a 5-epoch warmup. The step is
+`date_optax.parallel.make_train_step`: the global batch is split over a
+`("data",)` mesh, the parameters are replicated, and one all-reduce per step
+averages the gradients.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 import optax
 
 import date_optax
+import date_optax.parallel as dp
 from date_optax import diagnostics
 from examples.mnist1d_lstm import input_pipeline, models
 
@@ -63,11 +66,6 @@ def make_optimizer(
   return baseline.solver(recipe.schedule), recipe
 
 
-def make_mesh(num_devices: int | None) -> jax.sharding.Mesh:
-  devices = jax.devices() if num_devices is None else jax.devices()[:num_devices]
-  return jax.sharding.Mesh(np.array(devices), ("data",))
-
-
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains for `config.num_epochs` epochs, evaluating after each.
 
@@ -107,7 +105,7 @@ def fit(
   """
   os.makedirs(workdir, exist_ok=True)
   start = time.perf_counter() if start is None else start
-  mesh = make_mesh(config.num_devices)
+  mesh = dp.data_mesh(config.num_devices)
   n_dev = mesh.devices.size
   if config.batch_size % n_dev:
     raise ValueError(
@@ -116,30 +114,18 @@ def fit(
   tx, recipe = make_optimizer(config)
   example = jnp.zeros((1, *data["x_train"].shape[1:]), jnp.float32)
   params = model.init(jax.random.key(config.seed), example)
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  batch_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
-  params = jax.device_put(params, replicated)
-  opt_state = jax.device_put(tx.init(params), replicated)
 
   def loss_fn(p, batch):
     logits = model.apply(p, batch["x"])
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
 
-  @jax.jit
-  def train_step(params, opt_state, batch):
-    # The batch is sharded over "data": the compiler computes each device's
-    # share of the gradient and all-reduces it (one all-reduce per step).
-    loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads)}
-    ratios = date_optax.trust_ratios(opt_state)
-    if ratios is not None:
-      lower, upper = config.ratio_bounds
-      metrics.update(diagnostics.trust_ratio_summary(
-          ratios, lower, upper, prefix="trust_ratio/"))
-    return optax.apply_updates(params, updates), opt_state, metrics
-
-  train_step = jax.jit(train_step, donate_argnums=(0, 1))
+  # Each device computes the gradient of its slice of the global batch; one
+  # all-reduce averages them; steps with a NaN/Inf gradient are skipped.
+  train_step = dp.make_train_step(
+      loss_fn, tx, mesh,
+      trust_ratio_bounds=tuple(config.ratio_bounds) if config.method == "date" else None,
+  )
+  state = train_step.init(params)
 
   @jax.jit
   def predict(params, x):
@@ -153,15 +139,14 @@ def fit(
       for batch in input_pipeline.train_batches(
           data["x_train"], data["y_train"], config.batch_size, rng
       ):
-        batch = jax.device_put(batch, batch_sharding)
-        params, opt_state, metrics = train_step(params, opt_state, batch)
+        state, metrics = train_step(state, batch)
         step += 1
         if step % config.log_every_steps == 0:
-          scalars = {k: float(v) for k, v in metrics.items()}
+          scalars = {k: float(v) for k, v in metrics.items() if k != "trust_ratios"}
           scalars["learning_rate"] = float(recipe.schedule(step - 1))
           writer.write_scalars(step, scalars)
       preds = np.concatenate([
-          np.asarray(predict(params, data["x_test"][i : i + 4096]))
+          np.asarray(predict(state.params, data["x_test"][i : i + 4096]))
           for i in range(0, len(data["x_test"]), 4096)
       ])
       accuracy = 100.0 * float(np.mean(preds == data["y_test"]))

@@ -1,12 +1,16 @@
 """ResNet-50 on ImageNet, data-parallel over every device of a TPU slice.
 
-One `("data",)` mesh over all devices of all hosts; each host feeds its
-share of the global batch, the step runs under `jax.jit` with the batch
-sharded and the state replicated, so the compiler inserts one gradient
-all-reduce per step. Batch norm statistics stay inside each device (ghost
-batches of `ghost_batch_size`). The optimizer is LARS on the LEGW recipe or
-`date_optax.date` (see configs/default.py), with the usual skip list: no
-trust ratio and no weight decay on biases and BN parameters.
+One `("data",)` mesh over all devices of all hosts
+(`date_optax.parallel.data_mesh`); each host feeds its share of the global
+batch (`date_optax.parallel.host_local_to_global`), and the step runs under
+`jax.jit` with the batch sharded and the state replicated, so the compiler
+inserts one gradient all-reduce per step. (The step is written here rather
+than taken from `date_optax.parallel.make_train_step` because batch norm
+carries mutable `batch_stats` next to the parameters.) Batch norm statistics
+stay inside each device (ghost batches of `ghost_batch_size`). The optimizer
+is LARS on the LEGW recipe or `date_optax.date` (see configs/default.py),
+with the usual skip list: no trust ratio and no weight decay on biases and
+BN parameters.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import numpy as np
 import optax
 
 import date_optax
+import date_optax.parallel as dp
 from date_optax import diagnostics
 from examples.resnet50_imagenet import input_pipeline, models
 
@@ -97,7 +102,7 @@ def create_model(config: ml_collections.ConfigDict, num_replicas: int) -> models
 
 def _global_batch(batch: dict[str, np.ndarray], sharding) -> dict[str, jax.Array]:
   # Each host passes its rows; the global array spans all hosts' devices.
-  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
+  return dp.host_local_to_global(batch, sharding)
 
 
 def _batches(config, local_batch: int, train: bool):
@@ -128,7 +133,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     The last train and eval metrics, and the number of steps.
   """
   start = time.perf_counter()
-  mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
+  mesh = dp.data_mesh()
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   batch_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
   num_replicas = jax.device_count()
