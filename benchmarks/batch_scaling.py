@@ -227,7 +227,7 @@ def _markdown(cfg, grids, results, elapsed, args, sensitivity=(), num_runs=0) ->
     cells = ", ".join(f"{lr:g}: {acc:.2f}" for lr, acc in grid)
     name = {"momentum": "momentum", "adam": "Adam (constant lr)",
             "adam_rc": "Adam (warmup + roller coaster)"}[solver]
-    lines.append(f"Grid at B0 (seed 0), {name}: {cells}.")
+    lines += ["", f"Grid at B0 (seed 0), {name}: {cells}."]
   lines += ["", "| method | " + " | ".join(
       f"B={b0 * k} ({k}x)" for k in SCALES) + " | 64x − 1x |",
       "|---|" + "---:|" * (len(SCALES) + 1)]
