@@ -94,13 +94,14 @@ def test_demo_end_to_end_small(tmp_path, capsys):
   assert [r["batch_size"] for r in results["runs"]] == [8, 64, 64]
   assert [r["iterations"] for r in results["runs"]] == [6 * 64, 6 * 8, 6 * 8]
   assert all(len(r["test_accuracy"]) == 6 for r in results["runs"])
-  # End-of-epoch learning rates: DATE peaks at 0.004 * sqrt(8) after its
-  # round(0.1 * 512 / 8) = 6 warmup iterations, the linear run at 0.004 * 8
-  # after 5 epochs (40 iterations).
+  # End-of-epoch learning rates from the tuned Adam lr 8e-3: DATE peaks at
+  # 8e-3 * sqrt(8) after its round(0.1 * 512 / 8) = 6 warmup iterations, the
+  # linear run at 8e-3 * 8 after 5 epochs (40 iterations).
   date_lrs = runs["DATE"]["learning_rate"]
   np.testing.assert_allclose(
-      date_lrs[0], 0.004 * math.sqrt(8) * (1 - (8 - 6) / (48 - 6)), rtol=1e-5)
-  np.testing.assert_allclose(runs["linear"]["learning_rate"][4], 0.004 * 8, rtol=1e-5)
+      date_lrs[0], 8e-3 * math.sqrt(8) * (1 - (8 - 6) / (48 - 6)), rtol=1e-5)
+  np.testing.assert_allclose(runs["linear"]["learning_rate"][4], 8e-3 * 8, rtol=1e-5)
+  assert results["settings"]["learning_rate"] == cli_demo.TUNED_LEARNING_RATES["adam"]
   assert os.path.getsize(tmp_path / "demo.png") > 10_000
   assert (tmp_path / "results.md").read_text().count("\n| ") == 4
 
@@ -109,6 +110,7 @@ def test_demo_end_to_end_small(tmp_path, capsys):
     (["--epochs", "0"], "--epochs must be >= 1"),
     (["--base-batch", "64", "--scale", "64", "--num-train", "1024"], "exceeds --num-train"),
     (["--devices", "3"], "must divide evenly over --devices=3"),
+    (["--learning-rate", "0"], "--learning-rate must be > 0"),
 ])
 def test_demo_rejects_bad_arguments(tmp_path, capsys, extra, message):
   assert cli.main(["demo", "--workdir", str(tmp_path), *extra]) == 2

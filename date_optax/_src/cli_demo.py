@@ -25,9 +25,12 @@ import sys
 import time
 from typing import Any
 
-#: The demo's baseline: Adam with a 0.1-epoch warmup and roller-coaster decay,
-#: its learning rate the best of benchmarks/batch_scaling.py's grid at B0
-#: (1e-3 .. 1.6e-2, seed 0; docs/RESULTS.md).
+#: Peak learning rates tuned at B0 = 16 (0.1-epoch warmup, roller-coaster
+#: decay): the best of benchmarks/batch_scaling.py's grids (seed 0;
+#: docs/RESULTS.md).
+TUNED_LEARNING_RATES = {"adam": 8e-3, "momentum": 0.05}
+
+#: The demo's baseline: Adam with its tuned learning rate.
 DEFAULTS = dict(
     base_batch=16,
     scale=64,
@@ -35,7 +38,7 @@ DEFAULTS = dict(
     num_train=32768,
     num_test=8192,
     solver="adam",
-    learning_rate=8e-3,
+    learning_rate=None,
     warmup_epochs=0.1,
     devices=8,
     seed=0,
@@ -67,7 +70,9 @@ def register(subparsers: Any) -> None:
   p.add_argument("--solver", choices=("adam", "momentum"), default=d["solver"],
                  help="the baseline's solver (default: %(default)s)")
   p.add_argument("--learning-rate", type=float, default=d["learning_rate"],
-                 help="the baseline's peak learning rate at B0 (default: %(default)s)")
+                 help="the baseline's peak learning rate at B0 (default: the "
+                 "value tuned at B0 = 16 for the solver, "
+                 f"{TUNED_LEARNING_RATES})")
   p.add_argument("--warmup-epochs", type=float, default=d["warmup_epochs"],
                  help="the baseline's warmup at B0 (default: %(default)s)")
   p.add_argument("--devices", type=int, default=d["devices"],
@@ -101,6 +106,12 @@ def run(args: argparse.Namespace) -> int:
       print(f"date-optax demo: --{name.replace('_', '-')} must be >= 1, "
             f"got {getattr(args, name)}", file=sys.stderr)
       return 2
+  if args.learning_rate is None:
+    args.learning_rate = TUNED_LEARNING_RATES[args.solver]
+  elif args.learning_rate <= 0:
+    print(f"date-optax demo: --learning-rate must be > 0, got {args.learning_rate}",
+          file=sys.stderr)
+    return 2
   big = args.base_batch * args.scale
   if big > args.num_train:
     print(f"date-optax demo: --base-batch * --scale = {big} exceeds --num-train="
@@ -132,27 +143,29 @@ def run(args: argparse.Namespace) -> int:
   )
   mesh = lstm_demo.data_mesh(min(args.devices, jax.device_count()))
   runs = [
-      ("baseline", f"baseline ({args.solver}, tuned at B0)", args.base_batch, None),
-      ("date", "DATE (date_optax.date), no retuning", big, mesh),
-      ("linear", "linear LR scaling + 5-epoch warmup", big, mesh),
+      ("baseline", "baseline", f"baseline ({args.solver}, tuned at B0)",
+       args.base_batch, None),
+      ("date", "DATE", "DATE (date_optax.date), no retuning", big, mesh),
+      ("linear", "linear+warmup", "linear LR scaling + 5-epoch warmup", big, mesh),
   ]
   results = []
-  for method, label, batch, run_mesh in runs:
+  for method, short, label, batch, run_mesh in runs:
     tx, schedule = lstm_demo.scaled_run(method, tuned, batch)
     results.append(_train_with_progress(
-        lstm_demo, data, tx, schedule, batch, args, run_mesh, label))
+        lstm_demo, data, tx, schedule, batch, args, run_mesh, label, short))
   out = _write_outputs(results, args, tuned, time.perf_counter() - t0)
   print(out["table"])
   print(f"\nWrote {out['png']}, {out['md']} and {out['json']}.")
   return 0
 
 
-def _train_with_progress(lstm_demo, data, tx, schedule, batch, args, mesh, label):
+def _train_with_progress(lstm_demo, data, tx, schedule, batch, args, mesh, label,
+                         short):
   bar = None
   if not args.no_progress:
     from tqdm.auto import tqdm  # noqa: PLC0415
 
-    bar = tqdm(total=args.epochs, desc=f"B={batch:<5d} {label[:34]:34s}",
+    bar = tqdm(total=args.epochs, desc=f"{short:13s} B={batch:<5d}",
                unit="ep", file=sys.stderr, leave=True)
 
   def progress(epoch, acc):
