@@ -172,7 +172,7 @@ def test_resnet50_shapes_bf16():
   assert out.shape == (128, 1000) and out.dtype == np.float32
 
 
-def test_resnet_fake_data_steps_and_resume(tmp_path):
+def test_resnet_fake_data_smoke(tmp_path):
   config = fake_data_cpu.get_config()
   assert jax.device_count() == 8  # tests/conftest.py
   result = resnet_train.train_and_evaluate(config, str(tmp_path))
