@@ -82,7 +82,9 @@ def test_load_mnist1d_is_deterministic_cached_and_leaves_global_rng(tmp_path):
   np.testing.assert_array_equal(fresh.x_test, data.x_test)
 
 
-def test_demo_end_to_end_small(tmp_path, capsys):
+def test_demo_end_to_end_small(tmp_path, capsys, monkeypatch):
+  # The demo sets XLA_FLAGS for its process; keep other tests' env as it was.
+  monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
   argv = ["demo", "--workdir", str(tmp_path), "--num-train", "512", "--num-test",
           "128", "--epochs", "6", "--base-batch", "8", "--scale", "8",
           "--devices", "8", "--no-progress"]
@@ -112,7 +114,8 @@ def test_demo_end_to_end_small(tmp_path, capsys):
     (["--devices", "3"], "must divide evenly over --devices=3"),
     (["--learning-rate", "0"], "--learning-rate must be > 0"),
 ])
-def test_demo_rejects_bad_arguments(tmp_path, capsys, extra, message):
+def test_demo_rejects_bad_arguments(tmp_path, capsys, monkeypatch, extra, message):
+  monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
   assert cli.main(["demo", "--workdir", str(tmp_path), *extra]) == 2
   assert message in capsys.readouterr().err
 
