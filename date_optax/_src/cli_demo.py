@@ -125,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
 
   import jax  # noqa: PLC0415  (after XLA_FLAGS)
 
+  import date_optax.parallel as dp  # noqa: PLC0415
   from date_optax._src import lstm_demo  # noqa: PLC0415
 
   if jax.device_count() < args.devices:
@@ -141,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
       learning_rate=args.learning_rate, warmup_epochs=args.warmup_epochs,
       epochs=args.epochs, num_examples=args.num_train,
   )
-  mesh = lstm_demo.data_mesh(min(args.devices, jax.device_count()))
+  mesh = dp.data_mesh(min(args.devices, jax.device_count()))
   runs = [
       ("baseline", "baseline", f"baseline ({args.solver}, tuned at B0)",
        args.base_batch, None),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -285,28 +285,6 @@ def _lr_curve(learning_rate, total: int) -> np.ndarray:
   if callable(learning_rate):
     return np.asarray(jax.jit(jax.vmap(learning_rate))(jnp.arange(total)), np.float32)
   return np.full(total, float(learning_rate), np.float32)
-
-
-def data_mesh(num_devices: int | None = None) -> jax.sharding.Mesh:
-  """A 1-D ``("data",)`` mesh over the first `num_devices` devices."""
-  devices = jax.devices()
-  if num_devices is not None:
-    devices = devices[:num_devices]
-  return jax.sharding.Mesh(np.array(devices), ("data",))
-
-
-def accuracy_table(results: Sequence[RunResult]) -> list[dict[str, Any]]:
-  """Rows ``{method, batch, steps, accuracy, wall}`` for printing."""
-  return [
-      dict(
-          method=r.name,
-          batch=r.batch_size,
-          steps=r.steps,
-          accuracy=r.final_accuracy,
-          wall=r.wall_time,
-      )
-      for r in results
-  ]
 
 
 # ---------------------------------------------------------------------------
