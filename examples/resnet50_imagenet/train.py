@@ -197,8 +197,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     state, _ = ckpt.restore(state)
   writer = (diagnostics.MetricWriter(workdir, tensorboard=None)
             if local and jax.process_index() == 0 else None)
+  # Hosts may hold a few more examples than the average: one extra (mostly
+  # empty, masked) step on multi-host runs makes sure every example is seen.
   steps_per_eval = (config.steps_per_eval if config.steps_per_eval > 0 else
-                    math.ceil(config.num_eval_examples / config.eval_batch_size))
+                    math.ceil(config.num_eval_examples / config.eval_batch_size)
+                    + (jax.process_count() > 1))
   eval_every = max(1, round(config.eval_every_epochs * recipe.steps_per_epoch))
 
   def evaluate() -> dict[str, float]:
