@@ -1,0 +1,26 @@
+"""The MNIST-1D classifier: one LSTM layer and a linear head."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+
+
+class LSTMClassifier(nn.Module):
+  """Reads a (batch, length) signal as length/chunk steps of chunk samples.
+
+  Attributes:
+    hidden_size: LSTM units.
+    chunk: signal samples per time step (must divide the signal length).
+    num_classes: output classes.
+  """
+
+  hidden_size: int = 64
+  chunk: int = 4
+  num_classes: int = 10
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x = x.reshape(x.shape[0], -1, self.chunk)
+    h = nn.RNN(nn.OptimizedLSTMCell(self.hidden_size), name="lstm")(x)
+    return nn.Dense(self.num_classes, name="head")(h[:, -1])

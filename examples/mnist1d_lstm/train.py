@@ -1,0 +1,162 @@
+"""Training and evaluation of the MNIST-1D LSTM with a date_optax recipe.
+
+The baseline of the config (tuned at `base_batch_size`) is a
+`date_optax.Baseline`; `config.method` scales it to `config.batch_size`:
+`date_optax.date` (DATE), the baseline's plain solver on the DATE schedule,
+or linear LR scaling with a 5-epoch warmup. The step is
+`date_optax.parallel.make_train_step`: the global batch is split over a
+`("data",)` mesh, the parameters are replicated, and one all-reduce per step
+averages the gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+import date_optax
+import date_optax.parallel as dp
+from date_optax import diagnostics
+from examples.mnist1d_lstm import input_pipeline, models
+
+
+def make_baseline(config: ml_collections.ConfigDict) -> date_optax.Baseline:
+  """The run tuned at `config.base_batch_size`."""
+  return date_optax.Baseline(
+      batch_size=config.base_batch_size,
+      learning_rate=config.learning_rate,
+      warmup_epochs=config.warmup_epochs,
+      epochs=config.num_epochs,
+      num_examples=config.num_train,
+      optimizer=config.solver,
+      optimizer_options={"momentum": 0.9} if config.solver == "momentum" else {},
+  )
+
+
+def make_optimizer(
+    config: ml_collections.ConfigDict,
+) -> tuple[optax.GradientTransformation, date_optax.Recipe]:
+  """The optimizer for `config.method` at `config.batch_size`, and its recipe."""
+  baseline = make_baseline(config)
+  batch = config.batch_size
+  if config.method == "date":
+    lower, upper = config.ratio_bounds
+    tx = date_optax.date(baseline, batch, lower=lower, upper=upper)
+    return tx, date_optax.date_recipe(baseline, batch)
+  if config.method == "baseline":
+    recipe = date_optax.date_recipe(baseline, batch)
+  elif config.method == "linear":
+    recipe = date_optax.scale_recipe(
+        dataclasses.replace(baseline, warmup_epochs=5.0), batch,
+        lr_scaling="linear", warmup_scaling="none",
+    )
+  else:
+    raise ValueError(
+        f"config.method must be 'date', 'baseline' or 'linear', got {config.method!r}."
+    )
+  return baseline.solver(recipe.schedule), recipe
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Trains for `config.num_epochs` epochs, evaluating after each.
+
+  Args:
+    config: the hyperparameters (see configs/default.py).
+    workdir: where `metrics.csv` (and TensorBoard files if tensorboardX is
+      installed) and `results.json` are written.
+
+  Returns:
+    The final metrics: test accuracy (%), iterations, wall time.
+  """
+  start = time.perf_counter()
+  data = input_pipeline.get_datasets(config.num_train, config.num_test, config.data_seed)
+  model = models.LSTMClassifier(hidden_size=config.hidden_size, chunk=config.chunk)
+  return fit(config, workdir, data, model, start=start)
+
+
+def fit(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    data: dict[str, np.ndarray],
+    model: Any,
+    *,
+    start: float | None = None,
+) -> dict[str, Any]:
+  """The training loop shared with the MNIST example.
+
+  Args:
+    config: as for `train_and_evaluate`.
+    workdir: output directory.
+    data: `x_train`, `y_train`, `x_test`, `y_test` arrays (labels int32).
+    model: a flax module mapping a batch of `x` to logits.
+    start: `time.perf_counter()` at the start, to count data loading.
+
+  Returns:
+    The final metrics, also written to `workdir/results.json`.
+  """
+  os.makedirs(workdir, exist_ok=True)
+  start = time.perf_counter() if start is None else start
+  mesh = dp.data_mesh(config.num_devices)
+  n_dev = mesh.devices.size
+  if config.batch_size % n_dev:
+    raise ValueError(
+        f"config.batch_size={config.batch_size} must divide over {n_dev} devices."
+    )
+  tx, recipe = make_optimizer(config)
+  example = jnp.zeros((1, *data["x_train"].shape[1:]), jnp.float32)
+  params = model.init(jax.random.key(config.seed), example)
+
+  def loss_fn(p, batch):
+    logits = model.apply(p, batch["x"])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+
+  # Each device computes the gradient of its slice of the global batch; one
+  # all-reduce averages them; steps with a NaN/Inf gradient are skipped.
+  train_step = dp.make_train_step(
+      loss_fn, tx, mesh,
+      trust_ratio_bounds=tuple(config.ratio_bounds) if config.method == "date" else None,
+  )
+  state = train_step.init(params)
+
+  @jax.jit
+  def predict(params, x):
+    return jnp.argmax(model.apply(params, x), -1)
+
+  rng = np.random.default_rng(config.seed)
+  step = 0
+  accuracy = float("nan")
+  with diagnostics.MetricWriter(workdir, tensorboard=None) as writer:
+    for epoch in range(1, config.num_epochs + 1):
+      for batch in input_pipeline.train_batches(
+          data["x_train"], data["y_train"], config.batch_size, rng
+      ):
+        state, metrics = train_step(state, batch)
+        step += 1
+        if step % config.log_every_steps == 0:
+          scalars = {k: float(v) for k, v in metrics.items() if k != "trust_ratios"}
+          scalars["learning_rate"] = float(recipe.schedule(step - 1))
+          writer.write_scalars(step, scalars)
+      preds = np.concatenate([
+          np.asarray(predict(state.params, data["x_test"][i : i + 4096]))
+          for i in range(0, len(data["x_test"]), 4096)
+      ])
+      accuracy = 100.0 * float(np.mean(preds == data["y_test"]))
+      writer.write_scalars(step, {"test_accuracy": accuracy, "epoch": epoch})
+  result = dict(
+      method=config.method, batch_size=config.batch_size, iterations=step,
+      test_accuracy=accuracy, wall_time=time.perf_counter() - start,
+      devices=n_dev, peak_learning_rate=recipe.peak_learning_rate,
+      warmup_steps=recipe.warmup_steps,
+  )
+  with open(os.path.join(workdir, "results.json"), "w") as f:
+    json.dump(result, f, indent=1)
+  return result

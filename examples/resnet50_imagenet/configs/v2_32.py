@@ -1,0 +1,16 @@
+"""v2-32: 32 TensorCores (JAX devices), 4 hosts, 8 GiB HBM per core; 128 per device.
+
+Global batch 32 x 128 = 4096 (we count TensorCores, tpu/README.md), BN over
+ghost batches of 64, LEGW from B0 = 1024: peak LR 2^3.5, 1.25 warmup epochs
+(391 iterations) of 28,151, 90 epochs.
+"""
+
+from examples.resnet50_imagenet.configs import default
+
+
+def get_config():
+  config = default.get_config()
+  config.batch_size = 4096
+  config.eval_batch_size = 4096
+  config.ghost_batch_size = 64
+  return config

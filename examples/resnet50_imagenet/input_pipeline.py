@@ -1,0 +1,134 @@
+"""ImageNet input for the pods (tensorflow-datasets) and fake data for tests.
+
+On a pod every host reads its own 1/process_count of the files
+(`tfds.split_for_jax_process`), decodes and augments with tf.data, and
+yields NumPy batches of `global_batch / process_count` examples; train.py
+assembles the global array from the hosts' pieces. TensorFlow and tfds are
+imported only when the real pipeline is built (`pip install
+tensorflow-cpu tensorflow-datasets` on the workers, and the ImageNet
+TFRecords under `data_dir`, e.g. a gs:// bucket prepared with tfds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import jax
+import numpy as np
+
+MEAN_RGB = np.array([0.485, 0.456, 0.406], np.float32) * 255
+STDDEV_RGB = np.array([0.229, 0.224, 0.225], np.float32) * 255
+
+
+def fake_batches(
+    batch_size: int, image_size: int, num_classes: int, *, seed: int = 0
+) -> Iterator[dict[str, np.ndarray]]:
+  """Endless batches of standard-normal images and uniform labels.
+
+  The labels are a fixed function of the image (the sign pattern of a few
+  pixels) so that a model can fit them: a smoke test can check that the
+  loss goes down.
+  """
+  rng = np.random.default_rng(seed)
+  while True:
+    images = rng.standard_normal((batch_size, image_size, image_size, 3), np.float32)
+    labels = (images[:, 0, 0, 0] > 0).astype(np.int32) * (num_classes // 2)
+    yield {"image": images, "label": labels}
+
+
+def imagenet_batches(
+    *,
+    split: str,
+    batch_size: int,
+    image_size: int,
+    data_dir: str | None,
+    train: bool,
+    dtype: str = "bfloat16",
+    shuffle_buffer: int = 16 * 1024,
+    seed: int = 0,
+) -> Iterator[dict[str, np.ndarray]]:
+  """This host's batches of ImageNet from tfds (`imagenet2012`).
+
+  Args:
+    split: "train" or "validation".
+    batch_size: examples per batch on this host (global / process count).
+    image_size: side of the square crop.
+    data_dir: tfds data directory (a gs:// path on Cloud TPU).
+    train: random-resized crop, flip, shuffle and repeat; else a centre crop,
+      one pass, the last batch padded and marked with `mask`.
+    dtype: image dtype after normalisation.
+    shuffle_buffer: tf.data shuffle buffer.
+    seed: shuffle seed (combined with the process index).
+
+  Returns:
+    An iterator of {"image", "label"} (and "mask" for evaluation) batches.
+  """
+  import tensorflow as tf  # noqa: PLC0415  (only on the workers)
+  import tensorflow_datasets as tfds  # noqa: PLC0415
+
+  tf.config.set_visible_devices([], "GPU")  # keep TF off accelerators
+  builder = tfds.builder("imagenet2012", data_dir=data_dir)
+  host_split = tfds.split_for_jax_process(split, drop_remainder=False)
+  ds = builder.as_dataset(
+      split=host_split, shuffle_files=train,
+      decoders={"image": tfds.decode.SkipDecoding()},
+  )
+  tf_dtype = tf.bfloat16 if dtype == "bfloat16" else tf.float32
+
+  def decode_train(example):
+    image_bytes = example["image"]
+    shape = tf.io.extract_jpeg_shape(image_bytes)
+    begin, size, _ = tf.image.sample_distorted_bounding_box(
+        shape, tf.zeros([0, 0, 4], tf.float32), area_range=(0.08, 1.0),
+        aspect_ratio_range=(3 / 4, 4 / 3), max_attempts=10,
+        use_image_if_no_bounding_boxes=True,
+    )
+    y, x, _ = tf.unstack(begin)
+    h, w, _ = tf.unstack(size)
+    image = tf.image.decode_and_crop_jpeg(image_bytes, tf.stack([y, x, h, w]), channels=3)
+    image = tf.image.resize(image, [image_size, image_size], "bicubic")
+    image = tf.image.random_flip_left_right(image)
+    return _normalize(image, tf_dtype), example["label"]
+
+  def decode_eval(example):
+    image = tf.io.decode_jpeg(example["image"], channels=3)
+    shape = tf.shape(image)
+    side = tf.cast(
+        image_size / (image_size + 32) * tf.cast(tf.minimum(shape[0], shape[1]), tf.float32),
+        tf.int32,
+    )
+    y, x = (shape[0] - side + 1) // 2, (shape[1] - side + 1) // 2
+    image = tf.image.crop_to_bounding_box(image, y, x, side, side)
+    image = tf.image.resize(image, [image_size, image_size], "bicubic")
+    return _normalize(image, tf_dtype), example["label"]
+
+  options = tf.data.Options()
+  options.threading.private_threadpool_size = 48
+  ds = ds.with_options(options)
+  if train:
+    ds = ds.repeat().shuffle(shuffle_buffer, seed=seed + jax.process_index())
+    ds = ds.map(decode_train, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.batch(batch_size, drop_remainder=True)
+  else:
+    ds = ds.map(decode_eval, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.map(lambda image, label: (image, label, tf.constant(1.0)))
+    ds = ds.padded_batch(batch_size, padding_values=(tf.cast(0, tf_dtype), -1, 0.0))
+  ds = ds.prefetch(tf.data.AUTOTUNE)
+  for batch in tfds.as_numpy(ds):
+    if train:
+      yield {"image": batch[0], "label": batch[1]}
+    else:
+      image, label, mask = batch
+      if image.shape[0] < batch_size:  # pad the last batch to a full one
+        pad = batch_size - image.shape[0]
+        image = np.concatenate([image, np.zeros((pad, *image.shape[1:]), image.dtype)])
+        label = np.concatenate([label, -np.ones(pad, label.dtype)])
+        mask = np.concatenate([mask, np.zeros(pad, mask.dtype)])
+      yield {"image": image, "label": label, "mask": mask}
+
+
+def _normalize(image, dtype):
+  import tensorflow as tf  # noqa: PLC0415
+
+  image = (tf.cast(image, tf.float32) - MEAN_RGB) / STDDEV_RGB
+  return tf.cast(image, dtype)

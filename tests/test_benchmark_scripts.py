@@ -1,0 +1,55 @@
+"""The accuracy benchmarks run end to end on tiny settings (slow: ~1 min each)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load(name):
+  spec = importlib.util.spec_from_file_location(
+      name, os.path.join(ROOT, "benchmarks", f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.mark.slow
+def test_batch_scaling_quick_tiny_and_resume(tmp_path):
+  bench = _load("batch_scaling")
+  out = str(tmp_path / "bs")
+  argv = ["--quick", "--epochs", "8", "--num-train", "1024", "--out", out]
+  assert bench.main(argv) == 0
+  md = open(out + ".md").read()
+  for label in bench.LABELS.values():
+    assert label in md
+  # 4 scales x 5 methods, iterations 8 * 1024 / B.
+  assert "| iterations | 512 | 128 | 32 | 8 |" in md
+  lines = open(out + ".jsonl").read().splitlines()
+  assert len(lines) == 20
+  assert os.path.getsize(out + ".png") > 10_000
+  # A second call trains nothing new: every run comes from the log.
+  assert bench.main(argv) == 0
+  assert len(open(out + ".jsonl").read().splitlines()) == 20
+  assert {json.loads(line)["steps"] for line in lines} == {512, 128, 32, 8}
+
+
+@pytest.mark.slow
+def test_solver_ladder_quick(tmp_path):
+  ladder = _load("solver_ladder")
+  out = str(tmp_path / "sl")
+  ladder.QUICK.update(num_train=512, num_test=256, epochs=2, batch=256)
+  ladder.GRIDS.clear()
+  ladder._RATIO_GRID = (1e-2,)
+  for solver in ladder.SOLVERS:
+    ladder.GRIDS[(solver, "plain")] = (1e-2,)
+  assert ladder.main(["--quick", "--out", out]) == 0
+  md = open(out + ".md").read()
+  for name in ladder.SOLVER_LABELS.values():
+    assert f"| {name} |" in md
+  assert len(open(out + ".jsonl").read().splitlines()) == 12

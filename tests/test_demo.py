@@ -1,0 +1,126 @@
+"""`date-optax demo` and its training library (date_optax/_src/lstm_demo.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from date_optax._src import cli, cli_demo, lstm_demo
+
+
+def _reference_lr(method, lr0, b0, warmup_epochs, epochs, n, batch):
+  """SPEC §5-6 written out in numpy, iterations i = 1..T."""
+  k = batch / b0
+  total = epochs * (n // batch)
+  i = np.arange(1, total + 1, dtype=np.float64)
+
+  def warm_then(peak, w, decay):
+    after = (peak * np.clip(1 - i / total, 0, 1) ** 2 if decay == "poly2" else
+             np.maximum(peak * (1 - (i - w) / (total - w)), 1e-6))
+    return np.where(i <= w, peak * i / w, after)
+
+  if method == "adam":
+    return np.full(total, lr0 * math.sqrt(k))
+  if method == "linear":
+    return warm_then(lr0 * k, round(5 * n / batch), "rc")
+  w = round(warmup_epochs * n / b0)  # LEGW: constant warmup iterations
+  return warm_then(lr0 * math.sqrt(k), w, "poly2" if method == "legw" else "rc")
+
+
+@pytest.mark.parametrize("method", ["baseline", "linear", "adam", "legw", "date"])
+@pytest.mark.parametrize("k", [1, 4, 64])
+def test_scaled_run_schedules_follow_spec(method, k):
+  tuned = lstm_demo.TunedBaseline("momentum", 16, 0.2, 0.1, 30, 32768)
+  _, schedule = lstm_demo.scaled_run(method, tuned, 16 * k)
+  ref = _reference_lr(method, 0.2, 16, 0.1, 30, 32768, 16 * k)
+  got = np.asarray(schedule(jnp.arange(len(ref))))
+  np.testing.assert_allclose(got, ref, rtol=2e-6, atol=1e-9)
+
+
+def test_scaled_run_rejects_unknown_method():
+  tuned = lstm_demo.TunedBaseline("momentum", 16, 0.2, 0.1, 30, 32768)
+  with pytest.raises(ValueError, match="method must be one of"):
+    lstm_demo.scaled_run("sgd", tuned, 64)
+
+
+def test_date_run_bounds_its_ratios():
+  # The DATE run clips every layer's ratio ||w||/||g|| to [0.01, 1].
+  tuned = lstm_demo.TunedBaseline("momentum", 4, 0.1, 0.1, 1, 64)
+  data = lstm_demo.load_mnist1d(64, 16, seed=3)
+  tx, _ = lstm_demo.scaled_run("date", tuned, 16)
+  model = lstm_demo.LSTMClassifier(hidden_size=8)
+  import jax
+
+  import date_optax
+
+  params = model.init(jax.random.key(0), jnp.zeros((1, 40)))
+  state = tx.init(params)
+  grads = jax.grad(lambda p: jnp.sum(model.apply(p, data.x_train[:16]) ** 2))(params)
+  _, state = tx.update(grads, state, params)
+  ratios = np.concatenate([np.ravel(r) for r in jax.tree.leaves(date_optax.trust_ratios(state))])
+  assert ratios.min() >= 0.01 - 1e-8 and ratios.max() <= 1.0 + 1e-7
+
+
+def test_load_mnist1d_is_deterministic_cached_and_leaves_global_rng(tmp_path):
+  np.random.seed(123)
+  expected_next = np.random.rand()
+  np.random.seed(123)
+  data = lstm_demo.load_mnist1d(100, 30, seed=1, cache_dir=str(tmp_path))
+  assert np.random.rand() == expected_next  # global stream untouched
+  assert data.x_train.shape == (100, 40) and data.x_test.shape == (30, 40)
+  assert data.x_train.dtype == np.float32 and data.y_train.dtype == np.int32
+  assert set(np.unique(data.y_train)) <= set(range(10))
+  assert os.listdir(tmp_path) == ["mnist1d_100_30_seed1.npz"]
+  again = lstm_demo.load_mnist1d(100, 30, seed=1, cache_dir=str(tmp_path))
+  np.testing.assert_array_equal(again.x_train, data.x_train)
+  fresh = lstm_demo.load_mnist1d(100, 30, seed=1)
+  np.testing.assert_array_equal(fresh.x_test, data.x_test)
+
+
+def test_demo_end_to_end_small(tmp_path, capsys, monkeypatch):
+  # The demo sets XLA_FLAGS for its process; keep other tests' env as it was.
+  monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+  argv = ["demo", "--workdir", str(tmp_path), "--num-train", "512", "--num-test",
+          "128", "--epochs", "6", "--base-batch", "8", "--scale", "8",
+          "--devices", "8", "--no-progress"]
+  assert cli.main(argv) == 0
+  out = capsys.readouterr().out
+  assert "| method | batch | iterations | test accuracy (%) | wall time (s) |" in out
+  results = json.load(open(tmp_path / "results.json"))
+  runs = {r["method"].split(" ")[0]: r for r in results["runs"]}
+  assert [r["batch_size"] for r in results["runs"]] == [8, 64, 64]
+  assert [r["iterations"] for r in results["runs"]] == [6 * 64, 6 * 8, 6 * 8]
+  assert all(len(r["test_accuracy"]) == 6 for r in results["runs"])
+  # End-of-epoch learning rates from the tuned Adam lr 8e-3: DATE peaks at
+  # 8e-3 * sqrt(8) after its round(0.1 * 512 / 8) = 6 warmup iterations, the
+  # linear run at 8e-3 * 8 after 5 epochs (40 iterations).
+  date_lrs = runs["DATE"]["learning_rate"]
+  np.testing.assert_allclose(
+      date_lrs[0], 8e-3 * math.sqrt(8) * (1 - (8 - 6) / (48 - 6)), rtol=1e-5)
+  np.testing.assert_allclose(runs["linear"]["learning_rate"][4], 8e-3 * 8, rtol=1e-5)
+  assert results["settings"]["learning_rate"] == cli_demo.TUNED_LEARNING_RATES["adam"]
+  assert os.path.getsize(tmp_path / "demo.png") > 10_000
+  assert (tmp_path / "results.md").read_text().count("\n| ") == 4
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--epochs", "0"], "--epochs must be >= 1"),
+    (["--base-batch", "64", "--scale", "64", "--num-train", "1024"], "exceeds --num-train"),
+    (["--devices", "3"], "must divide evenly over --devices=3"),
+    (["--learning-rate", "0"], "--learning-rate must be > 0"),
+])
+def test_demo_rejects_bad_arguments(tmp_path, capsys, monkeypatch, extra, message):
+  monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+  assert cli.main(["demo", "--workdir", str(tmp_path), *extra]) == 2
+  assert message in capsys.readouterr().err
+
+
+def test_set_host_device_count_replaces_an_existing_flag(monkeypatch):
+  monkeypatch.setenv("XLA_FLAGS", "--foo=1 --xla_force_host_platform_device_count=2")
+  cli_demo.set_host_device_count(8)
+  assert os.environ["XLA_FLAGS"] == "--foo=1 --xla_force_host_platform_device_count=8"
