@@ -174,7 +174,8 @@ def lamb(
         red = tr.reduce_axes(w.ndim, ax)
         r = tr.trust_ratio(
             jnp.sqrt(tr.sum_squares(w, red)),
-            jnp.sqrt(tr.sum_squares(u, red)),
+            # A reduction (not a dot) lets XLA fuse the direction into it.
+            jnp.sqrt(jnp.sum(jnp.square(u), axis=red, keepdims=True)),
             lower=lo,
             upper=hi,
         )
