@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -169,10 +169,4 @@ def check_mask(name: str, value: Any) -> Any:
         f"{name} must be a bool pytree or a callable params -> bool pytree, "
         f"got {value!r}."
     )
-  return value
-
-
-def check_callable_or_none(name: str, value: Any) -> Callable | None:
-  if value is not None and not callable(value):
-    raise TypeError(f"{name} must be callable or None, got {value!r}.")
   return value
