@@ -311,3 +311,14 @@ def test_optax_state_roundtrip_with_inject_hyperparams(tmp_path):
   np.testing.assert_array_equal(
       date_optax.trust_ratios(restored)["w"], date_optax.trust_ratios(state)["w"])
   np.testing.assert_allclose(restored.hyperparams["learning_rate"], 1e-2)
+
+
+def test_missing_orbax_names_the_extra(tmp_path, monkeypatch):
+  # A plain `pip install date-optax` has no orbax: the manager must say which
+  # extra brings it, not fail with a bare ModuleNotFoundError.
+  for name in [m for m in sys.modules if m == "orbax" or m.startswith("orbax.")]:
+    monkeypatch.delitem(sys.modules, name)
+  monkeypatch.setitem(sys.modules, "orbax", None)
+  monkeypatch.setitem(sys.modules, "orbax.checkpoint", None)
+  with pytest.raises(ImportError, match=r"date-optax\[checkpoint\]"):
+    CheckpointManager(str(tmp_path / "ckpt"))

@@ -33,10 +33,11 @@ _FORMAT = 1
 def _ocp():
   try:
     import orbax.checkpoint as ocp  # noqa: PLC0415 - optional dependency
-  except ImportError as e:  # pragma: no cover - depends on the install
+  except ImportError as e:
     raise ImportError(
-        "date_optax.checkpoint needs orbax-checkpoint: "
-        "pip install 'date-optax[examples]'."
+        "date_optax.checkpoint needs orbax-checkpoint, which a plain install "
+        "leaves out: pip install 'date-optax[checkpoint]' (the 'examples' "
+        "extra has it too)."
     ) from e
   return ocp
 
