@@ -184,6 +184,7 @@ def lamb(
     c1 = 1.0 - b1**t if bias_correction else 1.0
     c2 = 1.0 - b2**t if bias_correction else 1.0
 
+    tr.check_leaves(params)
     g_leaves, treedef = jax.tree.flatten(updates)
     if normalize_grads:
       # One global norm for the whole model; dividing only when it exceeds 1
@@ -200,10 +201,9 @@ def lamb(
     axes_list = masks_lib.resolve_layer_axes(layer_axes, params)
 
     outs, mus, nus, ratios = [], [], [], []
-    for i, (g, w, mu, nu, trust, decay, ax) in enumerate(zip(
+    for g, w, mu, nu, trust, decay, ax in zip(
         g_leaves, w_leaves, mu_leaves, nu_leaves, trust_flags, wd_flags, axes_list
-    )):
-      tr.check_leaf_dtype(i, w)
+    ):
       decay = decay and use_wd
       cdt = tr.compute_dtype(g, w)
       g32 = g.astype(cdt)

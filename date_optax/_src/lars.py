@@ -169,6 +169,7 @@ def lars(
     lo = tr.value_at(lower, state.count)
     hi = tr.value_at(upper, state.count)
 
+    tr.check_leaves(params)
     g_leaves, treedef = jax.tree.flatten(updates)
     w_leaves = treedef.flatten_up_to(params)
     m_leaves = treedef.flatten_up_to(state.momentum)
@@ -178,15 +179,11 @@ def lars(
     axes_list = masks_lib.resolve_layer_axes(layer_axes, params)
 
     outs, moms, ratios = [], [], []
-    for i, (g, w, m, trust, decay, ax) in enumerate(
-        zip(g_leaves, w_leaves, m_leaves, trust_flags, wd_flags, axes_list)
+    for g, w, m, trust, decay, ax in zip(
+        g_leaves, w_leaves, m_leaves, trust_flags, wd_flags, axes_list
     ):
-      tr.check_leaf_dtype(i, w)
       decay = decay and use_wd
-      cdt = tr.compute_dtype(g, w)
-      v = g.astype(cdt)
-      if decay:
-        v = v + wd * w.astype(tr.compute_dtype(w))
+      v = tr.add_decay(g, wd, w) if decay else g.astype(tr.compute_dtype(g, w))
       if trust:
         red = tr.reduce_axes(w.ndim, ax)
         r = tr.layer_ratio(
@@ -428,8 +425,7 @@ def bounded_lars(
         trust_ratio_mask, weight_decay_mask, params
     )
     axes_list = masks_lib.resolve_layer_axes(layer_axes, params)
-    for i, w in enumerate(w_leaves):
-      tr.check_leaf_dtype(i, w)
+    tr.check_leaves(params)
     if use_wd:
       # L2 weight decay in the base's input, as optax.add_decayed_weights.
       fed = [g + wd * w if dec else g

@@ -74,14 +74,18 @@ def update_dtype(param: Any, grad: Any) -> Any:
   return jnp.promote_types(jnp.asarray(param).dtype, jnp.asarray(grad).dtype)
 
 
-def check_leaf_dtype(path_or_index: Any, leaf: Any) -> None:
-  """Raises TypeError for leaves a trust ratio cannot handle (integers)."""
-  dt = jnp.asarray(leaf).dtype if not hasattr(leaf, "dtype") else leaf.dtype
-  if not (jnp.issubdtype(dt, jnp.floating) or jnp.issubdtype(dt, jnp.complexfloating)):
-    raise TypeError(
-        f"leaf {path_or_index} has dtype {dt}; trust-ratio transforms need "
-        "floating-point or complex parameters and updates."
-    )
+def check_leaves(params: Any) -> None:
+  """Raises TypeError naming the first leaf that is not floating or complex."""
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    dt = getattr(leaf, "dtype", None)
+    if dt is None:
+      dt = jnp.asarray(leaf).dtype
+    if not (jnp.issubdtype(dt, jnp.floating)
+            or jnp.issubdtype(dt, jnp.complexfloating)):
+      raise TypeError(
+          f"parameter {jax.tree_util.keystr(path)} has dtype {dt}; trust-ratio "
+          "transforms need floating-point or complex parameters."
+      )
 
 
 def _explicit_out_sharding(x: jax.Array, keep: tuple[int, ...]) -> Any:
@@ -182,19 +186,23 @@ def _add_scaled_exact(g: jax.Array, wd: Any, w: jax.Array) -> jax.Array:
   return (g + p) + e
 
 
+def add_decay(d: jax.Array, wd: Any, w: jax.Array) -> jax.Array:
+  """``d + λw`` in ``compute_dtype(d, w)``, with λ·w carried exactly."""
+  dt = compute_dtype(d, w)
+  d = d.astype(dt)
+  w = w.astype(dt)
+  if jnp.iscomplexobj(d):
+    re = _add_scaled_exact(jnp.real(d), wd, jnp.real(w))
+    im = _add_scaled_exact(jnp.imag(d), wd, jnp.imag(w))
+    return jax.lax.complex(re, im)
+  return _add_scaled_exact(d, wd, w)
+
+
 def norm_of_sum_sq(
     d: jax.Array, w: jax.Array, wd: Any, axes: tuple[int, ...]
 ) -> jax.Array:
   """Per-layer ``‖d + λw‖²`` accurate to float32 rounding under cancellation."""
-  d32 = d.astype(compute_dtype(d))
-  w32 = w.astype(compute_dtype(w))
-  if jnp.iscomplexobj(d32) or jnp.iscomplexobj(w32):
-    dr, di = jnp.real(d32), jnp.imag(d32)
-    wr, wi = jnp.real(w32), jnp.imag(w32)
-    re = _add_scaled_exact(dr, wd, wr)
-    im = _add_scaled_exact(di, wd, wi)
-    return sum_squares(re, axes) + sum_squares(im, axes)
-  return sum_squares(_add_scaled_exact(d32, wd, w32), axes)
+  return sum_squares(add_decay(d, wd, w), axes)
 
 
 def trust_ratio(
@@ -444,6 +452,7 @@ def scale_by_trust_ratio(
     wd = value_at(weight_decay, state.count)
     use_wd = not is_static_zero(weight_decay)
 
+    check_leaves(params)
     u_leaves, treedef = jax.tree.flatten(inner_updates)
     g_leaves = treedef.flatten_up_to(updates)
     w_leaves = treedef.flatten_up_to(params)
@@ -453,15 +462,14 @@ def scale_by_trust_ratio(
     axes_list = masks_lib.resolve_layer_axes(layer_axes, params)
 
     outs, ratios = [], []
-    for i, (u, g, w, trust, decay, ax) in enumerate(
-        zip(u_leaves, g_leaves, w_leaves, trust_flags, wd_flags, axes_list)
+    for u, g, w, trust, decay, ax in zip(
+        u_leaves, g_leaves, w_leaves, trust_flags, wd_flags, axes_list
     ):
-      check_leaf_dtype(i, w)
       decay = decay and use_wd
       out_dtype = update_dtype(w, u)
       v = u.astype(compute_dtype(u, w))
       if decay:
-        v = v + wd * w.astype(compute_dtype(w))
+        v = add_decay(v, wd, w)
       if trust:
         red = reduce_axes(w.ndim, ax)
         d = g if source == "gradient" else u
