@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +14,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import date_optax.parallel as dp
-from date_optax._src.parallel import collectives, compat
+from date_optax._src.parallel import collectives, compat, hlo
 
 # Leaf shapes that no number of devices here divides, every dtype family,
 # a scalar and an empty leaf.
@@ -192,29 +191,21 @@ def test_check_vma_true_is_supported():
 # --------------------------------------------------------------------------
 
 
-def _collective_permute_rounds(hlo_text: str) -> list[tuple[int, frozenset]]:
-  """(round, source_target_pairs) of each collective-permute, in schedule order.
+def test_collective_permute_rounds_reads_dependences():
+  text = """HloModule m, is_scheduled=true
 
-  The round of a collective-permute is the number of collective-permutes on
-  the longest chain of data dependences that ends with it (itself included),
-  so exchanges that may run at the same time share a round.
-  """
-  out = []
-  for comp in re.split(r"\n(?=\S.*\{\s*$)", hlo_text):
-    depth: dict[str, int] = {}
-    for line in comp.splitlines():
-      m = re.match(r"\s*(?:ROOT\s+)?%(\S+)\s*=\s*\S+\s+([\w\-]+)\((.*)$", line)
-      if not m:
-        continue
-      name, op, rest = m.groups()
-      d = max((depth.get(o, 0) for o in re.findall(r"%([\w.\-]+)", rest)), default=0)
-      if op.startswith("collective-permute") and not op.endswith("-done"):
-        d += 1
-        pairs = re.search(r"source_target_pairs=\{(.*?)\}\}", line).group(1)
-        out.append((d, frozenset(
-            tuple(map(int, p.split(","))) for p in re.findall(r"\{(\d+,\d+)", pairs))))
-      depth[name] = d
-  return out
+ENTRY %main (p: f32[4]) -> f32[4] {
+  %p = f32[4]{0} parameter(0)
+  %a = f32[4]{0} collective-permute(%p), channel_id=1, source_target_pairs={{0,1},{1,0}}
+  %b = f32[4]{0} collective-permute(%p), channel_id=2, source_target_pairs={{0,2},{2,0}}
+  %c = f32[4]{0} add(%a, %p)
+  %d = f32[4]{0} collective-permute(%c), channel_id=3, source_target_pairs={{0,1},{1,0}}
+  ROOT %e = f32[4]{0} add(%d, %b)
+}
+"""
+  rounds = hlo.collective_permute_rounds(text)
+  assert [r for r, _ in rounds] == [1, 1, 2]
+  assert rounds[1][1] == frozenset({(0, 2), (2, 0)})
 
 
 def _pairs(perm) -> frozenset:
@@ -254,7 +245,7 @@ def test_torus_halves_share_rounds_in_the_compiled_program(shape):
                                 out_specs=P(("x", "y"))))
   buf = np.random.default_rng(0).integers(-9, 9, 8 * 37).astype(np.float32)
   compiled = fn.lower(buf).compile()
-  rounds = _collective_permute_rounds(compiled.as_text())
+  rounds = hlo.collective_permute_rounds(compiled.as_text())
   expected = _expected_torus_rounds(x, y)
   assert len(expected) == 2 * (x - 1) + 2 * (y - 1)
   assert max(r for r, _ in rounds) == len(expected)
@@ -277,7 +268,7 @@ def test_ring_has_2_p_minus_1_rounds():
   mesh = dp.data_mesh()
   fn = jax.jit(compat.shard_map(lambda t: dp.ring_all_reduce(t, "data"), mesh=mesh,
                                 in_specs=P("data"), out_specs=P("data")))
-  rounds = _collective_permute_rounds(fn.lower(np.ones(8 * 5, np.float32)).compile()
+  rounds = hlo.collective_permute_rounds(fn.lower(np.ones(8 * 5, np.float32)).compile()
                                       .as_text())
   assert [r for r, _ in rounds] == list(range(1, 2 * 7 + 1))
 

@@ -168,6 +168,12 @@ def _run_in_rounds(*programs: Generator) -> list[jax.Array]:
   return results
 
 
+def _rotate(rows: jax.Array, start: jax.Array) -> jax.Array:
+  """`rows[(start + j) % n]` for j < n: a copy and a slice, not a gather."""
+  n = rows.shape[0]
+  return lax.dynamic_slice_in_dim(jnp.concatenate([rows, rows]), start % n, n, 0)
+
+
 def _ring_reduce_scatter(blocks: jax.Array, ring: _Ring) -> Generator:
   """(n, c) per device -> (c,): the sum over the ring of row `position`.
 
@@ -178,17 +184,17 @@ def _ring_reduce_scatter(blocks: jax.Array, ring: _Ring) -> Generator:
   n, idx = ring.size, ring.position
   if n == 1:
     return blocks[0]
-  buf = blocks
+  # Step s passes the partial sum of row (i - s - 1) to the right neighbour and
+  # adds the one arriving from the left, which is row (i - s - 2); after n - 1
+  # steps row i has visited every device and lands, complete, on position i.
+  # Rotating the rows once so that row (i - 1 - s) comes s-th makes every
+  # step a static slice (no copy of the whole buffer per step).
+  rows = _rotate(blocks[::-1], n - idx)  # rows[j] = blocks[(i - 1 - j) % n]
+  acc = rows[0]
   for s in range(n - 1):
-    # Step s: pass the partial sum of row (i - s - 1) to the right neighbour and
-    # add the one arriving from the left, row (i - s - 2). After n - 1 steps
-    # row i has visited every device and lands, complete, on position i.
-    send = lax.dynamic_index_in_dim(buf, (idx - s - 1) % n, 0, keepdims=False)
-    got = yield send, ring
-    r = (idx - s - 2) % n
-    cur = lax.dynamic_index_in_dim(buf, r, 0, keepdims=False)
-    buf = lax.dynamic_update_slice_in_dim(buf, (cur + got)[None], r, axis=0)
-  return lax.dynamic_index_in_dim(buf, idx, 0, keepdims=False)
+    got = yield acc, ring
+    acc = rows[s + 1] + got
+  return acc
 
 
 def _ring_all_gather(chunk: jax.Array, ring: _Ring) -> Generator:
@@ -196,13 +202,13 @@ def _ring_all_gather(chunk: jax.Array, ring: _Ring) -> Generator:
   n, idx = ring.size, ring.position
   if n == 1:
     return chunk[None]
-  buf = jnp.zeros((n,) + chunk.shape, chunk.dtype)
-  buf = lax.dynamic_update_slice_in_dim(buf, chunk[None], idx, axis=0)
-  for s in range(n - 1):
-    send = lax.dynamic_index_in_dim(buf, (idx - s) % n, 0, keepdims=False)
-    got = yield send, ring
-    buf = lax.dynamic_update_slice_in_dim(buf, got[None], (idx - s - 1) % n, axis=0)
-  return buf
+  # Step s forwards what arrived in step s - 1: the chunk of position i - s.
+  pieces = [chunk]
+  for _ in range(n - 1):
+    got = yield pieces[-1], ring
+    pieces.append(got)
+  # Row r is the piece that came (i - r) % n hops.
+  return _rotate(jnp.stack(pieces[::-1]), n - 1 - idx)
 
 
 # ---------------------------------------------------------------------------
