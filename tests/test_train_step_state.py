@@ -16,6 +16,7 @@ import numpy as np
 import optax
 import parallel_model as pm
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import date_optax
 import date_optax.parallel as dp
@@ -233,3 +234,126 @@ def test_bad_input_names_the_argument():
     step(step.init(pm.init_params()), BATCHES[0])
   with pytest.raises(TypeError, match="rng"):
     step.init(pm.init_params(), rng=np.float32(1.0))
+
+
+# --------------------------------------------------------------------------
+# Sharded parameters: a (4, 2) ("data", "model") mesh, FSDP and tensor
+# parallel layouts, against one device and an 8-way pure data mesh.
+# --------------------------------------------------------------------------
+
+FSDP = [(r".*kernel", P("model", None))]
+TENSOR_PARALLEL = [  # Megatron-style: hidden columns, then output rows.
+    (r"hidden/kernel", P(None, "model")),
+    (r"hidden/bias", P("model")),
+    (r"out/kernel", P("model", None)),
+]
+
+
+def mesh_2d():
+  return jax.make_mesh((4, 2), ("data", "model"))
+
+
+def one_device(opt_name, steps=STEPS):
+  opt = OPTIMIZERS[opt_name]()
+  params = jax.tree.map(jnp.asarray, pm.init_params())
+  state = opt.init(params)
+  for batch in BATCHES[:steps]:
+    grads = jax.grad(pm.loss_fn)(params, batch)
+    updates, state = opt.update(grads, state, params)
+    params = optax.apply_updates(params, updates)
+  return params, state
+
+
+@pytest.mark.parametrize("opt_name, rules, shard_update", [
+    ("lars", FSDP, False), ("lamb", TENSOR_PARALLEL, False),
+    ("bounded_lars", FSDP, True), ("lamb", TENSOR_PARALLEL, True),
+])
+def test_sharded_params_equal_data_parallel_and_one_device(opt_name, rules, shard_update):
+  step = dp.make_train_step(pm.loss_fn, OPTIMIZERS[opt_name](), mesh_2d(),
+                            param_sharding=rules, shard_update=shard_update,
+                            donate=False)
+  assert step.data_axes == ("data",) and step.num_replicas == 4
+  state = step.init(pm.init_params())
+  for batch in BATCHES:
+    state, metrics = step(state, batch)
+  data = dp.make_train_step(pm.loss_fn, OPTIMIZERS[opt_name](), dp.data_mesh(),
+                            donate=False)
+  expected = data.init(pm.init_params())
+  for batch in BATCHES:
+    expected, expected_metrics = data(expected, batch)
+  ref_params, ref_state = one_device(opt_name)
+  for other_params, other_state in ((expected.params, expected.opt_state),
+                                    (ref_params, ref_state)):
+    assert_close(state.params, other_params, rtol=1e-5, atol=1e-6)
+    assert_close(state.opt_state, other_state, rtol=1e-5, atol=1e-6)
+  assert_close(metrics["trust_ratios"], date_optax.trust_ratios(ref_state),
+               rtol=1e-5, atol=1e-6)
+  assert_close(metrics["trust_ratios"], expected_metrics["trust_ratios"],
+               rtol=1e-5, atol=1e-6)
+  assert not np.allclose(np.array(jax.tree.leaves(metrics["trust_ratios"])), 1.0)
+  np.testing.assert_allclose(metrics["loss"], expected_metrics["loss"], rtol=1e-5)
+  # The parameters and the optimizer state that mirrors them live sharded.
+  kernel = state.params["out"]["kernel"]
+  assert kernel.sharding.spec == P("model", None)
+  assert kernel.addressable_shards[0].data.shape[0] == 16 // 2
+  mirrored = [x for x in jax.tree.leaves(state.opt_state) if x.shape == (16, 3)]
+  assert mirrored
+  for x in mirrored:
+    ways = 2 * (4 if shard_update else 1)
+    assert x.addressable_shards[0].data.size == x.size // ways, x.sharding
+
+
+def test_sharded_params_with_model_state_keys_and_microbatches():
+  step = dp.make_train_step(bn_dropout_loss, OPTIMIZERS["lamb"](),
+                            dp.data_mesh(), microbatches=2, donate=False)
+  expected, _ = run_step(step)
+  # 8 replicas on a (8, 1) mesh with a "model" axis of one device: same keys.
+  mesh = jax.make_mesh((8, 1), ("data", "model"))
+  step = dp.make_train_step(bn_dropout_loss, OPTIMIZERS["lamb"](), mesh,
+                            microbatches=2, param_sharding=TENSOR_PARALLEL,
+                            donate=False)
+  state, _ = run_step(step)
+  assert_close(state.params, expected.params, rtol=1e-5, atol=1e-6)
+  assert_close(state.model_state, expected.model_state, rtol=1e-5, atol=1e-6)
+  ref_params, _, ref_ms = reference("lamb", 2)
+  assert_close(state.params, ref_params)
+  assert_close(state.model_state, ref_ms)
+
+
+def test_param_sharding_as_a_spec_tree():
+  specs = {"hidden": {"kernel": P(None, "model"), "bias": P("model")},
+           "out": {"kernel": P("model", None), "bias": None}}
+  a = dp.make_train_step(pm.loss_fn, OPTIMIZERS["lamb"](), mesh_2d(),
+                         param_sharding=specs, donate=False)
+  b = dp.make_train_step(pm.loss_fn, OPTIMIZERS["lamb"](), mesh_2d(),
+                         param_sharding=TENSOR_PARALLEL, donate=False)
+  sa, sb = a.init(pm.init_params()), b.init(pm.init_params())
+  for x, y in zip(jax.tree.leaves(sa), jax.tree.leaves(sb), strict=True):
+    assert x.sharding == y.sharding
+  sa, _ = a(sa, BATCHES[0])
+  sb, _ = b(sb, BATCHES[0])
+  jax.tree.map(np.testing.assert_array_equal, sa.params, sb.params)
+
+
+def test_param_sharding_bad_input():
+  mesh, opt = mesh_2d(), optax.sgd(0.1)
+  with pytest.raises(ValueError, match="data axis 'data'"):
+    dp.make_train_step(pm.loss_fn, opt, mesh, data_axes=("data",),
+                       param_sharding=[(".*", P("data"))])
+  with pytest.raises(ValueError, match="'tensor', not an axis"):
+    dp.make_train_step(pm.loss_fn, opt, mesh, param_sharding=[(".*", P("tensor"))])
+  with pytest.raises(ValueError, match='grad_reduce="psum"'):
+    dp.make_train_step(pm.loss_fn, opt, mesh, param_sharding=FSDP, grad_reduce="ring")
+  with pytest.raises(ValueError, match="not a regex"):
+    dp.make_train_step(pm.loss_fn, opt, mesh, param_sharding=[("(", P())])
+  step = dp.make_train_step(pm.loss_fn, opt, mesh,
+                            param_sharding=FSDP + [("encoder/.*", P("model"))])
+  with pytest.warns(UserWarning, match="'encoder/.*' matches no parameter"):
+    step.init(pm.init_params())
+  step = dp.make_train_step(pm.loss_fn, opt, mesh,
+                            param_sharding=[("out/bias", P("model"))])
+  with pytest.raises(ValueError, match=r"out/bias has shape \(3,\)"):
+    step.init(pm.init_params())
+  step = dp.make_train_step(pm.loss_fn, opt, mesh, param_sharding={"hidden": P()})
+  with pytest.raises(ValueError, match="structure of the parameters"):
+    step.init(pm.init_params())
