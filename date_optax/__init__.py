@@ -16,19 +16,26 @@ from date_optax._src.engine import (
     scale_recipe,
 )
 from date_optax._src.lamb import LambState, lamb
-from date_optax._src.lars import LarsState, bounded_lars, lars
-from date_optax._src.masks import exclude_bias_and_norm
+from date_optax._src.lars import BoundedLarsState, LarsState, bounded_lars, lars
+from date_optax._src.masks import exclude_bias_and_norm, path_mask
 from date_optax._src.schedules import (
     linear_scaling,
     roller_coaster,
     sqrt_scaling,
     warmup_decay_schedule,
 )
-from date_optax._src.trust_ratio import TrustRatioState, scale_by_trust_ratio, trust_ratios
+from date_optax._src.trust_ratio import (
+    TrustRatioState,
+    learning_rate,
+    scale_by_trust_ratio,
+    trust_ratio_bounds,
+    trust_ratios,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BoundedLarsState",
     "LambState",
     "LarsState",
     "TrustRatioState",
@@ -36,7 +43,10 @@ __all__ = [
     "exclude_bias_and_norm",
     "lamb",
     "lars",
+    "learning_rate",
+    "path_mask",
     "scale_by_trust_ratio",
+    "trust_ratio_bounds",
     "trust_ratios",
     # LEGW schedules and the DATE engine (issue 3).
     "Baseline",

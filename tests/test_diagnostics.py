@@ -143,7 +143,8 @@ def test_truncation_error_is_second_order_in_h():
   g = 4 * np.array([1.0, -2.0, 0.5]) ** 3
   u = g / np.linalg.norm(g)
   exact = float(np.sum(12 * np.array([1.0, -2.0, 0.5]) ** 2 * u**2))
-  err = [abs(float(lipschitz_estimate(loss, params, None, h=h)) - exact)
+  err = [abs(float(lipschitz_estimate(loss, params, None, h=h,
+                                      method="finite_difference")) - exact)
          for h in (0.1, 0.05)]
   assert err[0] > 1e-3
   np.testing.assert_allclose(err[0] / err[1], 4.0, rtol=0.1)
@@ -202,3 +203,25 @@ def test_bad_loss_fn_and_direction_raise():
 def test_docstring_examples_run():
   result = doctest.testmod(diagnostics_src, optionflags=doctest.ELLIPSIS)
   assert result.attempted > 0 and result.failed == 0
+
+
+def test_jvp_is_exact_where_the_finite_difference_is_not():
+  # f(x) = Σ exp(3x): gᵀ∇²f g / ‖g‖² = Σ 9 e^{3x} u², analytic. The central
+  # difference (the previous default) is off by ~1e-4 (float32 cancellation
+  # over 2h); forward-over-reverse is exact to float32 rounding.
+  def loss(p, batch):
+    del batch
+    return jnp.sum(jnp.exp(3.0 * p["x"]))
+
+  x = np.array([0.3, -0.7, 0.1, 0.5], np.float32)
+  params = {"x": jnp.asarray(x)}
+  x64 = x.astype(np.float64)
+  g = 3 * np.exp(3 * x64)
+  u = g / np.linalg.norm(g)
+  exact = float(np.sum(9 * np.exp(3 * x64) * u**2))
+  np.testing.assert_allclose(float(lipschitz_estimate(loss, params, None)),
+                             exact, rtol=2e-6)
+  fd = float(lipschitz_estimate(loss, params, None, method="finite_difference"))
+  assert abs(fd - exact) / exact > 2e-6
+  with pytest.raises(ValueError, match="method"):
+    lipschitz_estimate(loss, params, None, method="newton")

@@ -192,7 +192,8 @@ class Baseline:
       )
     weight_decay = options.pop("weight_decay", 0.0)
     weight_decay_mask = options.pop("weight_decay_mask", None)
-    base_keys = ("momentum", "b1", "b2", "eps", "decay", "initial_accumulator_value")
+    base_keys = ("momentum", "b1", "b2", "eps", "decay", "initial_accumulator_value",
+                 "initial_scale")
     direction = lars_lib.make_base(
         self.optimizer, **{k: options[k] for k in base_keys if k in options}
     )

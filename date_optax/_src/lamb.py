@@ -1,4 +1,4 @@
-"""LAMB (SPEC §4) in one fused pass per layer."""
+"""LAMB in one fused pass per layer."""
 
 from __future__ import annotations
 
@@ -24,12 +24,18 @@ class LambState(NamedTuple):
     mu: first moment, a pytree like the parameters.
     nu: second moment, a pytree like the parameters.
     ratios: the last step's per-layer trust ratios (float32).
+    bounds: ``(lower, upper)`` applied at the last step, float32 scalars;
+      ``(0, +inf)`` when unbounded.
+    learning_rate: the learning rate applied at the last step (float32; the
+      value at step 0 before the first update).
   """
 
   count: jax.Array
   mu: Any
   nu: Any
   ratios: Any
+  bounds: Any = None
+  learning_rate: Any = None
 
 
 def lamb(
@@ -48,6 +54,8 @@ def lamb(
     normalize_grads: bool = False,
     state_dtype: Any = None,
     layer_axes: Any = None,
+    weight_decay_mask: Any = None,
+    decoupled_weight_decay: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Layer-wise Adaptive Moments for Batch training, fused per layer.
 
@@ -61,8 +69,26 @@ def lamb(
       \quad (1 \text{ if a norm is } 0) \\
     w_t &= w_{t-1} - \eta_t\, r\, u
 
-  With default arguments the result equals :func:`optax.lamb`. Norms are
-  float32 whatever the parameter dtype.
+  With ``decoupled_weight_decay=True`` the decay leaves :math:`u` (and so the
+  ratio) and is applied beside it, :math:`w_t = w_{t-1} - \eta_t r\,u -
+  \eta_t \lambda w_{t-1}` (keras 3 ``Lamb(weight_decay=)``, timm
+  ``decoupled_decay``). Norms are :math:`\sum|x|^2` in float32 whatever the
+  parameter dtype (complex parameters supported, as ``optax.lamb``); updates
+  have dtype ``jnp.promote_types(param.dtype, grad.dtype)``, as optax.
+
+  Masks follow the package's one rule (README, "Masks"): the weight-decay
+  mask (``mask``, or its alias ``weight_decay_mask``) and
+  ``trust_ratio_mask``; if only one is given it is used for both (the ALBERT
+  reference: the ratio follows the weight-decay exclusions); if both are
+  given they are independent; if neither, every layer gets both. A layer
+  outside the trust mask takes the plain Adam step :math:`-\eta u` (ratio
+  1), with :math:`\lambda w` iff the weight-decay mask includes it.
+
+  Equality with :func:`optax.lamb` (same hyperparameters, bias correction on,
+  no bounds, no NVLAMB, coupled decay) holds without masks, and with a mask
+  ``m`` when called as ``lamb(mask=m, trust_ratio_mask=True)``:
+  ``optax.lamb(mask=m)`` masks only the decay and ratios every layer, while
+  ``lamb(mask=m)`` alone also leaves the masked layers out of the ratio.
 
   Args:
     learning_rate: :math:`\eta \ge 0`, float or schedule.
@@ -72,10 +98,9 @@ def lamb(
     eps_root: :math:`\epsilon_{root} \ge 0` inside the square root.
     weight_decay: :math:`\lambda \ge 0` (float or schedule).
     mask: layers that get weight decay (pytree, prefix or callable; ``None``
-      = all), as in :func:`optax.lamb`.
-    trust_ratio_mask: layers that get the trust ratio; ``None`` uses
-      ``mask`` (as the ALBERT reference does). Excluded layers take the
-      plain Adam step :math:`-\eta u`.
+      = not given), the name :func:`optax.lamb` uses.
+    trust_ratio_mask: layers that get the trust ratio; ``None`` = not given
+      (see the rule above).
     lower: optional lower bound on the ratio (float or schedule).
     upper: optional upper bound on the ratio (float or schedule).
     bias_correction: divide the moments by :math:`1-\beta^t` (the ALBERT
@@ -85,6 +110,10 @@ def lamb(
     state_dtype: dtype of both moments; ``None`` keeps the parameters' dtype.
     layer_axes: axes of a leaf that index separate layers (see
       :func:`date_optax.scale_by_trust_ratio`).
+    weight_decay_mask: alias of ``mask`` (give one of the two), the name the
+      other optimizers of this package use.
+    decoupled_weight_decay: apply :math:`\eta\lambda w` outside the ratio
+      instead of adding :math:`\lambda w` to :math:`u`.
 
   Returns:
     An :class:`optax.GradientTransformationExtraArgs` (``update`` requires
@@ -105,7 +134,9 @@ def lamb(
 
   References:
     You et al., `Large Batch Optimization for Deep Learning: Training BERT in
-    76 minutes <https://arxiv.org/abs/1904.00962>`_, ICLR 2020.
+    76 minutes <https://arxiv.org/abs/1904.00962>`_, ICLR 2020;
+    Loshchilov and Hutter, `Decoupled Weight Decay Regularization
+    <https://arxiv.org/abs/1711.05101>`_, ICLR 2019 (decoupled decay).
   """
   validation.check_nonnegative("learning_rate", learning_rate, allow_schedule=True)
   validation.check_unit_interval("b1", b1)
@@ -118,17 +149,26 @@ def lamb(
   validation.check_bounds(lower, upper)
   validation.check_bool("bias_correction", bias_correction)
   validation.check_bool("normalize_grads", normalize_grads)
+  validation.check_mask("weight_decay_mask", weight_decay_mask)
+  validation.check_bool("decoupled_weight_decay", decoupled_weight_decay)
+  if mask is not None and weight_decay_mask is not None:
+    raise ValueError(
+        "mask is an alias of weight_decay_mask: give one of them, not both."
+    )
+  wd_mask = weight_decay_mask if mask is None else mask
   use_wd = not tr.is_static_zero(weight_decay)
-  ratio_mask = mask if trust_ratio_mask is None else trust_ratio_mask
 
   def init_fn(params):
     axes = masks_lib.resolve_layer_axes(layer_axes, params)
     zeros = lambda p: jnp.zeros(p.shape, state_dtype or p.dtype)
+    zero = jnp.zeros([], jnp.int32)
     return LambState(
-        count=jnp.zeros([], jnp.int32),
+        count=zero,
         mu=jax.tree.map(zeros, params),
         nu=jax.tree.map(zeros, params),
         ratios=tr.init_ratios(params, axes),
+        bounds=tr.applied_bounds(tr.value_at(lower, zero), tr.value_at(upper, zero)),
+        learning_rate=jnp.asarray(tr.value_at(learning_rate, zero), jnp.float32),
     )
 
   def update_fn(updates, state, params=None, **extra_args):
@@ -144,6 +184,7 @@ def lamb(
     c1 = 1.0 - b1**t if bias_correction else 1.0
     c2 = 1.0 - b2**t if bias_correction else 1.0
 
+    tr.check_leaves(params)
     g_leaves, treedef = jax.tree.flatten(updates)
     if normalize_grads:
       # One global norm for the whole model; dividing only when it exceeds 1
@@ -154,28 +195,36 @@ def lamb(
     w_leaves = treedef.flatten_up_to(params)
     mu_leaves = treedef.flatten_up_to(state.mu)
     nu_leaves = treedef.flatten_up_to(state.nu)
-    trust_flags = masks_lib.resolve_mask(ratio_mask, params)
-    wd_flags = masks_lib.resolve_mask(mask, params)
+    trust_flags, wd_flags = masks_lib.resolve_masks(
+        trust_ratio_mask, wd_mask, params
+    )
     axes_list = masks_lib.resolve_layer_axes(layer_axes, params)
 
     outs, mus, nus, ratios = [], [], [], []
     for g, w, mu, nu, trust, decay, ax in zip(
         g_leaves, w_leaves, mu_leaves, nu_leaves, trust_flags, wd_flags, axes_list
     ):
-      g32 = g.astype(jnp.float32)
+      decay = decay and use_wd
+      cdt = tr.compute_dtype(g, w)
+      g32 = g.astype(cdt)
       if normalize_grads:
         g32 = g32 * gscale
-      m = b1 * mu.astype(jnp.float32) + (1.0 - b1) * g32
-      v = b2 * nu.astype(jnp.float32) + (1.0 - b2) * jnp.square(g32)
+      # |g|² (real) for complex gradients, as optax's second moment.
+      g_sq = jnp.square(g32) if not jnp.iscomplexobj(g32) else (
+          jnp.square(jnp.real(g32)) + jnp.square(jnp.imag(g32)))
+      m = b1 * mu.astype(cdt) + (1.0 - b1) * g32
+      v = b2 * jnp.real(nu).astype(jnp.float32) + (1.0 - b2) * g_sq
       u = (m / c1) / (jnp.sqrt(v / c2 + eps_root) + eps)
-      if decay and use_wd:
-        u = u + wd * w.astype(jnp.float32)
+      if decay and not decoupled_weight_decay:
+        u = u + wd * w.astype(cdt)
       if trust:
         red = tr.reduce_axes(w.ndim, ax)
+        u_sq = (jnp.square(u) if not jnp.iscomplexobj(u)
+                else jnp.square(jnp.real(u)) + jnp.square(jnp.imag(u)))
         r = tr.trust_ratio(
             jnp.sqrt(tr.sum_squares(w, red)),
             # A reduction (not a dot) lets XLA fuse the direction into it.
-            jnp.sqrt(jnp.sum(jnp.square(u), axis=red, keepdims=True)),
+            jnp.sqrt(jnp.sum(u_sq, axis=red, keepdims=True)),
             lower=lo,
             upper=hi,
         )
@@ -183,7 +232,9 @@ def lamb(
         ratios.append(tr.stored_ratio(r, w.shape, ax))
       else:
         ratios.append(tr.ones_ratio(w.shape, ax))
-      outs.append((-lr * u).astype(g.dtype))
+      if decay and decoupled_weight_decay:
+        u = u + wd * w.astype(cdt)
+      outs.append((-lr * u).astype(tr.update_dtype(w, g)))
       mus.append(m.astype(mu.dtype))
       nus.append(v.astype(nu.dtype))
 
@@ -192,6 +243,8 @@ def lamb(
         mu=jax.tree.unflatten(treedef, mus),
         nu=jax.tree.unflatten(treedef, nus),
         ratios=jax.tree.unflatten(treedef, ratios),
+        bounds=tr.applied_bounds(lo, hi),
+        learning_rate=jnp.asarray(lr, jnp.float32),
     )
     return jax.tree.unflatten(treedef, outs), new_state
 

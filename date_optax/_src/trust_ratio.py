@@ -1,4 +1,4 @@
-"""Per-layer trust-ratio scaling (SPEC §1), the primitive under LARS and LAMB."""
+"""Per-layer trust-ratio scaling, the primitive under LARS and LAMB."""
 
 from __future__ import annotations
 
@@ -29,11 +29,14 @@ class TrustRatioState(NamedTuple):
       structure of the parameters whose leaves are float32 arrays of shape
       ``()`` (one layer per leaf) or the shape of the leaf's layer axes.
     inner_state: the state of the wrapped transformation.
+    bounds: ``(lower, upper)``, the float32 bounds applied at the last step
+      (at step 0 before the first one); ``(0, +inf)`` when unbounded.
   """
 
   count: jax.Array
   ratios: Any
   inner_state: Any
+  bounds: Any = None
 
 
 # ---------------------------------------------------------------------------
@@ -56,16 +59,57 @@ def reduce_axes(ndim: int, layer_axes: tuple[int, ...] | None) -> tuple[int, ...
   return tuple(a for a in range(ndim) if a not in layer_axes)
 
 
-def sum_products(x: jax.Array, y: jax.Array, axes: tuple[int, ...]) -> jax.Array:
-  """Per-layer ⟨x, y⟩ accumulated in float32, keeping dims for broadcasting.
+def compute_dtype(*xs: Any) -> Any:
+  """float32 for real inputs up to float32, complex64 for complex ones.
 
-  Written as a (batched) dot product rather than `sum(x * y)`: XLA lowers a
-  dot to a multi-threaded kernel on CPU, where a reduction runs on one core,
-  and on every backend it accumulates in float32 without a float32 copy of
-  bf16 inputs.
+  The dtype the fused optimizers compute in: bf16/f16 are upcast, complex
+  values keep their imaginary part (a float32 cast would drop it).
   """
-  x = jnp.asarray(x)
-  y = jnp.asarray(y)
+  dt = jnp.result_type(*[jnp.asarray(x).dtype for x in xs])
+  return jnp.promote_types(dt, jnp.float32)
+
+
+def update_dtype(param: Any, grad: Any) -> Any:
+  """`jnp.promote_types(param, grad)`: the dtype of an update, as optax."""
+  return jnp.promote_types(jnp.asarray(param).dtype, jnp.asarray(grad).dtype)
+
+
+def check_leaves(params: Any) -> None:
+  """Raises TypeError naming the first leaf that is not floating or complex."""
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    dt = getattr(leaf, "dtype", None)
+    if dt is None:
+      dt = jnp.asarray(leaf).dtype
+    if not (jnp.issubdtype(dt, jnp.floating)
+            or jnp.issubdtype(dt, jnp.complexfloating)):
+      raise TypeError(
+          f"parameter {jax.tree_util.keystr(path)} has dtype {dt}; trust-ratio "
+          "transforms need floating-point or complex parameters."
+      )
+
+
+def _explicit_out_sharding(x: jax.Array, keep: tuple[int, ...]) -> Any:
+  """The output sharding of a contraction under an explicit-axes mesh.
+
+  Under ``AxisType.Explicit`` a ``dot_general`` whose contracting dimensions
+  are sharded needs its output sharding spelled out; the batch (layer) axes
+  keep theirs and the contracted ones are all-reduced. ``None`` elsewhere
+  (auto meshes, no mesh), where the compiler chooses.
+  """
+  try:
+    sharding = jax.typeof(x).sharding
+  except Exception:  # noqa: BLE001 - abstract values without sharding
+    return None
+  mesh = getattr(sharding, "mesh", None)
+  axis_types = getattr(mesh, "axis_types", ())
+  if not any(t == jax.sharding.AxisType.Explicit for t in axis_types):
+    return None
+  spec = tuple(sharding.spec) + (None,) * (x.ndim - len(sharding.spec))
+  return jax.sharding.PartitionSpec(*[spec[a] for a in keep])
+
+
+def _contract(x: jax.Array, y: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+  """Real per-layer ⟨x, y⟩ in float32, keeping dims for broadcasting."""
   keep = tuple(a for a in range(x.ndim) if a not in axes)
   out_shape = tuple(1 if a in axes else x.shape[a] for a in range(x.ndim))
   if x.size == 0:
@@ -75,17 +119,114 @@ def sum_products(x: jax.Array, y: jax.Array, axes: tuple[int, ...]) -> jax.Array
   # Contract the layer's axes in place (no reshape or transpose), so sharded
   # operands keep their sharding and the compiler only all-reduces partial sums.
   red = tuple(axes)
+  kwargs = {}
+  out_sharding = _explicit_out_sharding(x, keep)
+  if out_sharding is not None:
+    kwargs["out_sharding"] = out_sharding
   out = jax.lax.dot_general(
       x, y, ((red, red), (keep, keep)),
       precision=jax.lax.Precision.HIGHEST,
       preferred_element_type=jnp.float32,
+      **kwargs,
   )
-  return out.reshape(out_shape)
+  for a in sorted(axes):
+    out = jnp.expand_dims(out, a)
+  return out
+
+
+def sum_products(x: jax.Array, y: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+  """Per-layer real part of ⟨x, y⟩ (``Re Σ x·conj(y)``) accumulated in float32.
+
+  Written as a (batched) dot product rather than `sum(x * y)`: XLA lowers a
+  dot to a multi-threaded kernel on CPU, where a reduction runs on one core,
+  and on every backend it accumulates in float32 without a float32 copy of
+  bf16 inputs. Complex operands contribute ``re·re + im·im``.
+  """
+  x = jnp.asarray(x)
+  y = jnp.asarray(y)
+  xc = jnp.iscomplexobj(x)
+  yc = jnp.iscomplexobj(y)
+  if xc or yc:
+    xr, xi = (jnp.real(x), jnp.imag(x)) if xc else (x, None)
+    yr, yi = (jnp.real(y), jnp.imag(y)) if yc else (y, None)
+    out = _contract(xr, yr, axes)
+    if xi is not None and yi is not None:
+      out = out + _contract(xi, yi, axes)
+    return out
+  return _contract(x, y, axes)
 
 
 def sum_squares(x: jax.Array, axes: tuple[int, ...]) -> jax.Array:
-  """Per-layer sum of squares in float32, keeping dims for broadcasting."""
+  """Per-layer ``Σ |x|²`` in float32, keeping dims for broadcasting."""
   return sum_products(x, x, axes)
+
+
+def _split(a: jax.Array) -> tuple[jax.Array, jax.Array]:
+  # Veltkamp's split of a float32 into two halves of 12 significant bits.
+  c = 4097.0 * a
+  hi = c - (c - a)
+  return hi, a - hi
+
+
+def _add_scaled_exact(g: jax.Array, wd: Any, w: jax.Array) -> jax.Array:
+  """``g + λ·w`` in float32 with λ·w carried exactly (Dekker's two-product).
+
+  Near the steady state of L2-regularised training ``g ≈ -λw`` and the sum
+  cancels: rounding ``λ·w`` to float32 first would leave an error of
+  ``2⁻²⁴·‖λw‖``, as large as the result itself when
+  ``‖g+λw‖/‖g‖ ≈ 1e-7``. Splitting ``λ·w = p + e`` exactly makes ``g + p``
+  exact under cancellation (Sterbenz) and each element accurate to one or
+  two float32 roundings of the *result*.
+  """
+  lam = jnp.asarray(wd, jnp.float32)
+  p = lam * w
+  a_hi, a_lo = _split(lam)
+  b_hi, b_lo = _split(w)
+  e = ((a_hi * b_hi - p) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo
+  return (g + p) + e
+
+
+def add_decay(d: jax.Array, wd: Any, w: jax.Array) -> jax.Array:
+  """``d + λw`` in ``compute_dtype(d, w)``, with λ·w carried exactly."""
+  dt = compute_dtype(d, w)
+  d = d.astype(dt)
+  w = w.astype(dt)
+  if jnp.iscomplexobj(d):
+    re = _add_scaled_exact(jnp.real(d), wd, jnp.real(w))
+    im = _add_scaled_exact(jnp.imag(d), wd, jnp.imag(w))
+    return jax.lax.complex(re, im)
+  return _add_scaled_exact(d, wd, w)
+
+
+def norm_of_sum_sq(
+    d: jax.Array, w: jax.Array, wd: Any, axes: tuple[int, ...],
+    *, d_sq: jax.Array | None = None, w_sq: jax.Array | None = None,
+) -> jax.Array:
+  """Per-layer ``‖d + λw‖²`` accurate to float32 rounding under cancellation.
+
+  The fast path expands ``‖d‖² + 2λ⟨d, w⟩ + λ²‖w‖²`` from reductions of the
+  inputs (no pass over a derived tensor). Its rounding error is a few float32
+  ulps of ``‖d‖² + λ²‖w‖²``, so it is kept only where the result is at least
+  a quarter of that (error at most ~4 ulps of the result). Where the terms
+  cancel further (``d ≈ -λw``, the steady state of L2-regularised training)
+  the layer's norm is recomputed from ``d + λw`` formed with λ·w carried
+  exactly, under a ``lax.cond``, so the extra pass over the layer is paid
+  only on the steps that need it.
+  """
+  lam = jnp.asarray(wd, jnp.float32)
+  if d_sq is None:
+    d_sq = sum_squares(d, axes)
+  if w_sq is None:
+    w_sq = sum_squares(w, axes)
+  dw = sum_products(d, w, axes)
+  scale = d_sq + lam * lam * w_sq
+  fast = d_sq + 2.0 * lam * dw + lam * lam * w_sq
+  cancel = fast < 0.25 * scale
+
+  def exact(fast):
+    return jnp.where(cancel, sum_squares(add_decay(d, lam, w), axes), fast)
+
+  return jax.lax.cond(jnp.any(cancel), exact, lambda fast: fast, fast)
 
 
 def trust_ratio(
@@ -96,17 +237,69 @@ def trust_ratio(
     eps: Any = 0.0,
     lower: Any = None,
     upper: Any = None,
+    zero: jax.Array | None = None,
 ) -> jax.Array:
-  """`c·‖w‖/(‖d‖+eps)`, 1 where a norm is 0, then clipped to the bounds."""
-  zero = jnp.logical_or(param_norm == 0.0, denom_norm == 0.0)
+  """`c·‖w‖/(‖d‖+eps)`, 1 where a norm is 0, then clipped to the bounds.
+
+  ``zero`` overrides which layers count as having a zero norm (the default
+  tests ``param_norm`` and ``denom_norm``); sum-of-norms LARS tests ``‖w‖``
+  and ``‖g‖`` rather than the whole denominator.
+  """
+  if zero is None:
+    zero = jnp.logical_or(param_norm == 0.0, denom_norm == 0.0)
   # The guarded denominator keeps the unused branch finite (no NaN in grads).
   safe = jnp.where(zero, 1.0, denom_norm + eps)
+  safe = jnp.where(safe == 0.0, 1.0, safe)
   r = jnp.where(zero, 1.0, trust_coefficient * param_norm / safe)
   if lower is not None:
     r = jnp.maximum(r, lower)
   if upper is not None:
     r = jnp.minimum(r, upper)
   return r.astype(jnp.float32)
+
+
+def layer_ratio(
+    w: jax.Array,
+    d: jax.Array,
+    red: tuple[int, ...],
+    *,
+    weight_decay: Any = None,
+    denominator: str = "sum_of_norms",
+    trust_coefficient: Any = 1.0,
+    eps: Any = 0.0,
+    lower: Any = None,
+    upper: Any = None,
+) -> jax.Array:
+  """One layer's ratio ``c‖w‖/(den + eps)`` with the package's zero-norm rules.
+
+  ``den`` is ``‖d‖`` without weight decay, ``‖d‖ + λ‖w‖`` for
+  ``'sum_of_norms'`` (ratio 1 when ``‖w‖ = 0`` or ``‖d‖ = 0``, as the MLPerf
+  reference and timm) and ``‖d + λw‖`` for ``'norm_of_sum'`` (ratio 1 when
+  ``‖w‖`` or ``‖d + λw‖`` is 0, as optax), computed without cancellation.
+  """
+  w_sq = sum_squares(w, red)
+  w_norm = jnp.sqrt(w_sq)
+  if weight_decay is None:
+    d_norm = jnp.sqrt(sum_squares(d, red))
+    denom, zero = d_norm, None
+  elif denominator == "sum_of_norms":
+    d_norm = jnp.sqrt(sum_squares(d, red))
+    denom = d_norm + weight_decay * w_norm
+    zero = jnp.logical_or(w_norm == 0.0, d_norm == 0.0)
+  else:
+    denom = jnp.sqrt(norm_of_sum_sq(d, w, weight_decay, red, w_sq=w_sq))
+    zero = None
+  return trust_ratio(
+      w_norm, denom, trust_coefficient=trust_coefficient, eps=eps,
+      lower=lower, upper=upper, zero=zero,
+  )
+
+
+def applied_bounds(lower: Any, upper: Any) -> tuple[jax.Array, jax.Array]:
+  """The `(lower, upper)` a step applied as float32 scalars; (0, +inf) if unbounded."""
+  lo = jnp.asarray(0.0 if lower is None else lower, jnp.float32)
+  hi = jnp.asarray(jnp.inf if upper is None else upper, jnp.float32)
+  return lo, hi
 
 
 def stored_ratio(r: jax.Array, leaf_shape: tuple[int, ...], layer_axes) -> jax.Array:
@@ -149,6 +342,8 @@ def scale_by_trust_ratio(
     source: Literal["update", "gradient"] = "update",
     mask: MaskOrFn = None,
     layer_axes: LayerAxes = None,
+    trust_ratio_mask: MaskOrFn = None,
+    weight_decay_mask: MaskOrFn = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Scales each layer's update by a (bounded) trust ratio.
 
@@ -164,15 +359,26 @@ def scale_by_trust_ratio(
     \text{out} &= r\,(u + \lambda w)
 
   with :math:`\|d + \lambda w\|` in the denominator when
-  ``denominator='norm_of_sum'``. When :math:`\|w\| = 0` or the
-  denominator is 0 the ratio is 1 before bounds, so zero-initialised layers
-  and zero gradients never produce NaN. Norms are accumulated in float32
-  whatever the parameter dtype; the output keeps the update's dtype. Layers
-  that ``mask`` excludes pass ``u`` through unchanged (no ratio and no weight
-  decay, TF ``skip_list`` semantics) and record a ratio of 1.
+  ``denominator='norm_of_sum'`` (computed without cancellation error, even
+  when :math:`d \approx -\lambda w`). Zero norms: with ``'sum_of_norms'`` the
+  ratio is 1 when :math:`\|w\| = 0` or :math:`\|d\| = 0` (the MLPerf
+  reference and timm); with ``'norm_of_sum'`` when :math:`\|w\| = 0` or
+  :math:`\|d+\lambda w\| = 0` (optax), both before bounds, so
+  zero-initialised layers and zero gradients never produce NaN. Norms are
+  :math:`\sum |x|^2` accumulated in float32 whatever the parameter dtype
+  (complex leaves included); the output has dtype
+  ``jnp.promote_types(param.dtype, update.dtype)``, as optax.
 
-  The last step's ratios are kept in :class:`TrustRatioState` (read them with
-  :func:`date_optax.trust_ratios`).
+  Masks follow the package's one rule (see the README's masking table):
+  ``trust_ratio_mask`` (alias ``mask``) selects the layers that get the
+  ratio, ``weight_decay_mask`` those that get :math:`\lambda w`; if only one
+  is given it is used for both, if neither every layer gets both. A layer
+  outside the trust mask gets ratio 1 (``u``, plus :math:`\lambda w` iff the
+  weight-decay mask includes it) and records a ratio of 1.
+
+  The last step's ratios and the bounds it applied are kept in
+  :class:`TrustRatioState` (read them with :func:`date_optax.trust_ratios`
+  and :func:`date_optax.trust_ratio_bounds`).
 
   Args:
     trust_coefficient: :math:`c \ge 0`, multiplies the ratio.
@@ -184,20 +390,24 @@ def scale_by_trust_ratio(
     weight_decay: :math:`\lambda \ge 0` (float or schedule), added to the
       update as :math:`\lambda w` after the ratio is measured and included in
       its denominator.
-    denominator: ``'sum_of_norms'`` (:math:`\|d\| + \lambda\|w\|`, the
-      LARS paper, TF and MLPerf) or ``'norm_of_sum'`` (:math:`\|d+\lambda w\|`,
-      as ``optax.lars``).
+    denominator: ``'sum_of_norms'`` (:math:`\|d\| + \lambda\|w\|`, the LARS
+      paper, the MLPerf reference, tf.contrib, timm and apex LARC) or
+      ``'norm_of_sum'`` (:math:`\|d+\lambda w\|`, TF Model Garden and
+      ``optax.lars``).
     inner: optional transformation whose output is scaled (a base solver's
       preconditioned direction, without its learning rate).
     source: ``'update'`` measures the ratio on ``inner``'s output;
       ``'gradient'`` on the raw incoming update (DATE's bounded LARS).
-    mask: ``None`` (all layers), a bool pytree or prefix, or a callable
-      ``params -> bool pytree``; ``True`` = apply the ratio.
+    mask: the trust-ratio mask under its historical name (an alias of
+      ``trust_ratio_mask``; give one of the two).
     layer_axes: which axes of a leaf index separate layers, so a stacked leaf
       of shape ``(L, ...)`` from ``nn.scan`` gets ``L`` ratios: ``None`` (each
       leaf is one layer), an int or tuple of ints for every leaf, a prefix
       pytree of those, or a callable ``params -> such a pytree``. Pass it as a
       tuple (or in ``static_args``) under ``optax.inject_hyperparams``.
+    trust_ratio_mask: ``None`` (not given), a bool pytree or prefix, or a
+      callable ``params -> bool pytree``; ``True`` = apply the ratio.
+    weight_decay_mask: layers that get :math:`\lambda w`, same forms.
 
   Returns:
     An :class:`optax.GradientTransformationExtraArgs`; ``update`` requires
@@ -230,6 +440,13 @@ def scale_by_trust_ratio(
   )
   validation.check_choice("source", source, ("update", "gradient"))
   validation.check_mask("mask", mask)
+  validation.check_mask("trust_ratio_mask", trust_ratio_mask)
+  validation.check_mask("weight_decay_mask", weight_decay_mask)
+  if mask is not None and trust_ratio_mask is not None:
+    raise ValueError(
+        "mask is an alias of trust_ratio_mask: give one of them, not both."
+    )
+  trust_mask = trust_ratio_mask if mask is None else mask
   if inner is not None and not isinstance(inner, optax.GradientTransformation):
     raise TypeError(
         f"inner must be an optax.GradientTransformation or None, got {inner!r}."
@@ -238,10 +455,12 @@ def scale_by_trust_ratio(
 
   def init_fn(params):
     axes = masks_lib.resolve_layer_axes(layer_axes, params)
+    zero = jnp.zeros([], jnp.int32)
     return TrustRatioState(
-        count=jnp.zeros([], jnp.int32),
+        count=zero,
         ratios=init_ratios(params, axes),
         inner_state=optax.EmptyState() if inner_tx is None else inner_tx.init(params),
+        bounds=applied_bounds(value_at(lower, zero), value_at(upper, zero)),
     )
 
   def update_fn(updates, state, params=None, **extra_args):
@@ -258,44 +477,43 @@ def scale_by_trust_ratio(
     wd = value_at(weight_decay, state.count)
     use_wd = not is_static_zero(weight_decay)
 
+    check_leaves(params)
     u_leaves, treedef = jax.tree.flatten(inner_updates)
     g_leaves = treedef.flatten_up_to(updates)
     w_leaves = treedef.flatten_up_to(params)
-    flags = masks_lib.resolve_mask(mask, params)
+    trust_flags, wd_flags = masks_lib.resolve_masks(
+        trust_mask, weight_decay_mask, params
+    )
     axes_list = masks_lib.resolve_layer_axes(layer_axes, params)
 
     outs, ratios = [], []
-    for u, g, w, on, ax in zip(u_leaves, g_leaves, w_leaves, flags, axes_list):
-      if not on:
-        outs.append(u)
-        ratios.append(ones_ratio(w.shape, ax))
-        continue
-      red = reduce_axes(w.ndim, ax)
-      d = g if source == "gradient" else u
-      w_sq = sum_squares(w, red)
-      w_norm = jnp.sqrt(w_sq)
-      if not use_wd:
-        denom = jnp.sqrt(sum_squares(d, red))
-      elif denominator == "sum_of_norms":
-        denom = jnp.sqrt(sum_squares(d, red)) + wd * w_norm
-      else:
-        denom = jnp.sqrt(
-            sum_squares(d.astype(jnp.float32) + wd * w.astype(jnp.float32), red)
+    for u, g, w, trust, decay, ax in zip(
+        u_leaves, g_leaves, w_leaves, trust_flags, wd_flags, axes_list
+    ):
+      decay = decay and use_wd
+      out_dtype = update_dtype(w, u)
+      v = u.astype(compute_dtype(u, w))
+      if decay:
+        v = add_decay(v, wd, w)
+      if trust:
+        red = reduce_axes(w.ndim, ax)
+        d = g if source == "gradient" else u
+        r = layer_ratio(
+            w, d, red, weight_decay=wd if decay else None,
+            denominator=denominator, trust_coefficient=trust_coefficient,
+            eps=eps, lower=lo, upper=hi,
         )
-      r = trust_ratio(
-          w_norm, denom, trust_coefficient=trust_coefficient, eps=eps,
-          lower=lo, upper=hi,
-      )
-      v = u.astype(jnp.float32)
-      if use_wd:
-        v = v + wd * w.astype(jnp.float32)
-      outs.append((r * v).astype(u.dtype))
-      ratios.append(stored_ratio(r, w.shape, ax))
+        v = r * v
+        ratios.append(stored_ratio(r, w.shape, ax))
+      else:
+        ratios.append(ones_ratio(w.shape, ax))
+      outs.append(v.astype(out_dtype))
 
     new_state = TrustRatioState(
         count=optax.safe_int32_increment(state.count),
         ratios=jax.tree.unflatten(treedef, ratios),
         inner_state=inner_state,
+        bounds=applied_bounds(lo, hi),
     )
     return jax.tree.unflatten(treedef, outs), new_state
 
@@ -311,6 +529,31 @@ def register_ratio_state(cls: type) -> type:
   global RATIO_STATES
   RATIO_STATES = RATIO_STATES + (cls,)
   return cls
+
+
+def _find(opt_state: Any, pick) -> Any:
+  """The first value `pick(node)` returns (not None) over a state's nodes."""
+  found = []
+
+  def is_node(x):
+    return isinstance(x, RATIO_STATES) or isinstance(
+        x, optax.InjectStatefulHyperparamsState
+    )
+
+  def visit(x):
+    if not found and is_node(x):
+      v = pick(x)
+      if v is not None:
+        found.append(v)
+      elif not isinstance(x, RATIO_STATES):
+        # An inject_hyperparams state without the value: look inside.
+        inner = _find(x.inner_state, pick)
+        if inner is not None:
+          found.append(inner)
+    return x
+
+  jax.tree.map(visit, opt_state, is_leaf=is_node)
+  return found[0] if found else None
 
 
 def trust_ratios(opt_state: Any) -> Any | None:
@@ -342,12 +585,90 @@ def trust_ratios(opt_state: Any) -> Any | None:
     You et al., `Large Batch Optimization for Deep Learning: Training BERT in
     76 minutes <https://arxiv.org/abs/1904.00962>`_, 2020.
   """
-  found = []
+  return _find(
+      opt_state, lambda x: x.ratios if isinstance(x, RATIO_STATES) else None
+  )
 
-  def visit(x):
-    if isinstance(x, RATIO_STATES) and not found:
-      found.append(x.ratios)
-    return x
 
-  jax.tree.map(visit, opt_state, is_leaf=lambda x: isinstance(x, RATIO_STATES))
-  return found[0] if found else None
+def trust_ratio_bounds(opt_state: Any) -> tuple[jax.Array, jax.Array] | None:
+  """The `(lower, upper)` ratio bounds the last step applied, from the state.
+
+  Every date_optax state that keeps ratios also records the bounds it clipped
+  them to, evaluated at that step (schedules included). An unbounded
+  optimizer records ``lower = 0`` and ``upper = +inf``; before the first
+  step the state holds the bounds at step 0. Compositions are searched as by
+  :func:`trust_ratios`.
+
+  Args:
+    opt_state: an optimizer state.
+
+  Returns:
+    ``(lower, upper)``, two float32 scalars, or ``None`` when the optimizer
+    keeps no ratios.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import date_optax
+    >>> params = {'w': jnp.array([3.0, 4.0])}
+    >>> opt = date_optax.bounded_lars(0.1, lower=0.01, upper=10.0)
+    >>> _, state = opt.update({'w': jnp.ones(2)}, opt.init(params), params)
+    >>> [f"{float(b):g}" for b in date_optax.trust_ratio_bounds(state)]
+    ['0.01', '10']
+    >>> lars_state = date_optax.lars(0.1).init(params)
+    >>> [float(b) for b in date_optax.trust_ratio_bounds(lars_state)]
+    [0.0, inf]
+
+  References:
+    You et al., `Large-Batch Training for LSTM and Beyond
+    <https://arxiv.org/abs/1901.08256>`_, SC 2019 (bounded ratios, Algorithm 1).
+  """
+  return _find(
+      opt_state, lambda x: x.bounds if isinstance(x, RATIO_STATES) else None
+  )
+
+
+def learning_rate(opt_state: Any) -> jax.Array | None:
+  """The learning rate the optimizer applied at its last step, from its state.
+
+  Found in the state of the fused optimizers (:func:`date_optax.lars`,
+  :func:`date_optax.lamb`, :func:`date_optax.bounded_lars`, hence
+  :func:`date_optax.date`), which record it each step (the schedule's value
+  at that step; at step 0 before the first update), or as
+  ``hyperparams['learning_rate']`` of an :func:`optax.inject_hyperparams`
+  state. Compositions are searched as by :func:`trust_ratios`; the first
+  match wins.
+
+  Args:
+    opt_state: an optimizer state.
+
+  Returns:
+    A float32 scalar, or ``None`` when the state does not expose it.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import optax
+    >>> import date_optax
+    >>> params = {'w': jnp.array([3.0, 4.0])}
+    >>> opt = date_optax.lars(optax.linear_schedule(0.0, 1.0, 10))
+    >>> state = opt.init(params)
+    >>> for _ in range(3):
+    ...   _, state = opt.update({'w': jnp.ones(2)}, state, params)
+    >>> print(f"{date_optax.learning_rate(state):.2f}")  # applied at step 2
+    0.20
+    >>> sgd = optax.inject_hyperparams(optax.sgd)(learning_rate=0.5)
+    >>> float(date_optax.learning_rate(sgd.init(params)))
+    0.5
+
+  References:
+    You et al., `Large-Batch Training for LSTM and Beyond
+    <https://arxiv.org/abs/1901.08256>`_, SC 2019 (the learning rate DATE
+    follows, Algorithm 1).
+  """
+
+  def pick(x):
+    if isinstance(x, optax.InjectStatefulHyperparamsState):
+      lr = x.hyperparams.get("learning_rate") if isinstance(x.hyperparams, dict) else None
+      return None if lr is None else jnp.asarray(lr, jnp.float32)
+    return getattr(x, "learning_rate", None)
+
+  return _find(opt_state, pick)
