@@ -10,8 +10,10 @@ scale; the step counts and byte counts do not depend on them.
 
 Part 2 (--measure, 8 emulated CPU devices): psum, the ppermute ring and the
 ppermute torus summing the same buffer on a 2x4 mesh, as ratios to psum
-measured in the same run. Emulated devices share the host's cores and memory,
-so this shows the overhead of the explicit algorithms, not pod behaviour.
+measured in the same run, with the rounds of neighbour exchanges on the
+critical path of each compiled program and its number of
+collective-permutes. Emulated devices share the host's cores and memory, so
+this shows the overhead of the explicit algorithms, not pod behaviour.
 
 Usage:
   python benchmarks/allreduce_cost.py                 # the model table
@@ -103,7 +105,7 @@ def measure(mparams: float, reps: int) -> None:
   from tqdm import tqdm
 
   import date_optax.parallel as dp
-  from date_optax._src.parallel import compat
+  from date_optax._src.parallel import compat, hlo
 
   mesh = dp.torus_mesh(2, 4)
   n = int(mparams * 1e6)
@@ -111,11 +113,13 @@ def measure(mparams: float, reps: int) -> None:
   print(f"\nCPU, 8 emulated devices on a 2x4 mesh, {n * 4 / 1e6:.1f} MB per device, "
         f"median of {reps}; jax {jax.__version__}, {platform.processor() or 'cpu'}, "
         f"{os.cpu_count()} cores\n")
-  times = {}
+  times, rounds = {}, {}
   for alg in tqdm(("psum", "ring", "torus"), desc="algorithms"):
     fn = jax.jit(compat.shard_map(
         lambda t, alg=alg: dp.all_reduce(t[0], ("x", "y"), algorithm=alg)[None],
         mesh=mesh, in_specs=P(("x", "y")), out_specs=P(("x", "y"))))
+    permutes = hlo.collective_permute_rounds(fn.lower(x).compile().as_text())
+    rounds[alg] = (max((r for r, _ in permutes), default=0), len(permutes))
     fn(x).block_until_ready()
     samples = []
     for _ in range(reps):
@@ -123,10 +127,11 @@ def measure(mparams: float, reps: int) -> None:
       fn(x).block_until_ready()
       samples.append(time.perf_counter() - t0)
     times[alg] = statistics.median(samples)
-  print("| algorithm | ms | x psum |")
-  print("|---|---:|---:|")
+  print("| algorithm | ms | x psum | ppermute rounds | collective-permutes |")
+  print("|---|---:|---:|---:|---:|")
   for alg, t in times.items():
-    print(f"| {alg} | {t * 1e3:.1f} | {t / times['psum']:.2f} |")
+    print(f"| {alg} | {t * 1e3:.1f} | {t / times['psum']:.2f} "
+          f"| {rounds[alg][0]} | {rounds[alg][1]} |")
 
 
 def main(argv=None) -> None:

@@ -5,10 +5,15 @@ times one jitted optimizer step (``update`` + ``apply_updates``, state and
 params donated) as the median of repeated steps after compilation, and reports
 ratios to references measured in the same run:
 
-- optax.lars / optax.lamb / momentum SGD / adamw (the same math in optax);
+- the base optimizers' cost (issue 11's goals): ``date_optax.lars`` against
+  ``optax.sgd(momentum)`` (goal <= 1.3x) and ``date_optax.lamb`` against
+  ``optax.adamw`` (goal <= 1.5x); and optax.lars / optax.lamb (the same math
+  in optax);
 - a roofline: the bytes the step must move (read and write of params,
   gradients and optimizer state) divided by the bandwidth of a plain
-  elementwise pass measured on this machine in this run.
+  elementwise pass measured on this machine in this run;
+- the step's compile time (``jit(...).lower(...).compile()``) against the
+  compile time of the optax optimizer with the same math.
 
 Usage:
   python benchmarks/optimizer_step.py            # all trees, 15 steps each
@@ -113,34 +118,38 @@ def optimizers(tree_name: str):
   axes = ({k: (0,) if k.startswith("layers/") else None
            for k in stacked_shapes()} if tree_name == "stacked" else None)
   return {
-      # name: (optimizer, reference name, state arrays per parameter)
-      "optax.sgd(momentum)": (optax.sgd(0.1, momentum=0.9), None, 1),
-      "optax.adamw": (optax.adamw(1e-3, weight_decay=1e-4), None, 2),
-      "optax.lars": (optax.lars(0.1, weight_decay=1e-4), None, 1),
-      "optax.lamb": (optax.lamb(1e-3, weight_decay=1e-4), None, 2),
+      # name: (optimizer, base reference, state arrays per parameter,
+      #        optax optimizer with the same math)
+      "optax.sgd(momentum)": (optax.sgd(0.1, momentum=0.9), None, 1, None),
+      "optax.adamw": (optax.adamw(1e-3, weight_decay=1e-4), None, 2, None),
+      "optax.lars": (optax.lars(0.1, weight_decay=1e-4), None, 1, None),
+      "optax.lamb": (optax.lamb(1e-3, weight_decay=1e-4), None, 2, None),
       "date_optax.lars": (date_optax.lars(0.1, weight_decay=1e-4,
                                           denominator="norm_of_sum",
                                           layer_axes=axes),
-                          "optax.lars", 1),
+                          "optax.sgd(momentum)", 1, "optax.lars"),
       "date_optax.lamb": (date_optax.lamb(1e-3, weight_decay=1e-4,
                                           trust_ratio_mask=True, layer_axes=axes),
-                          "optax.lamb", 2),
+                          "optax.adamw", 2, "optax.lamb"),
       "date_optax.bounded_lars": (date_optax.bounded_lars(0.1, trust_ratio_mask=mask,
                                                           layer_axes=axes),
-                                  "optax.sgd(momentum)", 1),
+                                  "optax.sgd(momentum)", 1, "optax.sgd(momentum)"),
   }
 
 
-def time_step(opt, params, grads, steps: int) -> tuple[float, dict]:
+def time_step(opt, params, grads, steps: int) -> tuple[float, dict, float]:
+  """Median step time, the parameters after the steps, and the compile time."""
   state = opt.init(params)
 
   def step(params, state, grads):
     upd, state = opt.update(grads, state, params)
     return optax.apply_updates(params, upd), state
 
-  f = jax.jit(step, donate_argnums=(0, 1))
+  t0 = time.perf_counter()
+  f = jax.jit(step, donate_argnums=(0, 1)).lower(params, state, grads).compile()
+  compile_s = time.perf_counter() - t0
   params = jax.tree.map(jnp.copy, params)
-  params, state = f(params, state, grads)  # compile + warm up
+  params, state = f(params, state, grads)  # warm up
   jax.block_until_ready(params)
   times = []
   for _ in range(steps):
@@ -148,7 +157,7 @@ def time_step(opt, params, grads, steps: int) -> tuple[float, dict]:
     params, state = f(params, state, grads)
     jax.block_until_ready((params, state))
     times.append(time.perf_counter() - t0)
-  return statistics.median(times), params
+  return statistics.median(times), params, compile_s
 
 
 def bandwidth(nbytes_target: int, steps: int) -> float:
@@ -193,18 +202,27 @@ def main(argv=None):
           f"elementwise bandwidth {bw / 1e9:.1f} GB/s")
     rows = {}
     outs = {}
-    for name, (opt, ref, nstate) in optimizers(tree_name).items():
-      t, outs[name] = time_step(opt, params, grads, args.steps)
+    for name, (opt, ref, nstate, same) in optimizers(tree_name).items():
+      t, outs[name], compile_s = time_step(opt, params, grads, args.steps)
       # Roofline bytes: read params, grads and state; write params and state.
       nbytes = (2 + 1 + 2 * nstate) * n * 4
-      rows[name] = dict(ms=1e3 * t, roofline_ms=1e3 * nbytes / bw, ref=ref)
-    print(f"{'optimizer':26s} {'ms':>8s} {'x roofline':>11s} {'x reference':>12s}")
+      rows[name] = dict(ms=1e3 * t, roofline_ms=1e3 * nbytes / bw, ref=ref,
+                        same_math=same, compile_s=compile_s)
+    print(f"{'optimizer':26s} {'ms':>8s} {'x roofline':>11s} {'compile s':>10s} "
+          f"{'x base optimizer':>30s} {'x optax same math':>24s} "
+          f"{'compile x optax':>16s}")
     for name, r in rows.items():
-      ref = r["ref"]
+      ref, same = r["ref"], r["same_math"]
       r["x_roofline"] = r["ms"] / r["roofline_ms"]
       r["x_reference"] = r["ms"] / rows[ref]["ms"] if ref else None
+      r["x_same_math"] = r["ms"] / rows[same]["ms"] if same else None
+      r["compile_x_same_math"] = (r["compile_s"] / rows[same]["compile_s"]
+                                  if same else None)
       xr = f"{r['x_reference']:.2f} vs {ref}" if ref else ""
-      print(f"{name:26s} {r['ms']:8.1f} {r['x_roofline']:11.2f} {xr:>12s}")
+      xs = f"{r['x_same_math']:.2f} vs {same}" if same else ""
+      xc = f"{r['compile_x_same_math']:.2f}" if same else ""
+      print(f"{name:26s} {r['ms']:8.1f} {r['x_roofline']:11.2f} "
+            f"{r['compile_s']:10.2f} {xr:>30s} {xs:>24s} {xc:>16s}")
     if args.check:
       for ours, theirs in [("date_optax.lars", "optax.lars"),
                            ("date_optax.lamb", "optax.lamb")]:

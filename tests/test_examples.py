@@ -23,10 +23,11 @@ if ROOT not in sys.path:
 from examples.mnist1d_lstm import train as mnist1d_train  # noqa: E402
 from examples.mnist1d_lstm.configs import baseline as mnist1d_baseline  # noqa: E402
 from examples.mnist1d_lstm.configs import default as mnist1d_default  # noqa: E402
+from examples.mnist1d_lstm.configs import smoke as mnist1d_smoke  # noqa: E402
 from examples.resnet50_imagenet import train as resnet_train  # noqa: E402
 from examples.resnet50_imagenet.configs import default as resnet_default  # noqa: E402
 from examples.resnet50_imagenet.configs import (  # noqa: E402
-  fake_data_cpu,  # noqa: E402
+  smoke as resnet_smoke,
   v2_32,
   v3_32,
   v4_32,
@@ -73,11 +74,7 @@ def test_mnist1d_recipes_follow_spec():
 
 
 def test_mnist1d_lstm_smoke(tmp_path):
-  config = mnist1d_default.get_config()
-  config.num_train, config.num_test = 512, 256
-  config.base_batch_size, config.batch_size = 16, 64
-  config.num_epochs, config.warmup_epochs = 2, 0.25
-  config.num_devices, config.log_every_steps = 4, 1
+  config = mnist1d_smoke.get_config()
   result = mnist1d_train.train_and_evaluate(config, str(tmp_path))
   assert result["iterations"] == 2 * 512 // 64 == 16
   assert result["devices"] == 4
@@ -102,7 +99,7 @@ def test_mnist1d_lstm_smoke(tmp_path):
 def test_mnist_lstm_data_and_smoke(tmp_path):
   from examples.mnist_lstm import input_pipeline
   from examples.mnist_lstm import train as mnist_train
-  from examples.mnist_lstm.configs import default as mnist_default
+  from examples.mnist_lstm.configs import smoke as mnist_smoke
 
   data = input_pipeline.get_datasets(num_train=4096, seed=0)
   assert data["x_train"].shape == (4096, 28, 28)
@@ -114,10 +111,7 @@ def test_mnist_lstm_data_and_smoke(tmp_path):
   with pytest.raises(ValueError, match="num_train"):
     input_pipeline.get_datasets(num_train=5000)
 
-  config = mnist_default.get_config()
-  config.num_train, config.num_epochs, config.warmup_epochs = 512, 2, 0.05
-  config.base_batch_size, config.batch_size, config.num_devices = 16, 128, 2
-  config.log_every_steps = 1
+  config = mnist_smoke.get_config()
   result = mnist_train.train_and_evaluate(config, str(tmp_path))
   assert result["iterations"] == 8
   assert result["warmup_steps"] == round(0.05 * 512 / 16) == 2
@@ -181,7 +175,7 @@ def test_resnet50_shapes_bf16():
 
 
 def test_resnet_fake_data_smoke(tmp_path):
-  config = fake_data_cpu.get_config()
+  config = resnet_smoke.get_config()
   assert jax.device_count() == 8  # tests/conftest.py
   result = resnet_train.train_and_evaluate(config, str(tmp_path))
   assert result["steps"] == 4
@@ -198,7 +192,7 @@ def test_resnet_fake_data_smoke(tmp_path):
 
 @pytest.mark.slow
 def test_resnet_resumes_from_checkpoint(tmp_path):
-  config = fake_data_cpu.get_config()
+  config = resnet_smoke.get_config()
   resnet_train.train_and_evaluate(config, str(tmp_path))
   config.num_train_steps = 6
   result = resnet_train.train_and_evaluate(config, str(tmp_path))

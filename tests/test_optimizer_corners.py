@@ -87,7 +87,7 @@ def cancelling(rel, n=4096, lam=1e-4, seed=0):
   return w, g, den
 
 
-@pytest.mark.parametrize("rel", [1e-2, 1e-4, 1e-5, 1e-6])
+@pytest.mark.parametrize("rel", [0.9, 1e-2, 1e-4, 1e-5, 1e-6])
 def test_norm_of_sum_is_exact_under_cancellation(rel):
   lam = 1e-4
   w, g, den = cancelling(rel, lam=lam)
@@ -106,6 +106,22 @@ def test_norm_of_sum_is_exact_under_cancellation(rel):
   v = g.astype(np.float64) + np.float64(np.float32(lam)) * w.astype(np.float64)
   np.testing.assert_allclose(np.asarray(u2["w"]), want * v, rtol=1e-4,
                              atol=1e-6 * np.abs(want * v).max())
+
+
+def test_norm_of_sum_exact_per_layer_of_a_stacked_leaf():
+  # Layer 0 cancels (exact path), layer 1 does not (expanded path).
+  lam = 1e-4
+  w0, g0, den0 = cancelling(1e-5, n=512, lam=lam, seed=1)
+  w1, g1, den1 = cancelling(0.9, n=512, lam=lam, seed=2)
+  params = {"w": jnp.asarray(np.stack([w0, w1]))}
+  grads = {"w": jnp.asarray(np.stack([g0, g1]))}
+  opt = date_optax.lars(0.1, weight_decay=lam, trust_coefficient=1.0,
+                        denominator="norm_of_sum", layer_axes=0)
+  _, state = jax.jit(opt.update)(grads, opt.init(params), params)
+  want = [np.linalg.norm(w0.astype(np.float64)) / den0,
+          np.linalg.norm(w1.astype(np.float64)) / den1]
+  np.testing.assert_allclose(np.asarray(date_optax.trust_ratios(state)["w"]),
+                             want, rtol=1e-5)
 
 
 # --------------------------------------------------------------------------

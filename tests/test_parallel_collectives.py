@@ -14,7 +14,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import date_optax.parallel as dp
-from date_optax._src.parallel import collectives, compat
+from date_optax._src.parallel import collectives, compat, hlo
 
 # Leaf shapes that no number of devices here divides, every dtype family,
 # a scalar and an empty leaf.
@@ -184,6 +184,93 @@ def test_check_vma_true_is_supported():
                         in_specs=P(("x", "y")), out_specs=P(("x", "y")), check=True)
   out = np.asarray(jax.jit(fn)(x))
   np.testing.assert_array_equal(out, np.tile(x.sum(0), (8, 1)))
+
+
+# --------------------------------------------------------------------------
+# Rounds of the compiled program.
+# --------------------------------------------------------------------------
+
+
+def test_collective_permute_rounds_reads_dependences():
+  text = """HloModule m, is_scheduled=true
+
+ENTRY %main (p: f32[4]) -> f32[4] {
+  %p = f32[4]{0} parameter(0)
+  %a = f32[4]{0} collective-permute(%p), channel_id=1, source_target_pairs={{0,1},{1,0}}
+  %b = f32[4]{0} collective-permute(%p), channel_id=2, source_target_pairs={{0,2},{2,0}}
+  %c = f32[4]{0} add(%a, %p)
+  %d = f32[4]{0} collective-permute(%c), channel_id=3, source_target_pairs={{0,1},{1,0}}
+  ROOT %e = f32[4]{0} add(%d, %b)
+}
+"""
+  rounds = hlo.collective_permute_rounds(text)
+  assert [r for r, _ in rounds] == [1, 1, 2]
+  assert rounds[1][1] == frozenset({(0, 2), (2, 0)})
+
+
+def _pairs(perm) -> frozenset:
+  return frozenset((int(a), int(b)) for a, b in perm)
+
+
+def _torus_ring_pairs(x: int, y: int) -> dict[str, frozenset]:
+  """Device-id permutations of the x-rings and the y-rings of a torus_mesh."""
+  ids = np.arange(x * y).reshape(x, y)
+  return {
+      "x": _pairs((ids[i, j], ids[(i + 1) % x, j]) for i in range(x) for j in range(y)),
+      "y": _pairs((ids[i, j], ids[i, (j + 1) % y]) for i in range(x) for j in range(y)),
+  }
+
+
+def _expected_torus_rounds(x: int, y: int) -> list[set[str]]:
+  """Rings used in each round, from the algorithm of Ying et al. (2018).
+
+  Reduce-scatter: half A walks x - 1 steps on x-rings then y - 1 on y-rings,
+  half B the other way round, both starting in round 1; the all-gather
+  reverses each half's phases. A round uses one ring per distinct axis.
+  """
+  half = x + y - 2
+  scatter = [{"x" if k < x - 1 else "y", "y" if k < y - 1 else "x"} for k in range(half)]
+  gather = [{"y" if k < y - 1 else "x", "x" if k < x - 1 else "y"} for k in range(half)]
+  return scatter + gather
+
+
+@pytest.mark.parametrize("shape", [(2, 4), (4, 2), (1, 8), (8, 1)],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+def test_torus_halves_share_rounds_in_the_compiled_program(shape):
+  """2(X-1) + 2(Y-1) rounds, each carrying both halves, in the compiled HLO."""
+  x, y = shape
+  mesh = dp.torus_mesh(x, y)
+  fn = jax.jit(compat.shard_map(lambda t: dp.torus_all_reduce(t, ("x", "y")),
+                                mesh=mesh, in_specs=P(("x", "y")),
+                                out_specs=P(("x", "y"))))
+  buf = np.random.default_rng(0).integers(-9, 9, 8 * 37).astype(np.float32)
+  compiled = fn.lower(buf).compile()
+  rounds = hlo.collective_permute_rounds(compiled.as_text())
+  expected = _expected_torus_rounds(x, y)
+  assert len(expected) == 2 * (x - 1) + 2 * (y - 1)
+  assert max(r for r, _ in rounds) == len(expected)
+  # One collective-permute per ring and round: the halves travel together,
+  # in one ppermute when they are on the same ring, in two otherwise.
+  rings = {v: k for k, v in _torus_ring_pairs(x, y).items()}
+  got = [set() for _ in expected]
+  for r, pairs in rounds:
+    assert rings[pairs] not in got[r - 1], (r, pairs)
+    got[r - 1].add(rings[pairs])
+  assert got == expected
+  # The schedule XLA executes issues the rounds in order.
+  assert [r for r, _ in rounds] == sorted(r for r, _ in rounds)
+  np.testing.assert_array_equal(
+      np.asarray(compiled(buf)).reshape(8, -1), np.tile(buf.reshape(8, -1).sum(0), (8, 1))
+  )
+
+
+def test_ring_has_2_p_minus_1_rounds():
+  mesh = dp.data_mesh()
+  fn = jax.jit(compat.shard_map(lambda t: dp.ring_all_reduce(t, "data"), mesh=mesh,
+                                in_specs=P("data"), out_specs=P("data")))
+  rounds = hlo.collective_permute_rounds(fn.lower(np.ones(8 * 5, np.float32)).compile()
+                                      .as_text())
+  assert [r for r, _ in rounds] == list(range(1, 2 * 7 + 1))
 
 
 # --------------------------------------------------------------------------

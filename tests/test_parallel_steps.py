@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 import date_optax
 import date_optax.parallel as dp
-from date_optax._src.parallel import compat, train_step
+from date_optax._src.parallel import compat, local_grads
 from date_optax._src.parallel import update_sharding as us
 
 B = 32  # global batch: 4 examples on each of 8 devices
@@ -208,7 +208,7 @@ def test_checked_shard_map_already_sums_replicated_gradients():
     return jax.grad(_scalar_loss)(w, xb)
 
   def local(w, xb):
-    _, _, g = train_step._local_loss_and_grads(
+    _, _, g, _ = local_grads.loss_and_grads(
         _scalar_loss, False, None, compat.to_varying(w, "data"), xb)
     return g[None]
 

@@ -22,17 +22,13 @@ from date_optax._src.parallel.input_pipeline import (
     prefetch_to_device,
 )
 from date_optax._src.parallel.mesh import data_mesh, torus_mesh
+from date_optax._src.parallel.pmap_step import PmapTrainStep, make_pmap_train_step
 from date_optax._src.parallel.train_state import (
     NonFiniteError,
     TrainState,
     check_metrics,
 )
-from date_optax._src.parallel.train_step import (
-    PmapTrainStep,
-    TrainStep,
-    make_pmap_train_step,
-    make_train_step,
-)
+from date_optax._src.parallel.train_step import TrainStep, make_train_step
 from date_optax._src.parallel.update_sharding import bytes_per_device
 
 __all__ = [

@@ -9,12 +9,15 @@ does not divide it, reduced, and cast back to each leaf's dtype.
 
 The ring and torus algorithms are written with `lax.ppermute` only, so they
 show (and let one test) the communication pattern of Ying et al. (2018); on
-real hardware `lax.psum` lets XLA pick an equivalent schedule.
+real hardware `lax.psum` lets XLA pick an equivalent schedule. Their rounds are
+unrolled: the compiled program holds one collective-permute per ring and
+round, so its length grows with the ring lengths (`2(P-1)` rounds for a ring
+over P devices, `2(X-1) + 2(Y-1)` for an X×Y torus).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Generator, Hashable
 from typing import Any, NamedTuple
 
 import jax
@@ -75,9 +78,14 @@ def _pad_to(buf: jax.Array, multiple: int) -> jax.Array:
 
 
 # ---------------------------------------------------------------------------
-# Ring phases. `blocks` has one row per device on the ring; the device at ring
-# position i ends up owning row i (for a ring over mesh axes, the order that
-# `PartitionSpec(axes)` uses for the same axes).
+# Rounds of neighbour exchanges. A ring phase is written as a generator that
+# yields `(payload, ring)` for each exchange and receives what arrived from the
+# left neighbour. `_run_in_rounds` drives several such programs side by side:
+# round k issues the k-th exchange of every program still running, so programs
+# that do not depend on each other (the two halves of the torus) share rounds
+# instead of running one after the other. The rounds are unrolled in Python, so
+# the compiled program holds one collective-permute per exchange and its
+# dependency chain of collective-permutes is the number of rounds.
 # ---------------------------------------------------------------------------
 
 
@@ -85,14 +93,15 @@ class _Ring(NamedTuple):
   axes: tuple[Hashable, ...]  # the named axes that ppermute runs over
   size: int  # devices on one ring
   position: jax.Array  # this device's position on its ring
-  perm: list[tuple[int, int]]  # linear index over `axes` -> right neighbour
+  perm: tuple[tuple[int, int], ...]  # linear index over `axes` -> right neighbour
 
 
 def _ring_over(axes: Any) -> _Ring:
   """One ring over all devices of `axes` (row-major linear order)."""
   axes = compat.as_tuple(axes)
   n = compat.axis_size(axes)
-  return _Ring(axes, n, lax.axis_index(axes), [(j, (j + 1) % n) for j in range(n)])
+  perm = tuple((j, (j + 1) % n) for j in range(n))
+  return _Ring(axes, n, lax.axis_index(axes), perm)
 
 
 def _sub_ring(axes: Any, grid: tuple[int, ...], dim: int) -> _Ring:
@@ -116,50 +125,99 @@ def _sub_ring(axes: Any, grid: tuple[int, ...], dim: int) -> _Ring:
     perm.append((j, int(np.ravel_multi_index(coords, grid))))
   stride = int(np.prod(grid[dim + 1 :]))
   position = (lax.axis_index(axes) // stride) % grid[dim]
-  return _Ring(axes, grid[dim], position, perm)
+  return _Ring(axes, grid[dim], position, tuple(perm))
 
 
-def _ring_reduce_scatter(blocks: jax.Array, ring: _Ring) -> jax.Array:
-  """(n, c) per device -> (c,): the sum over the ring of row `position`."""
+def _run_in_rounds(*programs: Generator) -> list[jax.Array]:
+  """Runs exchange programs side by side, one exchange of each per round.
+
+  Exchanges of one round that travel over the same ring (same axes and
+  permutation) are concatenated into a single `ppermute`; exchanges over
+  different rings are separate `ppermute`s with no data dependence between
+  them, which XLA is free to run at the same time.
+  """
+  results: list[Any] = [None] * len(programs)
+  pending: dict[int, tuple[jax.Array, _Ring]] = {}
+
+  def advance(i: int, arrived: jax.Array | None) -> None:
+    try:
+      pending[i] = programs[i].send(arrived)
+    except StopIteration as stop:
+      results[i] = stop.value
+
+  for i in range(len(programs)):
+    advance(i, None)
+  while pending:
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, (_, ring) in pending.items():
+      groups.setdefault((ring.axes, ring.perm), []).append(i)
+    arrived: dict[int, jax.Array] = {}
+    for (axes, perm), idxs in groups.items():
+      sends = [pending[i][0] for i in idxs]
+      if len(sends) == 1:
+        arrived[idxs[0]] = lax.ppermute(sends[0], axes, perm)
+        continue
+      got = lax.ppermute(jnp.concatenate([s.reshape(-1) for s in sends]), axes, perm)
+      offset = 0
+      for i, s in zip(idxs, sends, strict=True):
+        arrived[i] = got[offset : offset + s.size].reshape(s.shape)
+        offset += s.size
+    pending.clear()
+    for i in sorted(arrived):
+      advance(i, arrived[i])
+  return results
+
+
+def _rotate(rows: jax.Array, start: jax.Array) -> jax.Array:
+  """`rows[(start + j) % n]` for j < n: a copy and a slice, not a gather."""
+  n = rows.shape[0]
+  return lax.dynamic_slice_in_dim(jnp.concatenate([rows, rows]), start % n, n, 0)
+
+
+def _ring_reduce_scatter(blocks: jax.Array, ring: _Ring) -> Generator:
+  """(n, c) per device -> (c,): the sum over the ring of row `position`.
+
+  `blocks` has one row per device on the ring; the device at ring position i
+  ends up owning row i (for a ring over mesh axes, the order that
+  `PartitionSpec(axes)` uses for the same axes).
+  """
   n, idx = ring.size, ring.position
   if n == 1:
     return blocks[0]
-
-  def body(s, buf):
-    # Step s: pass the partial sum of row (i - s - 1) to the right neighbour and
-    # add the one arriving from the left, row (i - s - 2). After n - 1 steps
-    # row i has visited every device and lands, complete, on position i.
-    send = lax.dynamic_index_in_dim(buf, (idx - s - 1) % n, 0, keepdims=False)
-    got = lax.ppermute(send, ring.axes, ring.perm)
-    r = (idx - s - 2) % n
-    cur = lax.dynamic_index_in_dim(buf, r, 0, keepdims=False)
-    return lax.dynamic_update_slice_in_dim(buf, (cur + got)[None], r, axis=0)
-
-  buf = lax.fori_loop(0, n - 1, body, blocks)
-  return lax.dynamic_index_in_dim(buf, idx, 0, keepdims=False)
+  # Step s passes the partial sum of row (i - s - 1) to the right neighbour and
+  # adds the one arriving from the left, which is row (i - s - 2); after n - 1
+  # steps row i has visited every device and lands, complete, on position i.
+  # Rotating the rows once so that row (i - 1 - s) comes s-th makes every
+  # step a static slice (no copy of the whole buffer per step).
+  rows = _rotate(blocks[::-1], n - idx)  # rows[j] = blocks[(i - 1 - j) % n]
+  acc = rows[0]
+  for s in range(n - 1):
+    got = yield acc, ring
+    acc = rows[s + 1] + got
+  return acc
 
 
-def _ring_all_gather(chunk: jax.Array, ring: _Ring) -> jax.Array:
+def _ring_all_gather(chunk: jax.Array, ring: _Ring) -> Generator:
   """(c,) per device -> (n, c) with row j holding position j's chunk."""
   n, idx = ring.size, ring.position
   if n == 1:
     return chunk[None]
-  buf = jnp.zeros((n,) + chunk.shape, chunk.dtype)
-  buf = lax.dynamic_update_slice_in_dim(buf, chunk[None], idx, axis=0)
-
-  def body(s, buf):
-    send = lax.dynamic_index_in_dim(buf, (idx - s) % n, 0, keepdims=False)
-    got = lax.ppermute(send, ring.axes, ring.perm)
-    return lax.dynamic_update_slice_in_dim(buf, got[None], (idx - s - 1) % n, axis=0)
-
-  return lax.fori_loop(0, n - 1, body, buf)
+  # Step s forwards what arrived in step s - 1: the chunk of position i - s.
+  pieces = [chunk]
+  for _ in range(n - 1):
+    got = yield pieces[-1], ring
+    pieces.append(got)
+  # Row r is the piece that came (i - r) % n hops.
+  return _rotate(jnp.stack(pieces[::-1]), n - 1 - idx)
 
 
 # ---------------------------------------------------------------------------
 # 2-D torus phases (Ying et al. 2018). Rows of `blocks` are in the row-major
 # order of the (x, y) grid; each row is split into halves A and B. Half A is
-# reduce-scattered along x then y, half B along y then x, so in each phase the
-# two halves use disjoint links; the gather runs the phases in reverse.
+# reduce-scattered along x then y, half B along y then x, and the two halves
+# advance in the same rounds: in round k half A makes its k-th exchange and
+# half B its k-th, so while A is on the x-rings B is on the y-rings and the two
+# use disjoint links. The gather runs the phases in reverse, again together.
 # ---------------------------------------------------------------------------
 
 
@@ -182,14 +240,17 @@ def _torus_reduce_scatter(blocks: jax.Array, rx: _Ring, ry: _Ring) -> jax.Array:
   c = blocks.shape[1]
   blocks = _pad_to(blocks, 2)
   h = blocks.shape[1] // 2
-  a, b = blocks[:, :h], blocks[:, h:]
-  # Half A: rows ordered (x, y); x-rings first, then y-rings.
-  a = _ring_reduce_scatter(a.reshape(nx, ny * h), rx)
-  a = _ring_reduce_scatter(a.reshape(ny, h), ry)
-  # Half B: reorder rows to (y, x) so that the y-phase comes first.
-  b = b.reshape(nx, ny, h).transpose(1, 0, 2).reshape(ny, nx * h)
-  b = _ring_reduce_scatter(b, ry)
-  b = _ring_reduce_scatter(b.reshape(nx, h), rx)
+
+  def half_a(a):  # rows ordered (x, y): x-rings first, then y-rings
+    a = yield from _ring_reduce_scatter(a.reshape(nx, ny * h), rx)
+    return (yield from _ring_reduce_scatter(a.reshape(ny, h), ry))
+
+  def half_b(b):  # rows reordered to (y, x) so that the y-phase comes first
+    b = b.reshape(nx, ny, h).transpose(1, 0, 2).reshape(ny, nx * h)
+    b = yield from _ring_reduce_scatter(b, ry)
+    return (yield from _ring_reduce_scatter(b.reshape(nx, h), rx))
+
+  a, b = _run_in_rounds(half_a(blocks[:, :h]), half_b(blocks[:, h:]))
   return jnp.concatenate([a, b])[:c]
 
 
@@ -198,12 +259,19 @@ def _torus_all_gather(chunk: jax.Array, rx: _Ring, ry: _Ring) -> jax.Array:
   c = chunk.shape[0]
   chunk = _pad_to(chunk, 2)
   h = chunk.shape[0] // 2
-  a, b = chunk[:h], chunk[h:]
-  a = _ring_all_gather(a, ry).reshape(ny * h)
-  a = _ring_all_gather(a, rx).reshape(nx * ny, h)
-  b = _ring_all_gather(b, rx).reshape(nx * h)
-  b = _ring_all_gather(b, ry).reshape(ny, nx, h).transpose(1, 0, 2)
-  return jnp.concatenate([a, b.reshape(nx * ny, h)], axis=1)[:, :c]
+
+  def half_a(a):
+    a = yield from _ring_all_gather(a, ry)
+    a = yield from _ring_all_gather(a.reshape(ny * h), rx)
+    return a.reshape(nx * ny, h)
+
+  def half_b(b):
+    b = yield from _ring_all_gather(b, rx)
+    b = yield from _ring_all_gather(b.reshape(nx * h), ry)
+    return b.reshape(ny, nx, h).transpose(1, 0, 2).reshape(nx * ny, h)
+
+  a, b = _run_in_rounds(half_a(chunk[:h]), half_b(chunk[h:]))
+  return jnp.concatenate([a, b], axis=1)[:, :c]
 
 
 def reduce_scatter_blocks(
@@ -217,7 +285,7 @@ def reduce_scatter_blocks(
   if algorithm == "psum":
     return lax.psum_scatter(blocks, compat.as_tuple(axes), scatter_dimension=0)
   if algorithm == "ring":
-    return _ring_reduce_scatter(blocks, _ring_over(axes))
+    return _run_in_rounds(_ring_reduce_scatter(blocks, _ring_over(axes)))[0]
   if algorithm == "torus":
     return _torus_reduce_scatter(blocks, *_torus_rings(axes, grid))
   raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}.")
@@ -230,7 +298,7 @@ def all_gather_blocks(
   if algorithm == "psum":
     return lax.all_gather(chunk, compat.as_tuple(axes), axis=0)
   if algorithm == "ring":
-    return _ring_all_gather(chunk, _ring_over(axes))
+    return _run_in_rounds(_ring_all_gather(chunk, _ring_over(axes)))[0]
   if algorithm == "torus":
     return _torus_all_gather(chunk, *_torus_rings(axes, grid))
   raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}.")
@@ -290,7 +358,8 @@ def ring_all_reduce(tree: PyTree, axis_name: Any) -> PyTree:
   per device; a reduce-scatter of `n - 1` neighbour exchanges leaves each
   device with one fully summed chunk, and an all-gather of `n - 1` more
   exchanges hands every chunk to every device. Cost `2(n-1)` latency steps and
-  `2(n-1)/n · M` bytes per link for `M` bytes.
+  `2(n-1)/n · M` bytes per link for `M` bytes; the exchanges are unrolled, so
+  the compiled program has a chain of `2(n-1)` collective-permutes.
 
   Args:
     tree: a pytree of arrays (any shapes and dtypes); buffers are zero-padded
@@ -328,12 +397,17 @@ def torus_all_reduce(
 ) -> PyTree:
   """Sums a pytree over a 2-D torus with the two-phase algorithm of Ying et al.
 
-  The packed buffer is split into halves A and B. Phase 1 reduce-scatters A
-  along the first axis while B reduce-scatters along the second; phase 2 flips
-  the axes, leaving each device one fully summed piece of each half; the
-  all-gather runs the same phases in reverse. On an X×Y torus that is
-  `2(X-1) + 2(Y-1)` latency steps instead of `2(XY-1)` for one ring over all
-  devices, and both link directions carry data in every phase.
+  The packed buffer is split into halves A and B. Half A reduce-scatters along
+  the first axis and then the second, half B along the second and then the
+  first, leaving each device one fully summed piece of each half; the
+  all-gather runs each half's phases in reverse. The two halves advance in the
+  same rounds: round k sends half A's k-th and half B's k-th message, as two
+  `ppermute`s with no data dependence between them when the halves are on
+  different axes (XLA may run them at the same time, on disjoint links), or
+  as one `ppermute` carrying both when they are on the same axis (in `|X-Y|`
+  rounds of the scatter and of the gather when X ≠ Y). On an X×Y torus the
+  compiled program therefore has `2(X-1) + 2(Y-1)` rounds of neighbour
+  exchanges instead of `2(XY-1)` for one ring over all devices.
 
   Args:
     tree: a pytree of arrays (any shapes and dtypes); buffers are zero-padded
@@ -361,7 +435,7 @@ def torus_all_reduce(
 
   References:
     Ying et al., "Image Classification at Supercomputer Scale", 2018, §3
-    (two-dimensional gradient summation).
+    (two-dimensional gradient summation), https://arxiv.org/abs/1811.06992.
   """
   grid = None if grid is None else tuple(grid)
   return _reduce_tree(tree, _blockwise_all_reduce("torus", axes, grid))

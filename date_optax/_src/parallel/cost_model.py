@@ -48,15 +48,20 @@ def allreduce_cost(
 
   * "ring": one ring over all `P` devices (the mesh shape is flattened):
     `2(P-1)` steps, `2(P-1)/P · M` bytes per link,
-    `2(P-1)·alpha + 2(P-1)/P · M · beta` seconds (SPEC §8).
-  * "torus": the two-phase algorithm on an X×Y torus. Each half of the buffer
-    makes a ring reduce-scatter along one axis and then the other, and the
-    gather in reverse: `2(X-1) + 2(Y-1)` steps. The halves run at the same
-    time; a vertical link carries half A's first phase (`M/2`) and half B's
-    second (`M/(2Y)`), scatter and gather, i.e.
+    `2(P-1)·alpha + 2(P-1)/P · M · beta` seconds (Patarasuk and Yuan, 2009).
+  * "torus": the two-phase algorithm on an X×Y torus, as
+    `torus_all_reduce` runs it. Each half of the buffer makes a ring
+    reduce-scatter along one axis and then the other, and the gather in
+    reverse; the two halves advance in the same rounds (round k carries the
+    k-th message of each), so the critical path is one half's chain,
+    `2(X-1) + 2(Y-1)` steps. A vertical link carries half A's first phase
+    (`M/2`) and half B's second (`M/(2Y)`), scatter and gather, i.e.
     `(X-1)/X · M · (1 + 1/Y)` bytes, and symmetrically for horizontal links.
-    The busiest link sets the bandwidth term. On a 1×P torus this is exactly
-    the ring over P devices.
+    The busiest link sets the bandwidth term. When X ≠ Y both halves are on
+    the same axis for `|X-Y|` rounds of the scatter and of the gather, and share
+    its links there; the model counts those bytes in the link totals but not
+    the queueing they add. On a 1×P torus this is exactly the ring over P
+    devices.
 
   Args:
     algorithm: "ring" or "torus".
@@ -77,7 +82,9 @@ def allreduce_cost(
     60
 
   References:
-    Ying et al., "Image Classification at Supercomputer Scale", 2018;
+    Ying et al., "Image Classification at Supercomputer Scale", 2018,
+    https://arxiv.org/abs/1811.06992; Patarasuk and Yuan, "Bandwidth optimal
+    all-reduce algorithms for clusters of workstations", 2009;
     Thakur, Rabenseifner and Gropp, "Optimization of Collective Communication
     Operations in MPICH", 2005 (the alpha-beta model).
   """

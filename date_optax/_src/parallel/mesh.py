@@ -114,3 +114,19 @@ def torus_mesh(
     raise ValueError(f"axis_names must be two distinct strings, got {axis_names!r}.")
   devs = _pick_devices(x * y, devices, "torus_mesh")
   return jax.sharding.Mesh(_device_grid((x, y), devs), tuple(axis_names))
+
+
+def auto_axes_mesh(mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:
+  """`mesh` with every axis of type Auto (GSPMD), the way the steps compile.
+
+  `jax.make_mesh` makes Explicit axes by default in recent JAX; the train
+  steps place arrays themselves, so they use the same devices as Auto axes.
+  """
+  axis_type = getattr(jax.sharding, "AxisType", None)
+  if axis_type is None or all(
+      t == axis_type.Auto for t in getattr(mesh, "axis_types", ())
+  ):
+    return mesh
+  return jax.sharding.Mesh(
+      mesh.devices, mesh.axis_names, axis_types=(axis_type.Auto,) * len(mesh.axis_names)
+  )

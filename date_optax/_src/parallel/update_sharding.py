@@ -15,8 +15,12 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
+
+from date_optax._src.parallel import collectives
+from date_optax._src.parallel.local_grads import acc_dtype
 
 
 def shard_axis(shape: Sequence[int], num_shards: int) -> int | None:
@@ -78,3 +82,98 @@ def bytes_per_device(tree: Any) -> int:
     else:
       plain += np.asarray(leaf).nbytes
   return (max(per_device.values()) if per_device else 0) + plain
+
+
+# ---------------------------------------------------------------------------
+# The explicit reduce-scatter / all-gather of the shard_map step.
+#
+# Layout of the split gradients/parameters: a leaf split along axis d is moved
+# to (n, rest) blocks whose row k is replica k's shard, the row-major order in
+# which PartitionSpec(axes) places shards.
+# ---------------------------------------------------------------------------
+
+
+def scaled(grads: Any, n: int) -> Any:
+  """Divides by n before summing, in the accumulation dtype: the mean never
+  overflows a low-precision gradient."""
+  return jax.tree.map(lambda g: g.astype(acc_dtype(g.dtype)) / n, grads)
+
+
+def mean_over_replicas(
+    grads: Any,
+    axes: Any,
+    algorithm: str,
+    n: int,
+    grid: tuple[int, int] | None = None,
+) -> Any:
+  """Mean of a gradient pytree over the replicas (inside shard_map/pmap)."""
+  total = collectives.all_reduce(scaled(grads, n), axes, algorithm=algorithm, grid=grid)
+  return jax.tree.map(lambda t, g: t.astype(g.dtype), total, grads)
+
+
+def _to_blocks(x: jax.Array, d: int, n: int) -> jax.Array:
+  return jnp.moveaxis(x, d, 0).reshape(n, -1)
+
+
+def _shard_from_chunk(
+    chunk: jax.Array, shape: Sequence[int], d: int, n: int
+) -> jax.Array:
+  moved = (shape[d] // n,) + tuple(s for i, s in enumerate(shape) if i != d)
+  return jnp.moveaxis(chunk.reshape(moved), 0, d)
+
+
+def reduce_scatter_mean(
+    grads: Any, shape_list: list[tuple[int, ...]], axes: Any, algorithm: str, n: int
+) -> Any:
+  """Mean over replicas; split leaves come back as this replica's shard only."""
+  leaves, treedef = jax.tree.flatten(scaled(grads, n))
+  orig = jax.tree.leaves(grads)
+  dims = [shard_axis(s, n) for s in shape_list]
+  out: list[Any] = [None] * len(leaves)
+  whole = [i for i, d in enumerate(dims) if d is None]
+  if whole:
+    reduced = collectives.all_reduce(
+        [leaves[i] for i in whole], axes, algorithm=algorithm
+    )
+    for i, r in zip(whole, reduced, strict=True):
+      out[i] = r
+  groups: dict[Any, list[int]] = {}
+  for i, d in enumerate(dims):
+    if d is not None:
+      groups.setdefault(leaves[i].dtype, []).append(i)
+  for idxs in groups.values():
+    blocks = [_to_blocks(leaves[i], dims[i], n) for i in idxs]
+    chunk = collectives.reduce_scatter_blocks(
+        jnp.concatenate(blocks, axis=1), axes, algorithm
+    )
+    offset = 0
+    for i, b in zip(idxs, blocks, strict=True):
+      c = b.shape[1]
+      out[i] = _shard_from_chunk(chunk[offset : offset + c], shape_list[i], dims[i], n)
+      offset += c
+  out = [o.astype(g.dtype) for o, g in zip(out, orig, strict=True)]
+  return jax.tree.unflatten(treedef, out)
+
+
+def all_gather_params(
+    params: Any, shape_list: list[tuple[int, ...]], axes: Any, algorithm: str, n: int
+) -> Any:
+  """Inverse of the split: every replica gets every parameter in full."""
+  leaves, treedef = jax.tree.flatten(params)
+  dims = [shard_axis(s, n) for s in shape_list]
+  out = list(leaves)
+  groups: dict[Any, list[int]] = {}
+  for i, d in enumerate(dims):
+    if d is not None:
+      groups.setdefault(leaves[i].dtype, []).append(i)
+  for idxs in groups.values():
+    chunks = [jnp.moveaxis(leaves[i], dims[i], 0).reshape(-1) for i in idxs]
+    full = collectives.all_gather_blocks(jnp.concatenate(chunks), axes, algorithm)
+    offset = 0
+    for i, c in zip(idxs, chunks, strict=True):
+      shape, d = shape_list[i], dims[i]
+      moved = (shape[d],) + tuple(s for j, s in enumerate(shape) if j != d)
+      piece = full[:, offset : offset + c.size].reshape(moved)
+      out[i] = jnp.moveaxis(piece, 0, d)
+      offset += c.size
+  return jax.tree.unflatten(treedef, out)

@@ -1,0 +1,348 @@
+"""What one data-parallel replica computes: its loss, gradient and model state.
+
+Every train step (jit with `shard_map`, jit with GSPMD, `pmap`) calls
+`replica_grads` once per replica on that replica's slice of the global batch
+and then combines the results over the replicas exactly once. Keeping this in
+one place is what makes the steps compute the same thing.
+
+Conventions (documented on `make_train_step`):
+
+* `loss_fn(params, batch, **extra)` is called with `model_state=` when the
+  train state has one and with `rng=` when it has a key; it then returns
+  `(loss, new_model_state)`, or `(loss, (new_model_state, aux))` with
+  `has_aux=True`; without a model state it returns `loss` or `(loss, aux)`.
+* Gradient accumulation: the replica's slice is split into `microbatches`
+  contiguous pieces that run one after the other under `lax.scan`; gradients
+  accumulate in float32, the model state is threaded through the pieces.
+* The key of microbatch `j` on replica `r` at step `s` is
+  `fold_in(fold_in(fold_in(rng, s), r), j)`: no two replicas or microbatches
+  share dropout masks, and a resumed run (same `rng`, same step) draws the
+  same keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from date_optax._src import validation
+
+PyTree = Any
+LossFn = Callable[..., Any]
+
+
+def acc_dtype(dtype: Any) -> np.dtype:
+  """Accumulation dtype of a float: float32 or wider."""
+  return jnp.promote_types(jnp.dtype(dtype), jnp.float32)
+
+
+def is_float(x: Any) -> bool:
+  return jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)
+
+
+def cast_floats(tree: PyTree, dtype: Any) -> PyTree:
+  """Casts the float leaves of `tree` to `dtype` (None: unchanged)."""
+  if dtype is None:
+    return tree
+
+  def cast(x):
+    x = jnp.asarray(x)
+    return x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
+
+  return jax.tree.map(cast, tree)
+
+
+def step_key(rng: Any, step: jax.Array, replica: jax.Array, microbatch: Any) -> Any:
+  """The key of one microbatch on one replica at one step."""
+  key = jax.random.fold_in(rng, step)
+  key = jax.random.fold_in(key, replica)
+  return jax.random.fold_in(key, microbatch)
+
+
+def _split_output(out: Any, has_aux: bool, with_state: bool) -> tuple[Any, Any, Any]:
+  """(loss, aux, new_model_state) from what loss_fn returned."""
+  pair = isinstance(out, (tuple, list)) and len(out) == 2
+  if with_state:
+    want = "(loss, (new_model_state, aux))" if has_aux else "(loss, new_model_state)"
+    if not pair or (
+        has_aux and not (isinstance(out[1], (tuple, list)) and len(out[1]) == 2)
+    ):
+      raise TypeError(
+          f"loss_fn was given model_state=, so it must return {want}, got "
+          f"{type(out).__name__}."
+      )
+    loss, rest = out
+    new_state, aux = rest if has_aux else (rest, None)
+    return loss, aux, new_state
+  if has_aux:
+    if not pair:
+      raise TypeError(
+          "with has_aux=True, loss_fn must return (loss, aux), got "
+          f"{type(out).__name__}."
+      )
+    return out[0], out[1], None
+  return out, None, None
+
+
+def _match_state(new: Any, old: Any) -> Any:
+  """Checks that loss_fn returned a model state shaped like the one it got."""
+  old_def, new_def = jax.tree.structure(old), jax.tree.structure(new)
+  if old_def != new_def:
+    raise ValueError(
+        "loss_fn must return a new model_state with the structure of the one "
+        f"it was given; got {new_def}, expected {old_def}."
+    )
+  paths = jax.tree_util.tree_flatten_with_path(old)[0]
+  out = []
+  for (path, o), n in zip(paths, jax.tree.leaves(new), strict=True):
+    n = jnp.asarray(n)
+    if n.shape != np.shape(o):
+      raise ValueError(
+          f"loss_fn returned model_state{jax.tree_util.keystr(path)} of shape "
+          f"{n.shape}, expected {np.shape(o)} (the shape it was given)."
+      )
+    out.append(n.astype(jnp.asarray(o).dtype))
+  return jax.tree.unflatten(old_def, out)
+
+
+def loss_and_grads(
+    loss_fn: LossFn,
+    has_aux: bool,
+    compute_dtype: Any,
+    params: PyTree,
+    batch: PyTree,
+    model_state: Any = None,
+    rng: Any = None,
+) -> tuple[jax.Array, Any, PyTree, Any]:
+  """Loss (float32), aux, gradient and new model state of one (micro)batch.
+
+  Under mixed precision the float32 parameters are cast inside the
+  differentiated function, so gradients come back in the parameters' dtype.
+  The model state is passed as it is (batch-norm statistics stay float32).
+  """
+  with_state = model_state is not None
+  extra = {}
+  if with_state:
+    extra["model_state"] = model_state
+  if rng is not None:
+    extra["rng"] = rng
+
+  def f(p):
+    out = loss_fn(
+        cast_floats(p, compute_dtype), cast_floats(batch, compute_dtype), **extra
+    )
+    loss, aux, new_state = _split_output(out, has_aux, with_state)
+    if isinstance(loss, (tuple, list)):
+      raise ValueError(
+          f"loss_fn must return a scalar loss, got a {type(loss).__name__} (for "
+          "(loss, aux) pass has_aux=True, or a model_state to step.init)."
+      )
+    loss = jnp.asarray(loss)
+    if loss.shape != ():
+      raise ValueError(
+          "loss_fn must return a scalar loss (the mean over its batch), got shape "
+          f"{loss.shape}."
+      )
+    if with_state:
+      new_state = _match_state(new_state, model_state)
+    return loss.astype(jnp.float32), (aux, new_state)
+
+  (loss, (aux, new_state)), grads = jax.value_and_grad(f, has_aux=True)(params)
+  return loss, aux, grads, new_state
+
+
+def _reduce_leading(tree: Any) -> Any:
+  """Over a leading (microbatch) axis: float leaves averaged, others summed."""
+
+  def red(x):
+    if is_float(x):
+      return jnp.mean(x.astype(acc_dtype(x.dtype)), axis=0).astype(x.dtype)
+    return jnp.sum(x, axis=0).astype(x.dtype)
+
+  return jax.tree.map(red, tree)
+
+
+def replica_grads(
+    loss_fn: LossFn,
+    *,
+    has_aux: bool,
+    compute_dtype: Any,
+    microbatches: int,
+    params: PyTree,
+    batch: PyTree,
+    model_state: Any,
+    rng: Any,
+    step: jax.Array,
+    replica: jax.Array,
+) -> tuple[jax.Array, Any, PyTree, Any]:
+  """Loss, aux, gradient and model state of one replica's slice of the batch.
+
+  With `microbatches=k > 1` the slice runs as k contiguous microbatches under
+  `lax.scan`: the loss and gradient are their means (gradients accumulated in
+  float32), aux float leaves are averaged and integer leaves summed, and the
+  model state passes from one microbatch to the next.
+  """
+  def key(j):
+    return None if rng is None else step_key(rng, step, replica, j)
+
+  if microbatches == 1:
+    return loss_and_grads(
+        loss_fn, has_aux, compute_dtype, params, batch, model_state, key(0)
+    )
+  k = microbatches
+  pieces = jax.tree.map(lambda x: x.reshape((k, x.shape[0] // k) + x.shape[1:]), batch)
+  zeros = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), acc_dtype(p.dtype)), params)
+
+  def body(carry, xs):
+    acc, loss_sum, state = carry
+    piece, j = xs
+    loss, aux, grads, state = loss_and_grads(
+        loss_fn, has_aux, compute_dtype, params, piece, state, key(j)
+    )
+    acc = jax.tree.map(lambda a, g: a + g.astype(a.dtype), acc, grads)
+    return (acc, loss_sum + loss, state), aux
+
+  init = (zeros, jnp.zeros((), jnp.float32), model_state)
+  (acc, loss_sum, model_state), auxs = lax.scan(
+      body, init, (pieces, jnp.arange(k, dtype=jnp.int32))
+  )
+  grads = jax.tree.map(lambda a, p: (a / k).astype(p.dtype), acc, params)
+  aux = None if auxs is None else _reduce_leading(auxs)
+  return loss_sum / k, aux, grads, model_state
+
+
+# ---------------------------------------------------------------------------
+# Combining over replicas inside shard_map / pmap (named axes).
+# ---------------------------------------------------------------------------
+
+
+def mean_aux(aux: Any, axes: Any) -> Any:
+  """Float leaves averaged (in float32 or wider), integer leaves summed."""
+  if aux is None:
+    return None
+
+  def red(x):
+    x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+      return lax.pmean(x.astype(acc_dtype(x.dtype)), axes)
+    return lax.psum(x, axes)
+
+  return jax.tree.map(red, aux)
+
+
+def replicate_model_state(state: Any, axes: Any, replica: jax.Array) -> Any:
+  """Float leaves averaged over replicas; other leaves taken from replica 0.
+
+  The averaged state is the same on every replica, as a replicated model
+  state (flax's cross-replica batch-norm statistics) must be.
+  """
+  if state is None:
+    return None
+
+  def red(x):
+    if is_float(x):
+      return lax.pmean(x.astype(acc_dtype(x.dtype)), axes).astype(x.dtype)
+    first = jnp.where(replica == 0, x.astype(jnp.int32), 0)
+    return lax.psum(first, axes).astype(x.dtype)
+
+  return jax.tree.map(red, state)
+
+
+def replicate_stacked_model_state(state: Any) -> Any:
+  """As `replicate_model_state`, for states stacked along a replica axis 0."""
+  if state is None:
+    return None
+
+  def red(x):
+    if is_float(x):
+      return jnp.mean(x.astype(acc_dtype(x.dtype)), axis=0).astype(x.dtype)
+    return x[0]
+
+  return jax.tree.map(red, state)
+
+
+def mean_stacked_aux(aux: Any) -> Any:
+  """As `mean_aux`, for aux stacked along a replica axis 0."""
+  if aux is None:
+    return None
+
+  def red(x):
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+      return jnp.mean(x.astype(acc_dtype(x.dtype)), axis=0)
+    return jnp.sum(x, axis=0)
+
+  return jax.tree.map(red, aux)
+
+
+# ---------------------------------------------------------------------------
+# Validation shared by the steps.
+# ---------------------------------------------------------------------------
+
+
+def check_common(
+    loss_fn, optimizer, grad_reduce, compute_dtype, max_consecutive_skips,
+    microbatches, algorithms,
+) -> int:
+  if not callable(loss_fn):
+    raise TypeError(f"loss_fn must be callable, got {loss_fn!r}.")
+  if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
+    raise TypeError(
+        f"optimizer must be an optax.GradientTransformation, got {optimizer!r}."
+    )
+  validation.check_choice("grad_reduce", grad_reduce, algorithms)
+  if compute_dtype is not None:
+    try:
+      dt = jnp.dtype(compute_dtype)
+    except TypeError as e:
+      raise TypeError(
+          f"compute_dtype must be a float dtype, got {compute_dtype!r}."
+      ) from e
+    if not jnp.issubdtype(dt, jnp.floating):
+      raise TypeError(f"compute_dtype must be a float dtype, got {compute_dtype!r}.")
+  if max_consecutive_skips is not None:
+    validation.check_int("max_consecutive_skips", max_consecutive_skips, low=0)
+  return validation.check_int("microbatches", microbatches, low=1)
+
+
+def check_batch(batch: PyTree, replicas: int, microbatches: int = 1) -> None:
+  """Every leaf's leading dimension must split over replicas × microbatches."""
+  n = replicas * microbatches
+  for path, x in jax.tree_util.tree_flatten_with_path(batch)[0]:
+    shape = np.shape(x)
+    if not shape or shape[0] % n:
+      split = (
+          f"{replicas} data-parallel replicas x {microbatches} microbatches"
+          if microbatches > 1
+          else f"{replicas} data-parallel replicas"
+      )
+      raise ValueError(
+          f"every batch leaf needs a leading (batch) dimension divisible by the "
+          f"{split} (= {n}), got batch{jax.tree_util.keystr(path)} of shape "
+          f"{shape}."
+      )
+
+
+def as_key(rng: Any) -> Any:
+  """An int seed becomes a raw uint32 key (checkpoints as a plain array)."""
+  if rng is None:
+    return None
+  if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
+    return jax.random.key_data(jax.random.key(int(rng)))
+  rng = jnp.asarray(rng) if not isinstance(rng, jax.Array) else rng
+  typed = jnp.issubdtype(rng.dtype, jax.dtypes.prng_key)
+  if not typed and rng.dtype != jnp.uint32:
+    raise TypeError(
+        "rng must be an int seed, a key from jax.random.key or a raw uint32 "
+        f"jax.random.PRNGKey, got an array of dtype {rng.dtype}."
+    )
+  return rng
+
+
+def replica_index(axes: tuple[Hashable, ...]) -> jax.Array:
+  """Row-major index of this replica over the data axes (shard_map/pmap)."""
+  return lax.axis_index(axes if len(axes) > 1 else axes[0])
