@@ -793,8 +793,7 @@ def date(
     An optax ``GradientTransformation``.
 
   Examples:
-    >>> import jax
-import jax.numpy as jnp
+    >>> import jax.numpy as jnp
     >>> import date_optax
     >>> base = date_optax.Baseline(batch_size=1024, learning_rate=1.25e-3,
     ...     warmup_epochs=2, epochs=30, num_examples=59904,
