@@ -28,6 +28,8 @@ from examples.resnet50_imagenet import train as resnet_train  # noqa: E402
 from examples.resnet50_imagenet.configs import default as resnet_default  # noqa: E402
 from examples.resnet50_imagenet.configs import (  # noqa: E402
   smoke as resnet_smoke,
+)
+from examples.resnet50_imagenet.configs import (
   v2_32,
   v3_32,
   v4_32,

@@ -88,6 +88,6 @@ def test_sharded_equals_unsharded(name, axis_type, jit):
       np.asarray(jax.tree.leaves(date_optax.trust_ratios(want_s))[0]), rtol=1e-6)
   # Per-parameter state buffers keep the parameter's sharding.
   for leaf in jax.tree.leaves(got_s):
-    for k, v in params.items():
+    for _k, v in params.items():
       if leaf.shape == v.shape and leaf.ndim >= 2:
         assert spec_of(leaf) == spec_of(v)
