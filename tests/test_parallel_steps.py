@@ -416,15 +416,15 @@ def test_sharded_state_checkpoints_and_resumes_exactly(tmp_path):
 
 @pytest.mark.parametrize("kind", ["jit", "pmap"])
 def test_trust_ratio_summary_in_metrics(kind):
-  """min/median/max and the fraction at each bound, from a numpy reference."""
+  """min/median/max, the fraction at each bound and the learning rate, from
+  the optimizer state alone, against a numpy reference."""
   lower, upper = 0.02, 0.5
-  opt = date_optax.bounded_lars(0.05, lower=lower, upper=upper)
+  lr = optax.linear_schedule(0.05, 0.01, 10)
+  opt = date_optax.bounded_lars(lr, lower=lower, upper=lambda c: upper)
   if kind == "jit":
-    step = dp.make_train_step(pm.loss_fn, opt, dp.data_mesh(), donate=False,
-                              trust_ratio_bounds=(lower, upper))
+    step = dp.make_train_step(pm.loss_fn, opt, dp.data_mesh(), donate=False)
   else:
-    step = dp.make_pmap_train_step(pm.loss_fn, opt, donate=False,
-                                   trust_ratio_bounds=(lambda c: lower, upper))
+    step = dp.make_pmap_train_step(pm.loss_fn, opt, donate=False)
   state = step.init(pm.init_params())
   for batch in BATCHES:
     state, metrics = step(state, batch)
@@ -437,11 +437,18 @@ def test_trust_ratio_summary_in_metrics(kind):
                              np.mean(np.isclose(r, lower, rtol=1e-6)), atol=1e-7)
   np.testing.assert_allclose(metrics["trust_ratio/frac_at_upper"],
                              np.mean(np.isclose(r, upper, rtol=1e-6)), atol=1e-7)
+  # The learning rate applied at the last step (update count STEPS - 1).
+  np.testing.assert_allclose(metrics["learning_rate"], lr(STEPS - 1), rtol=1e-6)
 
 
-def test_trust_ratio_bounds_validated():
-  with pytest.raises(ValueError, match="lower"):
-    dp.make_train_step(pm.loss_fn, date_optax.lamb(0.1), dp.data_mesh(),
-                       trust_ratio_bounds=(2.0, 1.0))
-  with pytest.raises(TypeError, match="trust_ratio_bounds"):
-    dp.make_pmap_train_step(pm.loss_fn, date_optax.lamb(0.1), trust_ratio_bounds=3.0)
+def test_learning_rate_metric_from_inject_hyperparams_and_absent_otherwise():
+  opt = optax.inject_hyperparams(optax.sgd)(learning_rate=0.25)
+  step = dp.make_train_step(pm.loss_fn, opt, dp.data_mesh(), donate=False)
+  _, metrics = step(step.init(pm.init_params()), BATCHES[0])
+  np.testing.assert_allclose(metrics["learning_rate"], 0.25)
+  step = dp.make_train_step(pm.loss_fn, optax.sgd(0.25), dp.data_mesh(), donate=False)
+  _, metrics = step(step.init(pm.init_params()), BATCHES[0])
+  assert "learning_rate" not in metrics and "trust_ratios" not in metrics
+  with pytest.raises(TypeError, match="trust_ratio_bounds"):  # one source of truth
+    dp.make_train_step(pm.loss_fn, optax.sgd(0.1), dp.data_mesh(),
+                       trust_ratio_bounds=(0.0, 1.0))

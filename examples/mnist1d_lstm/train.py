@@ -123,10 +123,8 @@ def fit(
 
   # Each device computes the gradient of its slice of the global batch; one
   # all-reduce averages them; steps with a NaN/Inf gradient are skipped.
-  train_step = dp.make_train_step(
-      loss_fn, tx, mesh,
-      trust_ratio_bounds=tuple(config.ratio_bounds) if config.method == "date" else None,
-  )
+  # The ratio bounds and learning rate in the metrics come from tx's state.
+  train_step = dp.make_train_step(loss_fn, tx, mesh)
   state = train_step.init(params)
 
   def metric_fn(params, batch):

@@ -26,7 +26,6 @@ from date_optax._src.parallel.train_state import (
     apply_gradients,
     check_metrics,
 )
-from date_optax._src.parallel.train_step import check_ratio_bounds
 
 PyTree = Any
 LossFn = Callable[..., Any]
@@ -60,9 +59,8 @@ class PmapTrainStep:
 
   def __init__(self, loss_fn, optimizer, *, axis_name, grad_reduce, torus_shape,
                compute_dtype, donate, has_aux, max_consecutive_skips, devices,
-               microbatches=1, trust_ratio_bounds=None):
+               microbatches=1):
     self.microbatches = microbatches
-    self.trust_ratio_bounds = trust_ratio_bounds
     self.loss_fn = loss_fn
     self.optimizer = optimizer
     self.axis_name = axis_name
@@ -103,7 +101,7 @@ class PmapTrainStep:
     loss = lax.pmean(loss, axis)
     model_state = lg.replicate_model_state(model_state, axis, replica)
     new_state, metrics = apply_gradients(
-        state, grads, loss, self.optimizer, model_state, self.trust_ratio_bounds
+        state, grads, loss, self.optimizer, model_state
     )
     if self.has_aux:
       metrics["aux"] = lg.mean_aux(aux, axis)
@@ -161,7 +159,6 @@ def make_pmap_train_step(
     max_consecutive_skips: int | None = None,
     devices: Sequence[Any] | None = None,
     microbatches: int = 1,
-    trust_ratio_bounds: tuple[Any, Any] | None = None,
 ) -> PmapTrainStep:
   """Builds the same data-parallel train step with `jax.pmap` (older code).
 
@@ -187,7 +184,6 @@ def make_pmap_train_step(
       the step).
     devices: the local devices to use (default all).
     microbatches: gradient accumulation over k >= 1 microbatches per device.
-    trust_ratio_bounds: as in `make_train_step`.
 
   Returns:
     A `PmapTrainStep`: `state, metrics = step(state, global_batch)` and
@@ -238,5 +234,4 @@ def make_pmap_train_step(
       max_consecutive_skips=max_consecutive_skips,
       devices=devices,
       microbatches=microbatches,
-      trust_ratio_bounds=check_ratio_bounds(trust_ratio_bounds),
   )

@@ -18,7 +18,7 @@ import optax
 from jax import lax
 
 from date_optax._src import telemetry, validation
-from date_optax._src.trust_ratio import trust_ratios
+from date_optax._src.trust_ratio import learning_rate, trust_ratio_bounds, trust_ratios
 
 Metrics = dict[str, Any]
 
@@ -180,7 +180,6 @@ def apply_gradients(
     loss: jax.Array,
     optimizer: optax.GradientTransformation,
     model_state: Any = None,
-    trust_ratio_bounds: tuple[Any, Any] | None = None,
 ) -> tuple[TrainState, Metrics]:
   """One optimizer step on already-reduced gradients, skipped if non-finite.
 
@@ -188,6 +187,10 @@ def apply_gradients(
   they were, the skip counted) when the loss, a gradient or an update is
   NaN/Inf. Inside `jit` nothing can raise; `check_metrics` does that on the
   host. `model_state` is the new (already replicated) model state, or None.
+
+  Telemetry comes from the optimizer state alone: the per-layer ratios, the
+  bounds the optimizer applied (`date_optax.trust_ratio_bounds`) and the
+  learning rate (`date_optax.learning_rate`) where the state records them.
   """
   updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
   new_params = optax.apply_updates(state.params, updates)
@@ -221,12 +224,12 @@ def apply_gradients(
   ratios = trust_ratios(opt_state)
   if ratios is not None:
     metrics["trust_ratios"] = ratios
-    lower, upper = trust_ratio_bounds or (None, None)
-    # Bounds may be schedules of the optimizer's update count.
-    count = state.step - state.total_skips
-    lower = lower(count) if callable(lower) else lower
-    upper = upper(count) if callable(upper) else upper
+    bounds = trust_ratio_bounds(opt_state)
+    lower, upper = (None, None) if bounds is None else bounds
     metrics.update(
         telemetry.trust_ratio_summary(ratios, lower, upper, prefix="trust_ratio/")
     )
+  lr = learning_rate(opt_state)
+  if lr is not None:
+    metrics["learning_rate"] = jnp.asarray(lr, jnp.float32)
   return new_state, metrics

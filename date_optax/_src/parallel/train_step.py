@@ -97,9 +97,7 @@ class TrainStep:
       max_consecutive_skips: int | None,
       microbatches: int = 1,
       param_layout: tuple[str, Any] | None = None,
-      trust_ratio_bounds: tuple[Any, Any] | None = None,
   ):
-    self.trust_ratio_bounds = trust_ratio_bounds
     self.loss_fn = loss_fn
     self.optimizer = optimizer
     self.mesh = mesh
@@ -295,7 +293,7 @@ class TrainStep:
         state.params, batch, state.model_state, state.rng, state.step
     )
     new_state, metrics = apply_gradients(
-        state, grads, loss, self.optimizer, model_state, self.trust_ratio_bounds
+        state, grads, loss, self.optimizer, model_state
     )
     if self.shard_update and self.param_layout is None:
       new_state = new_state.replace(params=self._gather_params(new_state.params))
@@ -365,7 +363,6 @@ def make_train_step(
     max_consecutive_skips: int | None = None,
     microbatches: int = 1,
     param_sharding: Any = None,
-    trust_ratio_bounds: tuple[Any, Any] | None = None,
 ) -> TrainStep:
   """Builds a synchronous data-parallel train step, `jit`-compiled over a mesh.
 
@@ -443,9 +440,6 @@ def make_train_step(
       `PartitionSpec` shaped like the parameters, or a list of
       `(regex, PartitionSpec)` rules. Specs may name only non-data axes; a
       rule that matches no parameter warns at `init`.
-    trust_ratio_bounds: the optimizer's `(lower, upper)` ratio bounds
-      (floats, schedules of the update count, or None), used for the
-      "trust_ratio/frac_at_lower|upper" metrics.
 
   Returns:
     A `TrainStep`: `state, metrics = step(state, batch)`, with
@@ -457,7 +451,11 @@ def make_train_step(
     and, when the optimizer keeps per-layer trust ratios, "trust_ratios"
     (from `date_optax.trust_ratios`) with their summary "trust_ratio/min",
     "/median", "/max", "/frac_at_lower" and "/frac_at_upper" (see
-    `date_optax.diagnostics.trust_ratio_summary`).
+    `date_optax.diagnostics.trust_ratio_summary`; the bounds are those the
+    optimizer recorded, `date_optax.trust_ratio_bounds`), and
+    "learning_rate" where the optimizer state records it
+    (`date_optax.learning_rate`: date_optax's optimizers, `date()`,
+    `optax.inject_hyperparams`).
 
   Raises:
     ValueError: for arguments out of range, a spec that names a data axis or
@@ -540,17 +538,5 @@ def make_train_step(
       max_consecutive_skips=max_consecutive_skips,
       microbatches=microbatches,
       param_layout=layout,
-      trust_ratio_bounds=check_ratio_bounds(trust_ratio_bounds),
   )
 
-
-def check_ratio_bounds(bounds: Any) -> tuple[Any, Any] | None:
-  if bounds is None:
-    return None
-  if not isinstance(bounds, (tuple, list)) or len(bounds) != 2:
-    raise TypeError(
-        f"trust_ratio_bounds must be None or a (lower, upper) pair, got {bounds!r}."
-    )
-  lower, upper = bounds
-  validation.check_bounds(lower, upper)
-  return (lower, upper)
