@@ -22,7 +22,7 @@ from date_optax._src.parallel.distributed import (
     host_local_to_global,
     replicate_to_mesh,
 )
-from date_optax._src.parallel.input_pipeline import _num_examples, _process
+from date_optax._src.parallel.input_pipeline import num_examples, process_of
 
 MetricFn = Callable[[Any, Any], dict[str, jax.Array]]
 
@@ -51,7 +51,7 @@ def pad_batch(batch: Any, batch_size: int) -> tuple[Any, np.ndarray]:
     Kumar et al., "Scale MLPerf-0.6 models on Google TPU-v3 Pods", 2019
     (padded distributed evaluation).
   """
-  n = _num_examples(batch) if jax.tree.leaves(batch) else 0
+  n = num_examples(batch) if jax.tree.leaves(batch) else 0
   batch_size = validation.check_int("batch_size", batch_size, low=max(n, 1))
   if n == 0:
     raise ValueError("batch must hold at least one example to pad from.")
@@ -167,14 +167,14 @@ def evaluate(
     raise TypeError(f"metric_fn must be callable, got {metric_fn!r}.")
   axes = tuple(mesh.axis_names) if data_axes is None else tuple(data_axes)
   n_rep = compat.mesh_axis_sizes(mesh, axes)
-  index, count = _process(process_index, process_count)
+  index, count = process_of(process_index, process_count)
   batch_size = validation.check_int("batch_size", batch_size, low=1)
   if batch_size % n_rep or batch_size % count:
     raise ValueError(
         f"batch_size={batch_size} must be divisible by the {n_rep} data-parallel "
         f"devices and the {count} processes."
     )
-  n = _num_examples(data)
+  n = num_examples(data)
   per_host = math.ceil(n / count)
   start, stop = min(index * per_host, n), min((index + 1) * per_host, n)
   local_batch = batch_size // count

@@ -13,7 +13,7 @@ from date_optax._src import validation
 from date_optax._src.parallel.distributed import host_local_to_global
 
 
-def _num_examples(data: Any) -> int:
+def num_examples(data: Any) -> int:
   leaves = jax.tree.leaves(data)
   if not leaves:
     raise ValueError("data must have at least one array leaf.")
@@ -26,7 +26,7 @@ def _num_examples(data: Any) -> int:
   return sizes.pop()
 
 
-def _process(process_index: int | None, process_count: int | None) -> tuple[int, int]:
+def process_of(process_index: int | None, process_count: int | None) -> tuple[int, int]:
   count = jax.process_count() if process_count is None else process_count
   count = validation.check_int("process_count", count, low=1)
   index = jax.process_index() if process_index is None else process_index
@@ -107,8 +107,8 @@ def epoch_batches(
     Ying et al., "Image Classification at Supercomputer Scale", 2018 (input
     pipeline sharded by host).
   """
-  n = _num_examples(data)
-  index, count = _process(process_index, process_count)
+  n = num_examples(data)
+  index, count = process_of(process_index, process_count)
   b = validation.check_int("global_batch_size", global_batch_size, low=1)
   if b % count:
     raise ValueError(

@@ -1,4 +1,8 @@
-"""Device meshes for data parallelism: a 1-D data mesh and a 2-D torus."""
+"""Device meshes (`jax.make_mesh`, Auto axes): a 1-D data mesh, a 2-D torus.
+
+The train steps compile with GSPMD (Auto axes): `auto_axes_mesh` gives any
+mesh, e.g. one from `jax.make_mesh` with its default Explicit axes, that form.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.experimental import mesh_utils
 
 from date_optax._src import validation
 
@@ -24,13 +27,25 @@ def _pick_devices(n: int, devices: Sequence[Any] | None, name: str) -> list[Any]
   return all_devices[:n]
 
 
-def _device_grid(shape: tuple[int, ...], devices: list[Any]) -> np.ndarray:
+def _auto_types(n: int) -> Any:
+  axis_type = getattr(jax.sharding, "AxisType", None)
+  return None if axis_type is None else (axis_type.Auto,) * n
+
+
+def _make_mesh(
+    shape: tuple[int, ...], names: tuple[str, ...], devices: list[Any]
+) -> jax.sharding.Mesh:
+  """`jax.make_mesh` (physical ICI order on TPU/GPU) with Auto axes."""
   try:
-    # Physical (ICI-aware) order on TPU and GPU; a plain reshape elsewhere.
-    return mesh_utils.create_device_mesh(shape, devices)
+    return jax.make_mesh(shape, names, axis_types=_auto_types(len(shape)),
+                         devices=devices)
   except (ValueError, NotImplementedError, AssertionError):
     # A subset of a TPU slice (tests, debugging) has no physical layout.
-    return np.asarray(devices, dtype=object).reshape(shape)
+    grid = np.asarray(devices, dtype=object).reshape(shape)
+    types = _auto_types(len(shape))
+    if types is None:  # pragma: no cover - older JAX
+      return jax.sharding.Mesh(grid, names)
+    return jax.sharding.Mesh(grid, names, axis_types=types)
 
 
 def data_mesh(
@@ -66,7 +81,7 @@ def data_mesh(
     num_devices = len(jax.devices() if devices is None else devices)
   num_devices = validation.check_int("num_devices", num_devices, low=1)
   devs = _pick_devices(num_devices, devices, "data_mesh")
-  return jax.sharding.Mesh(_device_grid((num_devices,), devs), (axis_name,))
+  return _make_mesh((num_devices,), (axis_name,), devs)
 
 
 def torus_mesh(
@@ -79,7 +94,7 @@ def torus_mesh(
   """Builds an `x` × `y` mesh with axes ("x", "y"), the shape of a TPU slice.
 
   On TPU the devices are placed in physical torus order by
-  `jax.experimental.mesh_utils.create_device_mesh`, so that neighbours along
+  `jax.make_mesh`, so that neighbours along
   "x" and "y" share an interconnect link; on CPU (emulated devices) the order
   is `jax.devices()` row by row. Both axes carry data-parallel replicas: the
   global batch is split over `x * y` devices.
@@ -113,7 +128,7 @@ def torus_mesh(
   ):
     raise ValueError(f"axis_names must be two distinct strings, got {axis_names!r}.")
   devs = _pick_devices(x * y, devices, "torus_mesh")
-  return jax.sharding.Mesh(_device_grid((x, y), devs), tuple(axis_names))
+  return _make_mesh((x, y), tuple(axis_names), devs)
 
 
 def auto_axes_mesh(mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:

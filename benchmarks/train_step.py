@@ -1,0 +1,198 @@
+"""The library train step against a plain `jax.jit` step, and memory against k.
+
+Part 1: time of `date_optax.parallel.make_train_step` over a plain GSPMD step
+written here (`jax.value_and_grad` of the global-batch loss, `opt.update`,
+`optax.apply_updates`, compiled with `jax.jit` in/out shardings on the same
+mesh), with the same optimizer (LAMB) and model (an MLP), for
+
+* the pure data mesh (8,) ("data",), parameters replicated (the library runs
+  its `shard_map` path with a psum all-reduce), and
+* the 2-D mesh (4, 2) ("data", "model") with FSDP-style rules (kernels split
+  by rows over "model"; the library runs its GSPMD path).
+
+The library step also checks finiteness (and would skip the update) and
+computes its metrics (gradient norm, trust-ratio summary, learning rate);
+that is part of what is measured. The two steps alternate, each timed as the
+median of `--reps` calls after a warm-up. Goal: ratio <= 1.05.
+
+Part 2: the compiled step's memory (`Compiled.memory_analysis()`: temporary
+buffers, i.e. activations and gradients in flight, and the total with the
+arguments and outputs) for `microbatches` in 1, 2, 4, 8 on the data mesh.
+
+Usage:
+  python benchmarks/train_step.py                 # both parts, 8 emulated devices
+  python benchmarks/train_step.py --reps 30 --batch 512 --width 1024
+"""
+
+from __future__ import annotations
+
+import os
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                             + " --xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import argparse  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import date_optax  # noqa: E402
+import date_optax.parallel as dp  # noqa: E402
+from date_optax._src.parallel import param_sharding as ps  # noqa: E402
+
+FSDP = [(r".*/kernel", P("model", None))]
+
+
+def make_params(width: int, depth: int, d_in: int, seed: int = 0) -> dict:
+  rng = np.random.default_rng(seed)
+  params, fan_in = {}, d_in
+  for i in range(depth):
+    params[f"layer{i}"] = {
+        "kernel": (rng.normal(size=(fan_in, width)) / np.sqrt(fan_in)).astype(np.float32),
+        "bias": np.zeros((width,), np.float32),
+    }
+    fan_in = width
+  params["head"] = {"kernel": (rng.normal(size=(fan_in, 8)) / np.sqrt(fan_in)).astype(
+      np.float32), "bias": np.zeros((8,), np.float32)}
+  return params
+
+
+def loss_fn(params, batch):
+  h = batch["x"]
+  for name in sorted(k for k in params if k.startswith("layer")):
+    h = jax.nn.gelu(h @ params[name]["kernel"] + params[name]["bias"])
+  out = h @ params["head"]["kernel"] + params["head"]["bias"]
+  return jnp.mean(jnp.sum((out - batch["y"]) ** 2, axis=-1))
+
+
+def plain_step(mesh, opt, params, specs, data_axes):
+  """The baseline: one jit'd GSPMD step, no skipping, no metrics beyond loss."""
+  named = lambda s: NamedSharding(mesh, s)
+  p_sh = jax.tree.map(named, specs, is_leaf=lambda x: isinstance(x, P))
+  state = opt.init(params)
+  s_sh = jax.tree.map(named, ps.state_specs(state, params, specs, lambda _: P()),
+                      is_leaf=lambda x: isinstance(x, P))
+  b_sh = named(P(data_axes))
+
+  def step(params, opt_state, batch):
+    loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+    updates, opt_state = opt.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  jitted = jax.jit(step, in_shardings=(p_sh, s_sh, b_sh),
+                   out_shardings=(p_sh, s_sh, named(P())), donate_argnums=(0, 1))
+  params = jax.device_put(params, p_sh)
+  state = jax.device_put(state, s_sh)
+  return jitted, params, state, b_sh
+
+
+def time_pair(lib, plain, reps: int) -> tuple[float, float]:
+  """Median seconds per call of two zero-argument step closures, alternating."""
+  for f in (lib, plain):
+    f()
+    f()
+  a, b = [], []
+  for _ in range(reps):
+    for f, out in ((lib, a), (plain, b)):
+      t = time.perf_counter()
+      f()
+      out.append(time.perf_counter() - t)
+  return statistics.median(a), statistics.median(b)
+
+
+def compare(mesh_name: str, args) -> dict:
+  params = make_params(args.width, args.depth, args.d_in)
+  rng = np.random.default_rng(1)
+  batch = {"x": rng.normal(size=(args.batch, args.d_in)).astype(np.float32),
+           "y": rng.normal(size=(args.batch, 8)).astype(np.float32)}
+  opt = date_optax.lamb(1e-3, weight_decay=1e-2)
+  if mesh_name == "data (8,)":
+    mesh, rules, data_axes = dp.data_mesh(), None, "data"
+  else:
+    mesh = jax.make_mesh((4, 2), ("data", "model"),
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    rules, data_axes = FSDP, "data"
+  step = dp.make_train_step(loss_fn, opt, mesh, param_sharding=rules)
+  specs = step.param_specs(params)
+  state = step.init(params)
+  gbatch = step.shard_batch(batch)
+  jitted, p, s, b_sh = plain_step(mesh, opt, params, specs, data_axes)
+  pbatch = jax.device_put(batch, b_sh)
+  box = {"lib": state, "p": p, "s": s}
+
+  def run_lib():
+    box["lib"], m = step(box["lib"], gbatch)
+    m["loss"].block_until_ready()
+    jax.block_until_ready(box["lib"].params)
+
+  def run_plain():
+    box["p"], box["s"], loss = jitted(box["p"], box["s"], pbatch)
+    loss.block_until_ready()
+    jax.block_until_ready(box["p"])
+
+  t_lib, t_plain = time_pair(run_lib, run_plain, args.reps)
+  # Same math: after the same number of steps the parameters agree.
+  return {"mesh": mesh_name, "lib_ms": 1e3 * t_lib, "plain_ms": 1e3 * t_plain,
+          "ratio": t_lib / t_plain}
+
+
+def memory(args) -> list[dict]:
+  params = make_params(args.width, args.depth, args.d_in)
+  rng = np.random.default_rng(1)
+  batch = {"x": rng.normal(size=(args.mem_batch, args.d_in)).astype(np.float32),
+           "y": rng.normal(size=(args.mem_batch, 8)).astype(np.float32)}
+  rows = []
+  for k in (1, 2, 4, 8):
+    step = dp.make_train_step(loss_fn, date_optax.lamb(1e-3), dp.data_mesh(),
+                              microbatches=k)
+    state = step.init(params)
+    stats = step.lower(state, batch).compile().memory_analysis()
+    temp = stats.temp_size_in_bytes
+    total = (stats.argument_size_in_bytes + stats.output_size_in_bytes
+             - stats.alias_size_in_bytes + temp)
+    rows.append({"k": k, "temp_mib": temp / 2**20, "total_mib": total / 2**20})
+  return rows
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--batch", type=int, default=256)
+  parser.add_argument("--mem-batch", type=int, default=16384)
+  parser.add_argument("--width", type=int, default=512)
+  parser.add_argument("--depth", type=int, default=4)
+  parser.add_argument("--d-in", type=int, default=256)
+  parser.add_argument("--reps", type=int, default=20)
+  args = parser.parse_args()
+  print(f"jax {jax.__version__}, {len(jax.devices())} {jax.devices()[0].platform} "
+        f"devices, {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores")
+  print(f"MLP {args.d_in}->{args.width}x{args.depth}->8, LAMB, global batch "
+        f"{args.batch}, median of {args.reps}")
+  print("| mesh | library step (ms) | plain jit step (ms) | ratio |")
+  print("|---|---|---|---|")
+  for name in ("data (8,)", "data x model (4, 2), FSDP rules"):
+    r = compare(name, args)
+    print(f"| {r['mesh']} | {r['lib_ms']:.2f} | {r['plain_ms']:.2f} | "
+          f"{r['ratio']:.3f} |")
+  print(f"\nstep memory against microbatches (global batch {args.mem_batch}, "
+        "data mesh (8,), per device)")
+  print("| microbatches | temporary (MiB) | total (MiB) |")
+  print("|---|---|---|")
+  for r in memory(args):
+    print(f"| {r['k']} | {r['temp_mib']:.2f} | {r['total_mib']:.2f} |")
+
+
+if __name__ == "__main__":
+  main()
