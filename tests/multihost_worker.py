@@ -22,6 +22,9 @@ if __name__ == "__main__":
 
 import numpy as np  # noqa: E402
 import parallel_model as pm  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import date_optax  # noqa: E402
 import date_optax.parallel as dp  # noqa: E402
@@ -49,6 +52,59 @@ def train_and_evaluate(mesh):
   return fetch_replicated(state.params), np.array(losses), evals
 
 
+# Megatron-style tensor parallelism over the "model" axis: hidden columns,
+# then output rows.
+TENSOR_PARALLEL = [
+    (r"hidden/kernel", P(None, "model")),
+    (r"hidden/bias", P("model")),
+    (r"out/kernel", P("model", None)),
+]
+
+
+def cross_process_mesh():
+  """A (4, 2) ("data", "model") mesh whose "model" pairs span the processes.
+
+  Device (i, j) is the i-th device of process j (with one process of 8
+  devices: device i + 4j), so every parameter split over "model" has one half
+  in each process, and every process holds one replica of each data shard.
+  """
+  devices = np.array(jax.devices()).reshape(NUM_PROCESSES, 4).T
+  return jax.sharding.Mesh(devices, ("data", "model"))
+
+
+def train_sharded(mesh):
+  """3 steps of LAMB with the parameters split over the "model" axis.
+
+  The batches are built as global arrays from the full data, which every
+  process has: under this mesh each process holds a copy of every row.
+  """
+  step = dp.make_train_step(pm.loss_fn, date_optax.lamb(1e-2, weight_decay=1e-2),
+                            mesh, param_sharding=TENSOR_PARALLEL)
+  state = step.init(pm.init_params())
+  sharding = NamedSharding(mesh, P("data"))
+  data = pm.make_data(GLOBAL_BATCH * STEPS)
+  losses = []
+  for j in range(STEPS):
+    rows = {k: v[j * GLOBAL_BATCH : (j + 1) * GLOBAL_BATCH] for k, v in data.items()}
+    batch = {k: jax.make_array_from_callback(v.shape, sharding, lambda i, v=v: v[i])
+             for k, v in rows.items()}
+    state, metrics = step(state, batch)
+    losses.append(float(fetch_replicated(metrics["loss"])))
+  kernel = state.params["hidden"]["kernel"]
+  # The columns of the hidden kernel that this process holds.
+  local_cols = sorted({c for s in kernel.addressable_shards
+                       for c in range(kernel.shape[1])[s.index[1]]})
+  params = jax.tree.map(lambda x: np.asarray(multihost_utils.process_allgather(
+      x, tiled=True)), state.params)
+  return params, np.array(losses), {"spec": kernel.sharding.spec,
+                                    "local_cols": np.array(local_cols)}
+
+
+def _flat(params, prefix=""):
+  return {prefix + "/".join(str(k.key) for k in path): v
+          for path, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--port", type=int, required=True)
@@ -59,10 +115,11 @@ def main():
                 initialization_timeout=60)
   assert jax.process_count() == NUM_PROCESSES and jax.device_count() == 8
   params, losses, evals = train_and_evaluate(dp.torus_mesh(2, 4))
-  flat = {"/".join(str(k.key) for k in path): v
-          for path, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+  sharded, sharded_losses, layout = train_sharded(cross_process_mesh())
+  assert layout["spec"] == P(None, "model"), layout["spec"]
   np.savez(args.out, losses=losses, eval_loss=evals["loss"], eval_agree=evals["agree"],
-           **flat)
+           sharded_losses=sharded_losses, sharded_local_cols=layout["local_cols"],
+           **_flat(params), **_flat(sharded, "sharded/"))
   jax.distributed.shutdown()
 
 

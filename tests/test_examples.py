@@ -26,14 +26,8 @@ from examples.mnist1d_lstm.configs import default as mnist1d_default  # noqa: E4
 from examples.mnist1d_lstm.configs import smoke as mnist1d_smoke  # noqa: E402
 from examples.resnet50_imagenet import train as resnet_train  # noqa: E402
 from examples.resnet50_imagenet.configs import default as resnet_default  # noqa: E402
-from examples.resnet50_imagenet.configs import (  # noqa: E402
-  smoke as resnet_smoke,
-)
-from examples.resnet50_imagenet.configs import (
-  v2_32,
-  v3_32,
-  v4_32,
-)
+from examples.resnet50_imagenet.configs import smoke as resnet_smoke  # noqa: E402
+from examples.resnet50_imagenet.configs import v2_32, v3_32, v4_32  # noqa: E402
 
 
 def _read_metrics(path):
@@ -181,6 +175,7 @@ def test_resnet_fake_data_smoke(tmp_path):
   assert jax.device_count() == 8  # tests/conftest.py
   result = resnet_train.train_and_evaluate(config, str(tmp_path))
   assert result["steps"] == 4
+  assert json.load(open(tmp_path / "results.json"))["steps"] == 4
   assert np.isfinite(result["loss"])
   assert 0.0 <= result["eval_accuracy"] <= 1.0
   # LARS's per-layer ratios are logged, and the learning rate is LEGW's:

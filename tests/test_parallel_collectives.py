@@ -213,7 +213,11 @@ def _pairs(perm) -> frozenset:
 
 
 def _torus_ring_pairs(x: int, y: int) -> dict[str, frozenset]:
-  """Device-id permutations of the x-rings and the y-rings of a torus_mesh."""
+  """Permutations of the x-rings and y-rings, over row-major mesh positions.
+
+  The compiled program names devices by their position in the mesh (its
+  partition ids), which on CPU are also the device ids.
+  """
   ids = np.arange(x * y).reshape(x, y)
   return {
       "x": _pairs((ids[i, j], ids[(i + 1) % x, j]) for i in range(x) for j in range(y)),

@@ -13,6 +13,7 @@ import numpy as np
 import parallel_model as pm
 import pytest
 
+import date_optax
 import date_optax.parallel as dp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -60,12 +61,18 @@ def _run_workers(tmp_path) -> list[dict]:
   return [dict(np.load(o)) for o in outs]
 
 
-def test_two_processes_match_one_process_with_8_devices(tmp_path):
+@pytest.fixture(scope="module")
+def worker_results(tmp_path_factory):
+  """The two processes' outputs; they run both trainings in one start-up."""
+  return _run_workers(tmp_path_factory.mktemp("multihost"))
+
+
+def test_two_processes_match_one_process_with_8_devices(worker_results):
   import multihost_worker as worker  # the same training code, in this process
 
   assert jax.device_count() == 8 and jax.process_count() == 1
   params, losses, evals = worker.train_and_evaluate(dp.torus_mesh(2, 4))
-  results = _run_workers(tmp_path)
+  results = worker_results
   for res in results:  # both processes hold the same replicated result
     np.testing.assert_allclose(res["losses"], losses, rtol=1e-6)
     for layer in ("hidden", "out"):
@@ -77,3 +84,40 @@ def test_two_processes_match_one_process_with_8_devices(tmp_path):
     np.testing.assert_allclose(res["eval_agree"], evals["agree"], rtol=1e-6)
   # The run trained: the parameters moved away from their initial values.
   assert not np.allclose(params["out"]["kernel"], pm.init_params()["out"]["kernel"])
+
+
+def test_params_sharded_across_two_processes_match_one_process(worker_results):
+  """A (4, 2) ("data", "model") mesh whose "model" axis spans the processes."""
+  import multihost_worker as worker
+
+  mesh = worker.cross_process_mesh()
+  assert [d.id for d in mesh.devices[:, 1]] == [4, 5, 6, 7]  # the 2nd process's
+  params, losses, layout = worker.train_sharded(mesh)
+  assert layout["spec"] == jax.sharding.PartitionSpec(None, "model")
+  np.testing.assert_array_equal(layout["local_cols"], np.arange(16))  # all local
+  # Each process held one half of the hidden columns: the halves differ and
+  # together make the whole kernel.
+  cols = [res["sharded_local_cols"] for res in worker_results]
+  np.testing.assert_array_equal(np.sort(np.concatenate(cols)), np.arange(16))
+  assert len(cols[0]) == len(cols[1]) == 8
+  for res in worker_results:
+    np.testing.assert_allclose(res["sharded_losses"], losses, rtol=1e-6)
+    for layer in ("hidden", "out"):
+      for name in ("kernel", "bias"):
+        np.testing.assert_allclose(res[f"sharded/{layer}/{name}"], params[layer][name],
+                                   rtol=1e-6, atol=1e-7)
+  # ... and the sharded run is plain data parallelism on one device's copy of
+  # the parameters: the same steps with unsplit parameters on a data mesh.
+  step = dp.make_train_step(pm.loss_fn, date_optax.lamb(1e-2, weight_decay=1e-2),
+                            dp.data_mesh(), donate=False)
+  state = step.init(pm.init_params())
+  data = pm.make_data(worker.GLOBAL_BATCH * worker.STEPS)
+  for j in range(worker.STEPS):
+    rows = slice(j * worker.GLOBAL_BATCH, (j + 1) * worker.GLOBAL_BATCH)
+    state, metrics = step(state, {k: v[rows] for k, v in data.items()})
+    np.testing.assert_allclose(losses[j], metrics["loss"], rtol=1e-5)
+  for layer in ("hidden", "out"):
+    for name in ("kernel", "bias"):
+      np.testing.assert_allclose(params[layer][name], state.params[layer][name],
+                                 rtol=1e-5, atol=1e-6)
+  assert not np.allclose(params["hidden"]["kernel"], pm.init_params()["hidden"]["kernel"])

@@ -6,7 +6,9 @@ The baseline of the config (tuned at `base_batch_size`) is a
 or linear LR scaling with a 5-epoch warmup. The step is
 `date_optax.parallel.make_train_step`: the global batch is split over a
 `("data",)` mesh, the parameters are replicated, and one all-reduce per step
-averages the gradients.
+averages the gradients. The test set is evaluated with
+`date_optax.parallel.evaluate` (split over the devices, the last batch padded
+and masked).
 """
 
 from __future__ import annotations
@@ -125,9 +127,11 @@ def fit(
   train_step = dp.make_train_step(loss_fn, tx, mesh)
   state = train_step.init(params)
 
-  @jax.jit
-  def predict(params, x):
-    return jnp.argmax(model.apply(params, x), -1)
+  def metric_fn(params, batch):
+    return {"accuracy": jnp.argmax(model.apply(params, batch["x"]), -1) == batch["y"]}
+
+  test_set = {"x": data["x_test"], "y": data["y_test"]}
+  eval_batch = n_dev * max(1, 4096 // n_dev)
 
   rng = np.random.default_rng(config.seed)
   step = 0
@@ -143,11 +147,8 @@ def fit(
           scalars = {k: float(v) for k, v in metrics.items() if k != "trust_ratios"}
           scalars["learning_rate"] = float(recipe.schedule(step - 1))
           writer.write_scalars(step, scalars)
-      preds = np.concatenate([
-          np.asarray(predict(state.params, data["x_test"][i : i + 4096]))
-          for i in range(0, len(data["x_test"]), 4096)
-      ])
-      accuracy = 100.0 * float(np.mean(preds == data["y_test"]))
+      evals = dp.evaluate(metric_fn, state.params, test_set, mesh, batch_size=eval_batch)
+      accuracy = 100.0 * evals["accuracy"]
       writer.write_scalars(step, {"test_accuracy": accuracy, "epoch": epoch})
   result = dict(
       method=config.method, batch_size=config.batch_size, iterations=step,

@@ -1,9 +1,11 @@
 """ImageNet input for the pods (tensorflow-datasets) and fake data for tests.
 
-On a pod every host reads its own 1/process_count of the files
+On a pod every host reads its own 1/process_count of the training files
 (`tfds.split_for_jax_process`), decodes and augments with tf.data, and
-yields NumPy batches of `global_batch / process_count` examples; train.py
-assembles the global array from the hosts' pieces. TensorFlow and tfds are
+yields NumPy batches of `global_batch / process_count` examples; the train
+step assembles the global array from the hosts' pieces. The validation set
+is read whole by every host, in chunks that `date_optax.parallel.evaluate`
+splits over the hosts (it pads and masks the short last chunk). TensorFlow and tfds are
 imported only when the real pipeline is built (`pip install
 tensorflow-cpu tensorflow-datasets` on the workers, and the ImageNet
 TFRecords under `data_dir`, e.g. a gs:// bucket prepared with tfds).
@@ -51,26 +53,29 @@ def imagenet_batches(
 
   Args:
     split: "train" or "validation".
-    batch_size: examples per batch on this host (global / process count).
+    batch_size: examples per batch: on this host (global / process count)
+      for training, the global evaluation batch for evaluation.
     image_size: side of the square crop.
     data_dir: tfds data directory (a gs:// path on Cloud TPU).
-    train: random-resized crop, flip, shuffle and repeat; else a centre crop,
-      one pass, the last batch padded and marked with `mask`.
+    train: this host's files with random-resized crop, flip, shuffle and
+      repeat; else every file, a centre crop and one pass (the last batch
+      short).
     dtype: image dtype after normalisation.
     shuffle_buffer: tf.data shuffle buffer.
     seed: shuffle seed (combined with the process index).
 
   Returns:
-    An iterator of {"image", "label"} (and "mask" for evaluation) batches.
+    An iterator of {"image", "label"} batches.
   """
   import tensorflow as tf  # noqa: PLC0415  (only on the workers)
   import tensorflow_datasets as tfds  # noqa: PLC0415
 
   tf.config.set_visible_devices([], "GPU")  # keep TF off accelerators
   builder = tfds.builder("imagenet2012", data_dir=data_dir)
-  host_split = tfds.split_for_jax_process(split, drop_remainder=False)
+  if train:
+    split = tfds.split_for_jax_process(split, drop_remainder=False)
   ds = builder.as_dataset(
-      split=host_split, shuffle_files=train,
+      split=split, shuffle_files=train,
       decoders={"image": tfds.decode.SkipDecoding()},
   )
   tf_dtype = tf.bfloat16 if dtype == "bfloat16" else tf.float32
@@ -111,20 +116,10 @@ def imagenet_batches(
     ds = ds.batch(batch_size, drop_remainder=True)
   else:
     ds = ds.map(decode_eval, num_parallel_calls=tf.data.AUTOTUNE)
-    ds = ds.map(lambda image, label: (image, label, tf.constant(1.0)))
-    ds = ds.padded_batch(batch_size, padding_values=(tf.cast(0, tf_dtype), -1, 0.0))
+    ds = ds.batch(batch_size)
   ds = ds.prefetch(tf.data.AUTOTUNE)
-  for batch in tfds.as_numpy(ds):
-    if train:
-      yield {"image": batch[0], "label": batch[1]}
-    else:
-      image, label, mask = batch
-      if image.shape[0] < batch_size:  # pad the last batch to a full one
-        pad = batch_size - image.shape[0]
-        image = np.concatenate([image, np.zeros((pad, *image.shape[1:]), image.dtype)])
-        label = np.concatenate([label, -np.ones(pad, label.dtype)])
-        mask = np.concatenate([mask, np.zeros(pad, mask.dtype)])
-      yield {"image": image, "label": label, "mask": mask}
+  for image, label in tfds.as_numpy(ds):
+    yield {"image": image, "label": label}
 
 
 def _normalize(image, dtype):

@@ -2,43 +2,37 @@
 
 One `("data",)` mesh over all devices of all hosts
 (`date_optax.parallel.data_mesh`); each host feeds its share of the global
-batch (`date_optax.parallel.host_local_to_global`), and the step runs under
-`jax.jit` with the batch sharded and the state replicated, so the compiler
-inserts one gradient all-reduce per step. (The step is written here rather
-than taken from `date_optax.parallel.make_train_step` because batch norm
-carries mutable `batch_stats` next to the parameters.) Batch norm statistics
-stay inside each device (ghost batches of `ghost_batch_size`). The optimizer
-is LARS on the LEGW recipe or `date_optax.date` (see configs/default.py),
-with the usual skip list: no trust ratio and no weight decay on biases and
-BN parameters.
+batch, and the step is the library's
+(`date_optax.parallel.make_train_step`): each device computes the gradient
+of its slice, one all-reduce averages them, and steps with a NaN/Inf
+gradient are skipped. Batch norm's `batch_stats` are the step's model state:
+statistics are taken inside each device (ghost batches of
+`ghost_batch_size`), and the running averages are averaged over the devices
+after every step, so they stay replicated. Evaluation is
+`date_optax.parallel.evaluate` (padded, masked, exact). The optimizer is
+LARS on the LEGW recipe or `date_optax.date` (see configs/default.py), with
+the usual skip list: no trust ratio and no weight decay on biases and BN
+parameters.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
+import itertools
+import json
 import os
 import time
 from typing import Any
 
-import flax
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 import optax
 
 import date_optax
 import date_optax.parallel as dp
 from date_optax import diagnostics
 from examples.resnet50_imagenet import input_pipeline, models
-
-
-class TrainState(flax.struct.PyTreeNode):
-  step: jax.Array
-  params: Any
-  batch_stats: Any
-  opt_state: Any
 
 
 def make_baseline(config: ml_collections.ConfigDict) -> date_optax.Baseline:
@@ -84,6 +78,7 @@ def make_optimizer(
 
 
 def create_model(config: ml_collections.ConfigDict, num_replicas: int) -> models.ResNet:
+  """The model one replica runs on its `batch_size / num_replicas` examples."""
   per_device = config.batch_size // num_replicas
   if config.batch_size % num_replicas or per_device % config.ghost_batch_size:
     raise ValueError(
@@ -95,30 +90,44 @@ def create_model(config: ml_collections.ConfigDict, num_replicas: int) -> models
       num_classes=config.num_classes,
       dtype=jnp.bfloat16 if config.half_precision else jnp.float32,
       ghost_batch_size=config.ghost_batch_size,
-      num_replicas=num_replicas,
       bn_momentum=config.bn_momentum,
   )
 
 
-def _global_batch(batch: dict[str, np.ndarray], sharding) -> dict[str, jax.Array]:
-  # Each host passes its rows; the global array spans all hosts' devices.
-  return dp.host_local_to_global(batch, sharding)
-
-
-def _batches(config, local_batch: int, train: bool):
+def _train_batches(config, local_batch: int):
   if config.dataset == "fake":
-    it = input_pipeline.fake_batches(
+    return input_pipeline.fake_batches(
         local_batch, config.image_size, config.num_classes,
-        seed=config.seed + (0 if train else 1) + 7 * jax.process_index(),
+        seed=config.seed + 7 * jax.process_index(),
     )
-    if train:
-      return it
-    return ({**b, "mask": np.ones(local_batch, np.float32)} for b in it)
   return input_pipeline.imagenet_batches(
-      split="train" if train else "validation", batch_size=local_batch,
-      image_size=config.image_size, data_dir=config.data_dir, train=train,
+      split="train", batch_size=local_batch, image_size=config.image_size,
+      data_dir=config.data_dir, train=True,
       dtype="bfloat16" if config.half_precision else "float32", seed=config.seed,
   )
+
+
+def _eval_chunks(config):
+  """The evaluation set in chunks of `eval_batch_size`, the same on every host.
+
+  `date_optax.parallel.evaluate` gives each host its part of a chunk and pads
+  and masks the short last one.
+  """
+  if config.dataset == "fake":
+    data = next(input_pipeline.fake_batches(
+        config.num_eval_examples, config.image_size, config.num_classes,
+        seed=config.seed + 1,
+    ))
+    chunks = ({k: v[i : i + config.eval_batch_size] for k, v in data.items()}
+              for i in range(0, config.num_eval_examples, config.eval_batch_size))
+  else:
+    chunks = input_pipeline.imagenet_batches(
+        split="validation", batch_size=config.eval_batch_size,
+        image_size=config.image_size, data_dir=config.data_dir, train=False,
+        dtype="bfloat16" if config.half_precision else "float32",
+    )
+  return chunks if config.steps_per_eval <= 0 else itertools.islice(
+      chunks, config.steps_per_eval)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -127,66 +136,40 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   Args:
     config: the hyperparameters (configs/*.py).
     workdir: checkpoints (`workdir/checkpoints`, any orbax path incl. gs://)
-      and, for a local path, `metrics.csv` written by host 0.
+      and, for a local path, `metrics.csv` and `results.json` written by
+      host 0.
 
   Returns:
     The last train and eval metrics, and the number of steps.
   """
   start = time.perf_counter()
   mesh = dp.data_mesh()
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  batch_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
   num_replicas = jax.device_count()
   model = create_model(config, num_replicas)
   tx, recipe = make_optimizer(config)
   total_steps = recipe.total_steps if config.num_train_steps <= 0 else config.num_train_steps
   local_batch = config.batch_size // jax.process_count()
 
-  def init(key):
-    shape = (config.batch_size // num_replicas, config.image_size, config.image_size, 3)
-    variables = model.init(key, jnp.zeros(shape, jnp.float32), train=False)
-    params = variables["params"]
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                      batch_stats=variables["batch_stats"], opt_state=tx.init(params))
+  def loss_fn(params, batch, model_state):
+    logits, new_vars = model.apply(
+        {"params": params, "batch_stats": model_state}, batch["image"],
+        train=True, mutable=["batch_stats"],
+    )
+    labels = optax.smooth_labels(
+        jax.nn.one_hot(batch["label"], config.num_classes), config.label_smoothing)
+    loss = optax.softmax_cross_entropy(logits, labels).mean()  # float32 logits
+    accuracy = jnp.mean(jnp.argmax(logits, -1) == batch["label"])
+    return loss, (new_vars["batch_stats"], {"accuracy": accuracy})
 
-  state = jax.jit(init, out_shardings=replicated)(jax.random.key(config.seed))
+  def metric_fn(variables, batch):
+    logits = model.apply(variables, batch["image"], train=False)
+    return {"accuracy": jnp.argmax(logits, -1) == batch["label"]}
 
-  def train_step(state: TrainState, batch):
-    def loss_fn(params):
-      logits, new_vars = model.apply(
-          {"params": params, "batch_stats": state.batch_stats}, batch["image"],
-          train=True, mutable=["batch_stats"],
-      )
-      labels = optax.smooth_labels(
-          jax.nn.one_hot(batch["label"], config.num_classes), config.label_smoothing)
-      loss = optax.softmax_cross_entropy(logits, labels).mean()  # float32 logits
-      return loss, (new_vars["batch_stats"], logits)
-
-    (loss, (batch_stats, logits)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        state.params)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = {
-        "loss": loss,
-        "accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["label"]),
-        "learning_rate": recipe.schedule(state.step),
-        "grad_norm": optax.tree.norm(grads),
-    }
-    ratios = date_optax.trust_ratios(opt_state)
-    if ratios is not None:
-      metrics.update(diagnostics.trust_ratio_summary(ratios, prefix="trust_ratio/"))
-    new_state = TrainState(step=state.step + 1, params=params,
-                           batch_stats=batch_stats, opt_state=opt_state)
-    return new_state, metrics
-
-  def eval_step(state: TrainState, batch):
-    logits = model.apply({"params": state.params, "batch_stats": state.batch_stats},
-                         batch["image"], train=False)
-    correct = (jnp.argmax(logits, -1) == batch["label"]) * batch["mask"]
-    return {"correct": jnp.sum(correct), "count": jnp.sum(batch["mask"])}
-
-  train_step = jax.jit(train_step, donate_argnums=0, out_shardings=(replicated, replicated))
-  eval_step = jax.jit(eval_step, out_shardings=replicated)
+  step_fn = dp.make_train_step(loss_fn, tx, mesh, has_aux=True)
+  shape = (config.batch_size // num_replicas, config.image_size, config.image_size, 3)
+  variables = jax.jit(lambda key: model.init(key, jnp.zeros(shape, jnp.float32),
+                                             train=False))(jax.random.key(config.seed))
+  state = step_fn.init(variables["params"], model_state=variables["batch_stats"])
 
   local = "://" not in workdir
   ckpt = date_optax.checkpoint.CheckpointManager(
@@ -197,31 +180,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     state, _ = ckpt.restore(state)
   writer = (diagnostics.MetricWriter(workdir, tensorboard=None)
             if local and jax.process_index() == 0 else None)
-  # Hosts may hold a few more examples than the average: one extra (mostly
-  # empty, masked) step on multi-host runs makes sure every example is seen.
-  steps_per_eval = (config.steps_per_eval if config.steps_per_eval > 0 else
-                    math.ceil(config.num_eval_examples / config.eval_batch_size)
-                    + (jax.process_count() > 1))
   eval_every = max(1, round(config.eval_every_epochs * recipe.steps_per_epoch))
 
   def evaluate() -> dict[str, float]:
-    it = _batches(config, config.eval_batch_size // jax.process_count(), train=False)
+    variables = {"params": state.params, "batch_stats": state.model_state}
     correct = count = 0.0
-    for _ in range(steps_per_eval):
-      # Hosts with fewer examples keep stepping on empty batches, so every
-      # host runs the same number of collective steps.
-      batch = next(it, None)
-      if batch is None:
-        b = config.eval_batch_size // jax.process_count()
-        batch = {"image": np.zeros((b, config.image_size, config.image_size, 3),
-                                   np.float32),
-                 "label": np.zeros(b, np.int32), "mask": np.zeros(b, np.float32)}
-      out = eval_step(state, _global_batch(batch, batch_sharding))
-      correct += float(out["correct"])
-      count += float(out["count"])
+    for chunk in _eval_chunks(config):
+      n = len(chunk["label"])
+      out = dp.evaluate(metric_fn, variables, chunk, mesh,
+                        batch_size=config.eval_batch_size)
+      correct += out["accuracy"] * n
+      count += n
     return {"eval_accuracy": correct / max(count, 1.0)}
 
-  train_iter = _batches(config, local_batch, train=True)
+  train_iter = dp.prefetch_to_device(_train_batches(config, local_batch),
+                                     step_fn.batch_sharding)
   step = int(state.step)
   metrics: dict[str, float] = {}
   eval_metrics: dict[str, float] = {}
@@ -231,10 +204,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           f"warmup {recipe.warmup_steps} of {recipe.total_steps} steps; "
           f"running steps {step + 1}..{total_steps}", flush=True)
   while step < total_steps:
-    state, m = train_step(state, _global_batch(next(train_iter), batch_sharding))
+    state, m = step_fn(state, next(train_iter))
     step += 1
     if step % config.log_every_steps == 0 or step == total_steps:
-      metrics = {k: float(v) for k, v in m.items()}
+      metrics = {k: float(v) for k, v in m.items() if k not in ("trust_ratios", "aux")}
+      metrics["accuracy"] = float(m["aux"]["accuracy"])
+      metrics["learning_rate"] = float(recipe.schedule(step - 1))
       if writer is not None:
         writer.write_scalars(step, metrics)
       if jax.process_index() == 0:
@@ -253,4 +228,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   ckpt.close()
   if writer is not None:
     writer.close()
-  return {**metrics, **eval_metrics, "steps": step}
+  result = {**metrics, **eval_metrics, "steps": step,
+            "wall_time": time.perf_counter() - start}
+  if local and jax.process_index() == 0:
+    with open(os.path.join(workdir, "results.json"), "w") as f:
+      json.dump(result, f, indent=1)
+  return result

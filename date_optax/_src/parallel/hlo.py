@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 _INSTRUCTION = re.compile(r"\s*(?:ROOT\s+)?%(\S+)\s*=\s*\S+\s+([\w\-]+)\((.*)$")
-_COMPUTATION_START = re.compile(r"\n(?=\S.*\{\s*$)")
+_COMPUTATION_START = re.compile(r"\n(?=\S.*\{[ \t]*$)", re.MULTILINE)
 
 
 def collective_permute_rounds(hlo_text: str) -> list[tuple[int, frozenset]]:
