@@ -23,6 +23,13 @@ Usage:
   python benchmarks/batch_scaling.py --quick          # < 3 min, 1 seed, small data
   python benchmarks/batch_scaling.py                  # full: grids + 3 seeds
   python benchmarks/batch_scaling.py --seeds 2        # a reduced full mode
+  python benchmarks/batch_scaling.py --oracle         # gaps to a retuned oracle
+  python benchmarks/batch_scaling.py --oracle --quick # its pipeline check
+
+``--oracle`` runs the study of `benchmarks/oracle.py` (four tasks, a
+retuning grid at every target batch, DATE and the other rules as gaps to the
+grid's best) and writes docs/oracle[_quick].{md,png,jsonl}; ``--tasks`` and
+``--scales`` restrict it.
 
 Writes docs/batch_scaling[_quick].{md,png} and keeps every finished run in
 docs/batch_scaling[_quick].jsonl, so an interrupted run resumes where it
@@ -69,6 +76,10 @@ WARMUP_EPOCHS = 0.1
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--quick", action="store_true", help="< 3 minutes, 1 seed, no grid")
+  p.add_argument("--oracle", action="store_true",
+                 help="gaps to a retuned oracle on four tasks (benchmarks/oracle.py)")
+  p.add_argument("--tasks", default=None, help="--oracle: comma-separated task names")
+  p.add_argument("--scales", default=None, help="--oracle: comma-separated k values")
   p.add_argument("--seeds", type=int, default=None, help="seeds per cell")
   p.add_argument("--epochs", type=int, default=None)
   p.add_argument("--num-train", type=int, default=None)
@@ -82,6 +93,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
   args = parse_args(argv)
+  if args.oracle:
+    return _oracle_main(args)
   cfg = dict(QUICK if args.quick else FULL)
   for key in ("seeds", "epochs", "num_train", "momentum_lr", "adam_lr", "adam_rc_lr"):
     if getattr(args, key) is not None:
@@ -183,6 +196,17 @@ def main(argv=None) -> int:
   print(md)
   print(f"wrote {out}.md, {out}.png, {log_path}")
   return 0
+
+
+def _oracle_main(args) -> int:
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  import oracle  # noqa: PLC0415
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = args.out or os.path.join(
+      root, "docs", "oracle_quick" if args.quick else "oracle")
+  os.makedirs(os.path.dirname(out), exist_ok=True)
+  return oracle.run_study(args, root, out)
 
 
 def _load_log(path: str) -> dict:

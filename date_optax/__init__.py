@@ -12,6 +12,7 @@ from date_optax._src.engine import (
     Recipe,
     date,
     date_recipe,
+    layer_lr_bounds,
     multi_stage,
     scale_recipe,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "Recipe",
     "date",
     "date_recipe",
+    "layer_lr_bounds",
     "linear_scaling",
     "multi_stage",
     "roller_coaster",

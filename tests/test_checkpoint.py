@@ -25,7 +25,7 @@ import optax
 import pytest
 
 import date_optax
-from date_optax.checkpoint import CheckpointManager
+from date_optax.checkpoint import CheckpointManager, CorruptCheckpointError
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "checkpoint_train_script.py")
 TIMEOUT_S = 180
@@ -311,3 +311,87 @@ def test_optax_state_roundtrip_with_inject_hyperparams(tmp_path):
   np.testing.assert_array_equal(
       date_optax.trust_ratios(restored)["w"], date_optax.trust_ratios(state)["w"])
   np.testing.assert_allclose(restored.hyperparams["learning_rate"], 1e-2)
+
+
+def test_missing_orbax_names_the_extra(tmp_path, monkeypatch):
+  # A plain `pip install date-optax` has no orbax: the manager must say which
+  # extra brings it, not fail with a bare ModuleNotFoundError.
+  for name in [m for m in sys.modules if m == "orbax" or m.startswith("orbax.")]:
+    monkeypatch.delitem(sys.modules, name)
+  monkeypatch.setitem(sys.modules, "orbax", None)
+  monkeypatch.setitem(sys.modules, "orbax.checkpoint", None)
+  with pytest.raises(ImportError, match=r"date-optax\[checkpoint\]"):
+    CheckpointManager(str(tmp_path / "ckpt"))
+
+
+def _two_steps(tmp_path):
+  with CheckpointManager(tmp_path, async_save=False) as mngr:
+    mngr.save(1, _state(1.0), metadata={"index": 1})
+    mngr.save(2, _state(2.0), metadata={"index": 2})
+  return [p for p in (tmp_path / "2").rglob("*") if p.is_file()]
+
+
+def _assert_falls_back_to_step_1(tmp_path):
+  with CheckpointManager(tmp_path, async_save=False) as mngr:
+    assert mngr.all_steps() == (1, 2)
+    with pytest.warns(RuntimeWarning, match="checkpoint step 2 .* damaged"):
+      restored, meta = mngr.restore(_state(0.0))
+    assert meta == {"index": 1}
+    np.testing.assert_array_equal(restored["params"]["w"], np.full((4, 3), 1.0))
+    # Asked for by name, the damaged step is refused, never loaded.
+    with pytest.raises(CorruptCheckpointError, match="step 2"):
+      mngr.restore(_state(0.0), step=2)
+
+
+def test_truncated_latest_checkpoint_falls_back(tmp_path):
+  files = _two_steps(tmp_path)
+  data = [p for p in files if p.parent.name == "d"]
+  assert data, files
+  for p in data:
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+  _assert_falls_back_to_step_1(tmp_path)
+
+
+def test_half_deleted_latest_checkpoint_falls_back(tmp_path):
+  files = sorted(_two_steps(tmp_path))
+  for p in files[::2]:
+    p.unlink()
+  _assert_falls_back_to_step_1(tmp_path)
+
+
+def test_silently_wrong_payload_is_caught_by_fingerprints(tmp_path):
+  # Files that orbax reads without complaint but that hold other numbers
+  # (a copy from another run): only the fingerprints can tell.
+  _two_steps(tmp_path)
+  other = tmp_path.parent / (tmp_path.name + "_other")
+  with CheckpointManager(other, async_save=False) as mngr:
+    mngr.save(2, _state(5.0), metadata={"index": 2})
+  shutil.rmtree(tmp_path / "2" / "state")
+  shutil.copytree(other / "2" / "state", tmp_path / "2" / "state")
+  _assert_falls_back_to_step_1(tmp_path)
+
+
+def test_fingerprints_see_every_word_and_its_place():
+  from date_optax._src.checkpoint import _fingerprints
+
+  base = {"a": jnp.arange(12.0).reshape(3, 4), "k": jax.random.key_data(jax.random.key(0)),
+          "h": jnp.ones(5, jnp.bfloat16), "c": jnp.array([1 + 2j], jnp.complex64)}
+  ref = _fingerprints(base)
+  assert ref == _fingerprints(jax.tree.map(np.asarray, base))
+  changed = [
+      dict(base, a=base["a"].at[2, 3].add(1e-6)),
+      dict(base, a=base["a"][::-1]),  # same words, other places
+      dict(base, h=base["h"].at[0].set(2)),
+      dict(base, c=base["c"] * 1j),
+      dict(base, k=base["k"] ^ 1),
+  ]
+  for tree in changed:
+    assert _fingerprints(tree) != ref
+
+
+def test_wrong_target_is_an_error_not_a_fallback(tmp_path):
+  _two_steps(tmp_path)
+  with CheckpointManager(tmp_path, async_save=False) as mngr:
+    bad_target = dict(_state(0.0), params={"w": jnp.zeros((5, 3)), "b": jnp.zeros(3)})
+    with pytest.raises(CorruptCheckpointError, match="step 2"):
+      mngr.restore(bad_target)

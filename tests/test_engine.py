@@ -257,6 +257,48 @@ def test_multi_stage_bert_two_stages():
     date_optax.multi_stage([r1.schedule])
 
 
+def test_multi_stage_refuses_a_stage_without_warmup():
+  with_w = date_optax.Baseline(batch_size=512, learning_rate=1e-3,
+                               warmup_ratio=0.1, epochs=1, num_examples=5120)
+  no_w = date_optax.Baseline(batch_size=512, learning_rate=1e-3,
+                             epochs=1, num_examples=2048)
+  ok = date_optax.multi_stage([date_optax.scale_recipe(with_w, 1024)] * 2)
+  assert ok.total_steps == 10
+  for stages, idx in (([with_w, no_w], 1), ([no_w, with_w], 0)):
+    recipes = [date_optax.scale_recipe(b, 512) for b in stages]
+    with pytest.raises(ValueError, match=f"stage {idx} .*warmup_steps=0"):
+      date_optax.multi_stage(recipes)
+
+
+@pytest.mark.parametrize("field,value,smallest", [
+    # round(w·n/B0) = round(w·58.5) >= 1  <=>  w >= 1/117 = 0.008547...
+    ("warmup_epochs", 0.008, 0.008548),
+    ("warmup_ratio", 0.0002, 0.0002850),  # (1/117) / 30 epochs
+])
+def test_warmup_that_rounds_to_zero_iterations_is_refused(field, value, smallest):
+  def base(w):
+    return date_baseline(**{"warmup_epochs": None, field: w})
+  with pytest.raises(ValueError, match=f"{field}={value}.* {smallest:g};"):
+    base(value)
+  # The value the message gives is enough for one iteration; just below is not.
+  assert base(smallest).warmup_steps == 1
+  with pytest.raises(ValueError, match=field):
+    base(smallest * 0.999)
+  # Zero stays "no warmup".
+  assert date_baseline(warmup_epochs=0).warmup_steps == 0
+
+
+def test_warmup_that_vanishes_at_the_target_batch_is_refused():
+  # With a constant warmup in epochs the iterations shrink as B grows:
+  # 0.1 epoch is 5.85 iterations at B0 = 1024, 0.73 at 8K, 0.37 at 16K.
+  base = date_baseline(warmup_epochs=0.1)
+  assert date_optax.scale_recipe(base, 8192, warmup_scaling="none").warmup_steps == 1
+  with pytest.raises(ValueError, match=r"warmup_epochs=0.1 .*batch_size=16384.* 0.1368;"):
+    date_optax.scale_recipe(base, 16384, warmup_scaling="none")
+  # LEGW's linear warmup scaling keeps the iterations: never refused.
+  assert date_optax.scale_recipe(base, 65536).warmup_steps == 6
+
+
 def test_baseline_and_recipe_are_frozen_and_hashable():
   base = date_baseline(optimizer_options={"momentum": 0.8})
   with pytest.raises(dataclasses.FrozenInstanceError):
@@ -399,23 +441,110 @@ def test_baseline_solver_is_plain_momentum():
                p_a, p_b)
 
 
+def _steps(tx, steps, batch_size=32, seed=0):
+  """Params after each of `steps` updates of the MLP (eager, one per step)."""
+  x, y, params, loss_fn = _mlp_problem(seed)
+  rng = np.random.default_rng(1)
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  grad = jax.jit(jax.grad(loss_fn))
+  out = []
+  for _ in range(steps):
+    b = rng.choice(x.shape[0], batch_size, replace=False)
+    u, state = update(grad(params, x[b], y[b]), state, params)
+    params = optax.apply_updates(params, u)
+    out.append(params)
+  return out, state
+
+
+@pytest.mark.parametrize(
+    "optimizer,lr,options",
+    [
+        ("momentum", 0.05, {"momentum": 0.9}),
+        ("momentum", 0.05, {"momentum": 0.9, "weight_decay": 1e-3}),
+        ("sgd", 0.1, {}),
+        ("adam", 2e-3, {}),
+        ("adam", 2e-3, {"weight_decay": 1e-2,
+                        "weight_decay_mask": date_optax.exclude_bias_and_norm}),
+        ("rmsprop", 5e-3, {}),
+    ],
+)
+def test_date_at_b0_is_the_baseline_solver_step_by_step(optimizer, lr, options):
+  # Every leaf, zero-initialised biases included, follows baseline.solver()
+  # at every step: the bounds are [1, 1] at k = 1 and the biases are masked.
+  base = _small_baseline(optimizer=optimizer, learning_rate=lr,
+                         optimizer_options=options)
+  ref, _ = _steps(base.solver(), 40)
+  got, state = _steps(date_optax.date(base, 32), 40)
+  for t, (a, b) in enumerate(zip(got, ref)):
+    jax.tree.map(lambda u, v, t=t: np.testing.assert_allclose(
+        u, v, rtol=2e-6, atol=1e-7, err_msg=f"step {t + 1}"), a, b)
+  for r in jax.tree.leaves(date_optax.trust_ratios(state)):
+    np.testing.assert_array_equal(np.asarray(r), 1.0)
+
+
+def test_the_old_fixed_bounds_were_not_the_baseline_on_biases():
+  # The defect the defaults fix: with every leaf under the ratio and bounds
+  # [0.01, 1], a zero-initialised bias gets r = 1 at step 1, then
+  # ‖b‖/‖g_b‖ < 1, and leaves the baseline after one step.
+  base = _small_baseline()
+  ref, _ = _steps(base.solver(), 3)
+  old = date_optax.date(base, 32, bounds="fixed", trust_ratio_mask=None)
+  got, state = _steps(old, 3)
+  np.testing.assert_allclose(got[0]["l1"]["b"], ref[0]["l1"]["b"], rtol=1e-6)
+  assert float(date_optax.trust_ratios(state)["l1"]["b"]) < 0.5
+  assert not np.allclose(got[2]["l1"]["b"], ref[2]["l1"]["b"], rtol=1e-3)
+
+
 def test_date_at_k_equal_one_trains_like_the_baseline():
   base = _small_baseline()
   baseline_solver = optax.sgd(base.recipe().schedule, momentum=0.9)
   _, loss_base, _, loss0 = _train(baseline_solver, 32, 10)
   p_date, loss_date, ratios, _ = _train(date_optax.date(base, 32), 32, 10)
   assert loss_base < 0.5 * loss0  # the baseline itself learns
-  # Default bounds [0.01, 1]: the weight matrices' ratios ‖w‖/‖g‖ are > 1, so
-  # they are clipped to exactly 1 and the update is the baseline's.
   for name in ("l1", "l2"):
     np.testing.assert_array_equal(np.asarray(ratios[name]["w"]), 1.0)
-    assert np.all(np.asarray(ratios[name]["b"]) >= 0.01 - 1e-7)
-    assert np.all(np.asarray(ratios[name]["b"]) <= 1.0)
-  np.testing.assert_allclose(loss_date, loss_base, rtol=0.02)
-  # The upper bound is what makes this hold: 10 multiplies most layers' step.
+    np.testing.assert_array_equal(np.asarray(ratios[name]["b"]), 1.0)
+  np.testing.assert_allclose(loss_date, loss_base, rtol=1e-4)
+  # A fixed upper bound of 10 multiplies most layers' step.
   _, loss_up10, ratios10, _ = _train(date_optax.date(base, 32, upper=10.0), 32, 10)
   assert np.asarray(ratios10["l1"]["w"]).max() > 5.0
   assert abs(loss_up10 - loss_base) > 0.2 * loss_base
+
+
+@pytest.mark.parametrize("rule,k,want", [
+    ("baseline_to_recipe", 1, (1.0, 1.0)),
+    ("baseline_to_recipe", 16, (0.25, 1.0)),
+    ("baseline_to_recipe", 64, (0.125, 1.0)),
+    ("baseline_to_linear", 1, (1.0, 1.0)),
+    ("baseline_to_linear", 16, (0.25, 4.0)),
+    ("baseline_to_linear", 64, (0.125, 8.0)),
+    ("fixed", 64, (0.01, 1.0)),
+])
+def test_layer_lr_bounds(rule, k, want):
+  base = _small_baseline(batch_size=16, warmup_epochs=0.1, epochs=30,
+                         num_examples=32768)
+  r = date_optax.date_recipe(base, 16 * k)
+  got = date_optax.layer_lr_bounds(r, rule)
+  np.testing.assert_allclose(got, want, rtol=1e-12)
+  # In learning rates: every layer between η0 and the rule's ceiling.
+  lo, hi = got
+  if rule != "fixed":
+    assert r.peak_learning_rate * lo == pytest.approx(base.learning_rate)
+  # Scaling down (k < 1): the bounds flip sides of 1 and still hold η0.
+  down = date_optax.layer_lr_bounds(date_optax.date_recipe(base, 8), rule)
+  assert down[0] <= down[1]
+  with pytest.raises(ValueError, match="bounds"):
+    date_optax.layer_lr_bounds(r, "loose")
+
+
+def test_date_masks_biases_and_bounds_kernels_at_large_batch():
+  base = _small_baseline()
+  _, _, ratios, _ = _train(date_optax.date(base, 512), 512, 10)  # k = 16
+  for name in ("l1", "l2"):
+    np.testing.assert_array_equal(np.asarray(ratios[name]["b"]), 1.0)
+    w = np.asarray(ratios[name]["w"])
+    assert np.all((w >= 0.25 - 1e-7) & (w <= 1.0 + 1e-7))
 
 
 @pytest.mark.parametrize("optimizer,lr", [("momentum", 0.05), ("adam", 2e-3),
@@ -426,8 +555,9 @@ def test_date_optimizers_train_under_jit_at_large_batch(optimizer, lr):
   assert date_optax.date_recipe(base, 256).total_steps == 40
   _, loss, ratios, loss0 = _train(tx, 256, 10)
   assert loss < 0.6 * loss0
+  lower = 1 / math.sqrt(8)  # bounds [1/sqrt(k), 1]
   for r in jax.tree.leaves(ratios):
-    assert np.all((np.asarray(r) >= 0.01 - 1e-7) & (np.asarray(r) <= 1.0 + 1e-7))
+    assert np.all((np.asarray(r) >= lower - 1e-6) & (np.asarray(r) <= 1.0 + 1e-7))
 
 
 def test_date_follows_the_spec_example_schedule():
@@ -454,24 +584,51 @@ def test_date_follows_the_spec_example_schedule():
 
 
 def test_date_bounds_defaults_and_overrides():
-  params = {"w": jnp.full((3,), 10.0)}
-  g = {"w": jnp.full((3,), 1e-3)}  # ratio ‖w‖/‖g‖ = 1e4
-  def ratio_after_one_step(tx):
+  params = {"w": jnp.full((3, 1), 10.0)}
+  g = {"w": jnp.full((3, 1), 1e-3)}  # ratio ‖w‖/‖g‖ = 1e4
+  def ratio_after_one_step(tx, g=g):
     _, s = tx.update(g, tx.init(params), params)
     return float(date_optax.trust_ratios(s)["w"])
   base = date_baseline(optimizer="sgd")
-  assert ratio_after_one_step(date_optax.date(base, 2048)) == 1.0
-  assert ratio_after_one_step(date_optax.date(base, 2048, upper=10.0)) == 10.0
+  assert ratio_after_one_step(date_optax.date(base, 4096)) == 1.0
+  assert ratio_after_one_step(
+      date_optax.date(base, 4096, bounds="baseline_to_linear")) == 2.0
+  assert ratio_after_one_step(date_optax.date(base, 4096, upper=10.0)) == 10.0
   tuned = date_baseline(optimizer="sgd", ratio_bounds=(0.1, 3.0))
-  assert ratio_after_one_step(date_optax.date(tuned, 2048)) == 3.0
+  assert ratio_after_one_step(date_optax.date(tuned, 4096)) == 3.0
   assert engine.DEFAULT_BOUNDS == (0.01, 1.0)
-  # Large gradients are damped, down to the lower bound.
-  g_big = {"w": jnp.full((3,), 1e6)}
-  tx = date_optax.date(base, 2048)
-  _, s = tx.update(g_big, tx.init(params), params)
-  assert float(date_optax.trust_ratios(s)["w"]) == pytest.approx(0.01)
+  # Large gradients are damped, down to the lower bound: 1/sqrt(k) by
+  # default (the layer keeps the baseline's η0), 0.01 with fixed bounds.
+  g_big = {"w": jnp.full((3, 1), 1e6)}
+  assert ratio_after_one_step(date_optax.date(base, 4096), g_big) == 0.5
+  assert ratio_after_one_step(
+      date_optax.date(base, 4096, bounds="fixed"), g_big) == pytest.approx(0.01)
+  assert ratio_after_one_step(
+      date_optax.date(base, 4096, lower=0.2), g_big) == pytest.approx(0.2)
   with pytest.raises(ValueError, match="lower"):
     date_optax.date(base, 2048, lower=2.0)
+  with pytest.raises(ValueError, match="bounds"):
+    date_optax.date(base, 2048, bounds="tight")
+
+
+def test_date_trust_ratio_mask_override():
+  # trust_ratio_mask=None puts the 1-D bias under the ratio again.
+  params = {"w": jnp.full((3, 1), 10.0), "b": jnp.zeros(3)}
+  g = {"w": jnp.full((3, 1), 1e6), "b": jnp.full((3,), 1e6)}
+  base = date_baseline(optimizer="sgd")
+  for mask, want_b in ((date_optax.exclude_bias_and_norm, 1.0), (None, 1.0)):
+    tx = date_optax.date(base, 4096, trust_ratio_mask=mask)
+    p = params
+    s = tx.init(p)
+    u, s = tx.update(g, s, p)  # b = 0: ratio 1 either way
+    assert float(date_optax.trust_ratios(s)["b"]) == want_b
+    p = optax.apply_updates(p, u)
+    _, s = tx.update(g, s, p)
+    r_b = float(date_optax.trust_ratios(s)["b"])
+    if mask is None:
+      assert r_b < 1.0  # ‖b‖ is now small relative to ‖g_b‖
+    else:
+      assert r_b == 1.0
 
 
 def test_date_overrides():
@@ -492,6 +649,9 @@ def test_date_overrides():
   # A multistep baseline gets DATE's roller coaster.
   ms = _small_baseline(decay=schedules.MultiStep(epochs=(5,)))
   assert date_optax.date_recipe(ms, 64).decay == schedules.RollerCoaster()
+  # ... unless asked to keep the baseline's own decay.
+  kept = date_optax.date_recipe(ms, 64, decay="baseline")
+  assert kept.decay == schedules.MultiStep(epochs=(5,))
   assert date_optax.scale_recipe(ms, 64).decay == schedules.MultiStep(epochs=(5,))
 
 

@@ -138,6 +138,14 @@ def test_resnet_slice_configs_match_tpu_readme(module, devices, per_device):
     resnet_train.create_model(config, 128)  # 32 per device < ghost batch 64
 
 
+
+def test_resnet_pod_config_names_the_slices():
+  from examples.resnet50_imagenet.configs import pod
+
+  assert pod.get_config("v4-32").batch_size == v4_32.get_config().batch_size == 4096
+  with pytest.raises(ValueError, match="accelerator_type must be one of v2-32"):
+    pod.get_config("v5p-8")
+
 def test_resnet_date_recipe():
   config = resnet_default.get_config()
   config.optimizer = "date"

@@ -429,10 +429,7 @@ def test_path_mask_nnx_state():
   mask = date_optax.path_mask(exclude=(r"^norm/",))(state)
   flat = {"/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path): v
           for path, v in jax.tree_util.tree_flatten_with_path(mask)[0]}
-  assert {k: v for k, v in flat.items()} == {
-      "dense/bias/value": True, "dense/kernel/value": True,
-      "norm/bias/value": False, "norm/scale/value": False} or all(
-      v == (not k.startswith("norm")) for k, v in flat.items())
+  assert flat and all(v == k.startswith("dense/") for k, v in flat.items()), flat
   assert sum(flat.values()) == 2
 
 

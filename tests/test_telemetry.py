@@ -204,6 +204,100 @@ def test_metric_writer_rejects_bad_input(tmp_path):
     MetricWriter(tmp_path, tensorboard="yes")
 
 
+
+def test_metric_writer_resume_step_drops_rows_after_the_checkpoint(tmp_path):
+  with MetricWriter(tmp_path, tensorboard=False) as w:
+    for step in range(1, 5):
+      w.write_scalars(step, {"loss": float(step), "lr": 0.1})
+  # Killed after step 4; the last checkpoint was step 2: the resumed run
+  # logs 3.. again, and the file ends with each step exactly once.
+  with MetricWriter(tmp_path, tensorboard=False, resume_step=2) as w:
+    for step in range(3, 6):
+      w.write_scalars(step, {"loss": 10.0 * step, "lr": 0.1})
+  with open(tmp_path / "metrics.csv") as f:
+    rows = [line.split(",")[:2] for line in f.read().splitlines()[1:]]
+  assert [r for r in rows if r[1] == "loss"] == [[str(s), "loss"] for s in range(1, 6)]
+  assert len(rows) == len({tuple(r) for r in rows}) == 10
+  assert read_metrics_csv(tmp_path / "metrics.csv")["loss"][1].tolist() == [
+      1.0, 2.0, 30.0, 40.0, 50.0]
+
+
+def test_metric_writer_drops_a_torn_last_line(tmp_path):
+  with MetricWriter(tmp_path, tensorboard=False) as w:
+    w.write_scalars(1, {"loss": 1.0})
+  with open(tmp_path / "metrics.csv", "a") as f:
+    f.write("2,loss,0.")  # killed mid-write
+  with MetricWriter(tmp_path, tensorboard=False, resume_step=1) as w:
+    w.write_scalars(2, {"loss": 0.5})
+  assert read_metrics_csv(tmp_path / "metrics.csv")["loss"][0].tolist() == [1, 2]
+
+
+def test_metric_writer_only_process_zero_writes(tmp_path):
+  with MetricWriter(tmp_path / "p1", tensorboard=False, process_index=1) as w:
+    assert not w.active
+    w.write_scalars(1, {"loss": 1.0})
+    with pytest.raises(ValueError, match="loss"):  # still validates
+      w.write_scalars(1, {"loss": jnp.ones(2)})
+  assert not (tmp_path / "p1").exists()
+  with pytest.raises(ValueError, match="process_index"):
+    MetricWriter(tmp_path, process_index=-1)
+
+
+class _FakeBucket:
+  """`gs://` paths served from a local folder; appending is refused, as GCS does."""
+
+  def __init__(self, root):
+    self.root = root
+    self.opens = []
+
+  def local(self, path):
+    path = os.fspath(path)
+    assert path.startswith("gs://"), path
+    return os.path.join(self.root, path[len("gs://"):])
+
+  def mocks(self):
+    def open_(_, path, mode="r", **kw):
+      if "a" in mode:
+        raise OSError("Cloud Storage objects cannot be appended to")
+      self.opens.append(mode)
+      return open(self.local(path), mode, **kw)
+
+    def exists(_, path):
+      return os.path.exists(self.local(path))
+
+    def makedirs(_, path, **kw):
+      os.makedirs(self.local(path), exist_ok=True)
+
+    def mkdir(_, path, **kw):
+      os.makedirs(self.local(path), exist_ok=True)
+
+    return dict(open=open_, exists=exists, makedirs=makedirs, mkdir=mkdir)
+
+
+def test_metric_writer_on_an_object_store(tmp_path):
+  from etils.epath import testing as epath_testing
+
+  bucket = _FakeBucket(tmp_path)
+  with epath_testing.mock_epath(**bucket.mocks()):
+    uri = "gs://bucket/run1/logs"
+    with MetricWriter(uri, tensorboard=None, flush_secs=3600) as w:
+      assert w.csv_path == uri + "/metrics.csv" and not w.tensorboard
+      writes_before = len(bucket.opens)
+      for step in range(1, 4):
+        w.write_scalars(step, {"loss": float(step)})
+      assert len(bucket.opens) == writes_before  # buffered (flush_secs)
+      w.flush()
+      assert read_metrics_csv(uri + "/metrics.csv")["loss"][0].tolist() == [1, 2, 3]
+      w.write_scalars(4, {"loss": 4.0})
+    # close() wrote step 4; a run resumed from step 2 rewrites and goes on.
+    assert read_metrics_csv(uri + "/metrics.csv")["loss"][0].tolist() == [1, 2, 3, 4]
+    with MetricWriter(uri, resume_step=2, flush_secs=1e-9) as w:
+      w.write_scalars(3, {"loss": 30.0})
+      # flush_secs elapsed: written through without an explicit flush.
+      assert read_metrics_csv(uri + "/metrics.csv")["loss"][1].tolist() == [1.0, 2.0, 30.0]
+  with open(tmp_path / "bucket/run1/logs/metrics.csv") as f:
+    assert f.read().splitlines()[0] == "step,name,value,wall_time"
+
 def test_heatmap_png_shows_the_ratios(tmp_path):
   import matplotlib.image
 

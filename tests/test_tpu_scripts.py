@@ -429,6 +429,49 @@ def test_plan_slice_rows():
   assert bad.returncode == 2 and "argument --accelerator-type" in bad.stderr
 
 
+
+@pytest.mark.parametrize("accel,per_core", [
+    ("v3-32", 96), ("v3-32", 32), ("v4-32", 128), ("v2-8", 16), ("v4-128", 64)])
+def test_plan_cells_are_the_librarys(accel, per_core):
+  """Every BN and recipe cell of plan.py is what date_optax itself computes."""
+  import date_optax
+  from date_optax.nn import bn_group_layout
+
+  plan = load("plan.py")
+  lay = plan._slices.parse_accelerator_type(accel)
+  batch = lay.cores * per_core
+  per_device = batch // lay.devices
+  cell = plan.bn_cell(batch, lay.devices, 64)
+  try:
+    layout = bn_group_layout(64, per_device_batch=per_device, num_replicas=lay.devices)
+  except ValueError:
+    # The plan must refuse exactly where the library refuses.
+    assert cell.startswith("no layout of 64"), cell
+  else:
+    if layout.group_size > 1:
+      assert cell == f"distributed BN over {layout.group_size} devices"
+    elif layout.ghosts_per_device > 1:
+      assert cell == f"{layout.ghosts_per_device} ghost groups per device"
+    else:
+      assert cell == "1 group per device"
+  res = run("plan.py", f"--accelerator-type={accel}", f"--batch-per-core={per_core}")
+  assert res.returncode == 0, res.stderr
+  (row,) = [ln for ln in res.stdout.splitlines() if ln.startswith(f"| {batch} | ")][:1]
+  cells = [c.strip() for c in row.strip("|").split("|")]
+  recipe = date_optax.scale_recipe(plan.RESNET50, batch)
+  assert cells[2].endswith(f"= {recipe.peak_learning_rate:.3f}")
+  assert float(cells[3]) == pytest.approx(recipe.warmup_epochs)
+  assert int(cells[5]) == recipe.total_steps
+  assert int(cells[6]) == recipe.warmup_steps
+
+
+def test_plan_refuses_the_bn_layout_the_library_refuses():
+  # 96 examples per device cannot hold ghosts of exactly 64: the library
+  # refuses, and so does the plan (it once printed "1 group per device").
+  res = run("plan.py", "--accelerator-type=v3-32", "--batch-per-core=96")
+  (row,) = [ln for ln in res.stdout.splitlines() if ln.startswith("| v3-32 |")]
+  assert row.rstrip(" |").endswith("no layout of 64 (nearest: 48, 96)")
+
 # ---------------------------------------------------------------- fake gcloud
 
 # The fakes are bash, not Python: each run starts about fifteen of them.

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import sys
 
-import _tpu
+import _flags
+import _gcloud
 
 
 def main(argv=None) -> int:
-  return _tpu.main_step(
+  return _gcloud.main_step(
     __doc__,
     "create",
-    [_tpu.add_create_flags],
-    lambda args, runner, _: _tpu.create_slice(args, runner),
+    [_flags.add_create_flags],
+    lambda args, runner, _: _gcloud.create_slice(args, runner),
     argv,
   )
 

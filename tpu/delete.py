@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import sys
 
-import _tpu
+import _gcloud
 
 
 def main(argv=None) -> int:
-  return _tpu.main_step(
+  return _gcloud.main_step(
     __doc__,
     "delete",
     [],
-    lambda args, runner, _: _tpu.delete_slice(args, runner),
+    lambda args, runner, _: _gcloud.delete_slice(args, runner),
     argv,
   )
 

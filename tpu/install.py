@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import sys
 
-import _tpu
+import _flags
+import _gcloud
 
 
 def main(argv=None) -> int:
-  return _tpu.main_step(
+  return _gcloud.main_step(
     __doc__,
     "install",
-    [_tpu.add_install_flags, _tpu.add_remote_flags],
-    lambda args, runner, _: _tpu.install(args, runner),
+    [_flags.add_install_flags, _flags.add_remote_flags],
+    lambda args, runner, _: _gcloud.install(args, runner),
     argv,
   )
 

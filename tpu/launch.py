@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import sys
 
-import _tpu
+import _flags
+import _gcloud
 
 
 def main(argv=None) -> int:
-  return _tpu.main_step(
+  return _gcloud.main_step(
     __doc__,
     "launch",
-    [_tpu.add_launch_flags, _tpu.add_remote_flags],
-    lambda args, runner, extra: _tpu.launch(args, runner, extra),
+    [_flags.add_launch_flags, _flags.add_remote_flags],
+    lambda args, runner, extra: _gcloud.launch(args, runner, extra),
     argv,
     passthrough=True,
   )

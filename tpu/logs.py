@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import sys
 
-import _tpu
+import _flags
+import _gcloud
 
 
 def main(argv=None) -> int:
-  return _tpu.main_step(
+  return _gcloud.main_step(
     __doc__,
     "logs",
-    [_tpu.add_logs_flags],
-    lambda args, runner, _: _tpu.stream_logs(args, runner),
+    [_flags.add_logs_flags],
+    lambda args, runner, _: _gcloud.stream_logs(args, runner),
     argv,
   )
 

@@ -1,43 +1,82 @@
 #!/usr/bin/env python3
 """Print the batch layout and DATE/LEGW ResNet-50 recipe for TPU slices.
 
-Runs nothing in the cloud; it computes the tables of tpu/README.md from the
-formulas (a test checks that the README shows exactly this output):
+Runs nothing in the cloud. The recipe comes from `date_optax.scale_recipe`
+and the batch-norm layout from `date_optax.nn.bn_group_layout`, so these
+tables are the library's own (a test checks that tpu/README.md shows exactly
+this output):
 
   slice layout   TensorCores, chips, JAX devices and hosts per accelerator type
-  global batch   TensorCores x --batch-per-core (128: seed 001's ratio)
-  BN layout      per-device batch / --bn-batch (64) ghost groups per device;
-                 when a device holds fewer than 64, a distributed-BN group of
-                 64 / per-device-batch devices instead
+  global batch   TensorCores x --batch-per-core (128, the best ratio at 32K on
+                 256 v3 cores in You et al., 2020)
+  BN layout      ghost groups of --bn-batch (64) per device, or a distributed
+                 BN group of 64 / per-device-batch devices; "no layout" where
+                 bn_group_layout refuses (it lists the nearest that work)
   LEGW recipe    k = B / 1024; peak LR 2^2.5 * sqrt(k); warmup 0.3125 * k
                  epochs; 90 epochs of ImageNet (1,281,167 images); poly power 2
 
-  python3 tpu/plan.py                                   # the README tables
-  python3 tpu/plan.py --accelerator-type=v4-128 --batch-per-core=64
+Needs date_optax (and so JAX) importable, unlike the gcloud scripts:
+
+  .venv/bin/python tpu/plan.py                          # the README tables
+  .venv/bin/python tpu/plan.py --accelerator-type=v4-128 --batch-per-core=64
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 
-import _tpu
+import _flags
+import _slices
+
+# Run from a checkout without installing: the recipe and the BN layout come
+# from the library itself, so this table and date_optax cannot disagree.
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from date_optax import Baseline, scale_recipe  # noqa: E402
+from date_optax.nn import bn_group_layout  # noqa: E402
+from date_optax.schedules import Poly  # noqa: E402
 
 README_SLICES = ("v2-32", "v3-32", "v4-32")
-# Seed 002 Table 1 batch sizes.
+# LEGW (You et al., 2019) Table 1 batch sizes.
 TABLE1_BATCHES = tuple(1024 * 2**j for j in range(6))
+IMAGENET_TRAIN_EXAMPLES = 1_281_167  # ILSVRC-2012 training set
+BATCH_PER_CORE = 128  # You et al., 2020: best at 32K on 256 v3 cores
+BN_BATCH = 64  # effective batch-norm batch (Ying et al., 2018)
 _HBM = {
   "v2": "8 GiB per TensorCore",
   "v3": "16 GiB per TensorCore",
   "v4": "32 GiB per chip",
 }
 
+# The tuned ResNet-50 baseline of LEGW Table 1: B0 = 1024, peak LR 2^2.5,
+# 0.3125 warmup epochs, 90 epochs, poly decay of power 2.
+RESNET50 = Baseline(
+  batch_size=1024,
+  learning_rate=2.0**2.5,
+  warmup_epochs=0.3125,
+  epochs=90,
+  num_examples=IMAGENET_TRAIN_EXAMPLES,
+  decay=Poly(power=2),
+)
 
-def _bn(b: _tpu.BatchLayout) -> str:
-  if b.bn_replica_group > 1:
-    return f"distributed BN over {b.bn_replica_group} devices"
-  if b.ghost_groups_per_device > 1:
-    return f"{b.ghost_groups_per_device} ghost groups per device"
+
+def bn_cell(global_batch: int, devices: int, bn_batch: int) -> str:
+  """The BN layout `date_optax.nn.bn_group_layout` gives, or why it refuses."""
+  if global_batch % devices:
+    return f"batch does not split over {devices} devices"
+  per_device = global_batch // devices
+  try:
+    layout = bn_group_layout(bn_batch, per_device_batch=per_device, num_replicas=devices)
+  except ValueError as e:
+    near = str(e).rsplit("Nearest that work: ", 1)[-1].rstrip(".")
+    return f"no layout of {bn_batch} (nearest: {near})"
+  if layout.group_size > 1:
+    return f"distributed BN over {layout.group_size} devices"
+  if layout.ghosts_per_device > 1:
+    return f"{layout.ghosts_per_device} ghost groups per device"
   return "1 group per device"
 
 
@@ -52,12 +91,12 @@ def slice_table(accels, per_core: int, bn_batch: int) -> str:
     "|---|---|---|---|---|---|---|---|---|",
   ]
   for a in accels:
-    lay = _tpu.parse_accelerator_type(a)
-    b = _tpu.batch_layout(lay, lay.cores * per_core, bn_batch)
+    lay = _slices.parse_accelerator_type(a)
+    batch = lay.cores * per_core
     rows.append(
       f"| {a} | {lay.chips} | {lay.cores} | {lay.devices} | {lay.hosts} | "
-      f"{_HBM.get(lay.generation, '-')} | {b.global_batch} | {_num(b.per_device)} | "
-      f"{_bn(b)} |"
+      f"{_HBM.get(lay.generation, '-')} | {batch} | {_num(batch / lay.devices)} | "
+      f"{bn_cell(batch, lay.devices, bn_batch)} |"
     )
   return "\n".join(rows)
 
@@ -69,16 +108,17 @@ def recipe_table(batches, per_core: int) -> str:
     "|---|---|---|---|---|---|---|---|---|",
   ]
   for batch in batches:
-    r = _tpu.legw_recipe(batch)
+    r = scale_recipe(RESNET50, batch)
+    log2_lr = math.log2(r.peak_learning_rate)
     cores = batch / per_core
     names = []
     if cores == int(cores):
       for gen in ("v2", "v3", "v4"):
-        g = _tpu.GENERATIONS[gen]
+        g = _slices.GENERATIONS[gen]
         if int(cores) in g.sizes:
           names.append(f"{gen}-{int(cores)}")
     rows.append(
-      f"| {batch} | {_num(batch / 1024)} | 2^{r.log2_peak_lr:.1f} = {r.peak_lr:.3f} | "
+      f"| {batch} | {_num(r.scale)} | 2^{log2_lr:.1f} = {r.peak_learning_rate:.3f} | "
       f"{r.warmup_epochs:g} | {r.steps_per_epoch:.2f} | {r.total_steps} | "
       f"{r.warmup_steps} | {_num(cores)} | {', '.join(names) or 'none of v2/v3/v4'} |"
     )
@@ -94,9 +134,11 @@ def on_slice_table(accels, batches, bn_batch: int) -> str:
   for batch in batches:
     cells = []
     for a in accels:
-      lay = _tpu.parse_accelerator_type(a)
-      b = _tpu.batch_layout(lay, batch, bn_batch)
-      cells.append(f"{_num(b.per_core)}/core, {_num(b.per_device)}/device, {_bn(b)}")
+      lay = _slices.parse_accelerator_type(a)
+      cells.append(
+        f"{_num(batch / lay.cores)}/core, {_num(batch / lay.devices)}/device, "
+        f"{bn_cell(batch, lay.devices, bn_batch)}"
+      )
     rows.append(f"| {batch} | " + " | ".join(cells) + " |")
   return "\n".join(rows)
 
@@ -108,11 +150,11 @@ def main(argv=None) -> int:
   p.add_argument(
     "--accelerator-type",
     action="append",
-    type=_tpu._checked(_tpu.parse_accelerator_type),
+    type=_flags.checked(_slices.parse_accelerator_type),
     help="Slice(s) to describe (repeatable); default v2-32, v3-32, v4-32.",
   )
-  p.add_argument("--batch-per-core", type=int, default=_tpu.BATCH_PER_CORE)
-  p.add_argument("--bn-batch", type=int, default=_tpu.BN_BATCH)
+  p.add_argument("--batch-per-core", type=int, default=BATCH_PER_CORE)
+  p.add_argument("--bn-batch", type=int, default=BN_BATCH)
   args = p.parse_args(argv)
   if args.batch_per_core <= 0:
     p.error("argument --batch-per-core: must be a positive integer")
@@ -122,7 +164,7 @@ def main(argv=None) -> int:
   accels = accels or list(README_SLICES)
   batches = sorted(
     set(TABLE1_BATCHES)
-    | {_tpu.parse_accelerator_type(a).cores * args.batch_per_core for a in accels}
+    | {_slices.parse_accelerator_type(a).cores * args.batch_per_core for a in accels}
   )
   print("### Slices\n")
   print(slice_table(accels, args.batch_per_core, args.bn_batch))

@@ -19,31 +19,32 @@ from __future__ import annotations
 
 import sys
 
-import _tpu
+import _flags
+import _gcloud
 
 
 def main(argv=None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
-  own, extra = _tpu.split_passthrough(argv)
-  p = _tpu.make_parser(__doc__)
-  _tpu.add_slice_flags(p)
-  _tpu.add_create_flags(p)
-  _tpu.add_install_flags(p)
-  _tpu.add_remote_flags(p)
-  _tpu.add_launch_flags(p)
-  _tpu.add_logs_flags(p, follow_flag=False)
+  own, extra = _flags.split_passthrough(argv)
+  p = _flags.make_parser(__doc__)
+  _flags.add_slice_flags(p)
+  _flags.add_create_flags(p)
+  _flags.add_install_flags(p)
+  _flags.add_remote_flags(p)
+  _flags.add_launch_flags(p)
+  _flags.add_logs_flags(p, follow_flag=False)
   p.add_argument(
     "--keep", action="store_true", help="Do not delete the slice at the end."
   )
   args = p.parse_args(own)
-  _tpu.check_passthrough(p, extra)
-  _tpu.finish_args(p, args, "create,install,launch,logs")
-  runner = _tpu.Runner(args.gcloud, args.dry_run)
-  _tpu.raise_on_termination()
+  _flags.check_passthrough(p, extra)
+  _flags.finish_args(p, args, "create,install,launch,logs")
+  runner = _gcloud.Runner(args.gcloud, args.dry_run)
+  _gcloud.raise_on_termination()
 
   try:
-    _tpu.check_name_is_free(args, runner)
-  except _tpu.NameTaken as e:
+    _gcloud.check_name_is_free(args, runner)
+  except _gcloud.NameTaken as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
 
@@ -54,13 +55,13 @@ def main(argv=None) -> int:
     # request that never becomes ACTIVE, a timeout) can still leave a billed
     # resource behind, and the name was free before it.
     issued_create = True
-    _tpu.create_slice(args, runner)
-    _tpu.install(args, runner)
-    _tpu.launch(args, runner, extra)
-    rc = _tpu.stream_logs(args, runner)
+    _gcloud.create_slice(args, runner)
+    _gcloud.install(args, runner)
+    _gcloud.launch(args, runner, extra)
+    rc = _gcloud.stream_logs(args, runner)
     if rc:
       runner.note(f"training exited with status {rc} on worker {args.worker}")
-  except _tpu.StepFailed as e:
+  except _gcloud.StepFailed as e:
     print(f"error: {e}", file=sys.stderr)
     rc = e.returncode or 1
   except (RuntimeError, TimeoutError) as e:
@@ -71,7 +72,7 @@ def main(argv=None) -> int:
     rc = 130
   finally:
     if issued_create and not args.keep:
-      if _tpu.delete_slice(args, runner):
+      if _gcloud.delete_slice(args, runner):
         runner.note(
           f"warning: deleting {args.name} failed; check "
           f"`gcloud compute tpus tpu-vm list --zone={args.zone}` "

@@ -19,26 +19,114 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from date_optax._src import validation
 
-_FORMAT = 1
+# Format 2 adds per-leaf fingerprints to the metadata; format-1 checkpoints
+# (no fingerprints) still restore, unverified.
+_FORMAT = 2
+
+
+class CorruptCheckpointError(ValueError):
+  """A checkpoint that cannot be restored: damaged files or a misfit target.
+
+  Raised by :meth:`CheckpointManager.restore` when the files of a step are
+  missing, truncated or unreadable, when a leaf read back differs from the
+  fingerprint recorded at save time, or when the target does not fit the
+  saved state. The message names the step and the cause. It is a
+  `ValueError`, so code that caught orbax's errors keeps working.
+
+  Args:
+    message: what failed, naming the step and the cause.
+
+  Examples:
+    >>> from date_optax.checkpoint import CorruptCheckpointError
+    >>> issubclass(CorruptCheckpointError, ValueError)
+    True
+
+  References:
+    Preemption-safe checkpointing as in orbax-checkpoint's
+    `CheckpointManager` (Google) and the big_vision training loops.
+  """
+
+  def __init__(self, message: str):
+    super().__init__(message)
 
 
 def _ocp():
   try:
     import orbax.checkpoint as ocp  # noqa: PLC0415 - optional dependency
-  except ImportError as e:  # pragma: no cover - depends on the install
+  except ImportError as e:
     raise ImportError(
-        "date_optax.checkpoint needs orbax-checkpoint: "
-        "pip install 'date-optax[examples]'."
+        "date_optax.checkpoint needs orbax-checkpoint, which a plain install "
+        "leaves out: pip install 'date-optax[checkpoint]' (the 'examples' "
+        "extra has it too)."
     ) from e
   return ocp
+
+
+def _as_u32(x: jax.Array) -> jax.Array:
+  """The bits of `x` as uint32 words (trailing axis for wide dtypes)."""
+  if jnp.issubdtype(x.dtype, jnp.complexfloating):
+    return jnp.stack([_as_u32(jnp.real(x)), _as_u32(jnp.imag(x))], axis=-1)
+  if x.dtype == jnp.bool_:
+    return x.astype(jnp.uint32)
+  width = x.dtype.itemsize
+  if width >= 4:
+    return lax.bitcast_convert_type(x, jnp.uint32)
+  unsigned = {1: jnp.uint8, 2: jnp.uint16}[width]
+  return lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
+
+
+def _leaf_fingerprint(x: jax.Array) -> jax.Array:
+  """Two position-weighted sums of a leaf's bits, mod 2**32.
+
+  Any changed, lost or moved word changes them (a bit-exact comparison is
+  what an exact resume needs); computed where the array lives, so a sharded
+  or multi-host array is never gathered.
+  """
+  w = _as_u32(jnp.asarray(x))
+  pos = jnp.zeros(w.shape, jnp.uint32)
+  for axis in range(w.ndim):
+    stride = int(np.prod(w.shape[axis + 1 :], dtype=np.int64)) & 0xFFFFFFFF
+    pos = pos + lax.broadcasted_iota(jnp.uint32, w.shape, axis) * jnp.uint32(stride)
+  mix = pos * jnp.uint32(2654435761) + jnp.uint32(1)
+  return jnp.stack([jnp.sum(w * mix, dtype=jnp.uint32),
+                    jnp.sum(w ^ (pos * jnp.uint32(40503)), dtype=jnp.uint32)])
+
+
+@jax.jit
+def _fingerprints_jit(leaves: list[jax.Array]) -> jax.Array:
+  if not leaves:
+    return jnp.zeros((0, 2), jnp.uint32)
+  return jnp.stack([_leaf_fingerprint(x) for x in leaves])
+
+
+def _fingerprints(tree: Any) -> list[list[int]]:
+  """Per-leaf fingerprints of an encoded (raw-key) state, as JSON ints."""
+  leaves = [x if isinstance(x, jax.Array) else np.asarray(x) for x in jax.tree.leaves(tree)]
+  out = _fingerprints_jit(leaves)
+  # The result is replicated: any local copy holds all of it (multi-host too).
+  local = np.asarray(out.addressable_shards[0].data)
+  return local.astype(np.int64).tolist()
+
+
+def _all_processes_agree(ok: bool) -> bool:
+  """Whether every process succeeded (each must take the same fallback)."""
+  if jax.process_count() == 1:
+    return ok
+  from jax.experimental import multihost_utils  # noqa: PLC0415
+
+  flags = multihost_utils.process_allgather(np.asarray([int(ok)], np.int32))
+  return bool(np.all(flags))
 
 
 def _is_key(x: Any) -> bool:
@@ -230,6 +318,7 @@ class CheckpointManager:
         "format": _FORMAT,
         "step": step,
         "prng_keys": impls,
+        "fingerprints": _fingerprints(encoded),
         "metadata": dict(metadata or {}),
     }
     try:
@@ -246,7 +335,14 @@ class CheckpointManager:
     )
 
   def restore(self, target: Any, *, step: int | None = None) -> tuple[Any, dict]:
-    """Restores checkpoint `step` (default: the latest) onto `target`.
+    """Restores checkpoint `step` (default: the latest complete one) onto `target`.
+
+    Every leaf is checked against the fingerprint recorded when it was saved,
+    so a checkpoint whose files were truncated, half deleted or overwritten
+    is never loaded. With the default `step=None`, such a checkpoint is
+    skipped with a warning naming its step and the newest older one that
+    restores is returned (on every process alike: multi-host runs agree on
+    the outcome of each attempt).
 
     Args:
       target: a pytree with the structure of the saved state whose leaves are
@@ -256,7 +352,7 @@ class CheckpointManager:
         restored onto the default device. Typed PRNG keys in `target` get
         typed keys back. Build it with
         `jax.eval_shape(init_fn, ...)` plus shardings to avoid allocating.
-      step: which checkpoint; defaults to `latest_step()`.
+      step: which checkpoint; defaults to the newest one that is complete.
 
     Returns:
       `(state, metadata)`: the restored pytree (structure of `target`) and
@@ -264,27 +360,77 @@ class CheckpointManager:
 
     Raises:
       FileNotFoundError: if there is no checkpoint (or no checkpoint `step`).
+      CorruptCheckpointError: (a `ValueError`) if the requested `step`, or
+        with `step=None` every checkpoint, is damaged or does not fit
+        `target`; the message names the step and the cause.
     """
-    if step is None:
-      step = self.latest_step()
-      if step is None:
-        raise FileNotFoundError(f"no checkpoint in {self._directory}.")
-    step = validation.check_int("step", step, low=0)
-    if step not in self.all_steps():
-      raise FileNotFoundError(
-          f"no checkpoint for step {step} in {self._directory}; "
-          f"available: {list(self.all_steps())}."
-      )
+    if step is not None:
+      step = validation.check_int("step", step, low=0)
+      if step not in self.all_steps():
+        raise FileNotFoundError(
+            f"no checkpoint for step {step} in {self._directory}; "
+            f"available: {list(self.all_steps())}."
+        )
+      return self._restore_verified(target, step)
+    steps = self.all_steps()
+    if not steps:
+      raise FileNotFoundError(f"no checkpoint in {self._directory}.")
+    bad: list[tuple[int, Exception]] = []
+    for s in reversed(steps):
+      try:
+        result = self._restore_verified(target, s)
+      except CorruptCheckpointError as e:
+        bad.append((s, e))
+        continue
+      for b, e in bad:
+        warnings.warn(
+            f"checkpoint step {b} in {self._directory} is damaged and was "
+            f"skipped; restored step {s} instead. Cause: {e}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+      return result
+    # Nothing restored: more likely a target that fits no checkpoint than
+    # every checkpoint broken, so report the newest one's failure.
+    raise bad[0][1]
+
+  def _restore_verified(self, target: Any, step: int) -> tuple[Any, dict]:
     ocp = self._ocp
-    meta = self._manager.restore(
-        step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
-    ).meta
-    impls = meta.get("prng_keys", {})
-    abstract = _abstract_target(target, impls)
-    restored = self._manager.restore(
-        step,
-        args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)),
-    ).state
+    error: Exception | None = None
+    try:
+      meta = self._manager.restore(
+          step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
+      ).meta
+      if not isinstance(meta, Mapping):
+        raise ValueError("its metadata is unreadable")
+      impls = meta.get("prng_keys", {})
+      abstract = _abstract_target(target, impls)
+      restored = self._manager.restore(
+          step,
+          args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)),
+      ).state
+      expected = meta.get("fingerprints")
+      if expected is not None:
+        got = _fingerprints(restored)
+        if len(got) != len(expected):
+          raise ValueError(f"{len(got)} leaves restored, {len(expected)} saved")
+        for (path, _), g, e in zip(
+            jax.tree_util.tree_flatten_with_path(restored)[0], got, expected,
+            strict=True,
+        ):
+          if list(g) != list(e):
+            raise ValueError(
+                f"leaf {jax.tree_util.keystr(path)} does not match the data "
+                "that was saved"
+            )
+    except Exception as e:  # noqa: BLE001 - orbax/tensorstore raise many types
+      error = e
+    if not _all_processes_agree(error is None):
+      cause = error or RuntimeError("another process could not read it")
+      raise CorruptCheckpointError(
+          f"checkpoint step {step} in {self._directory} cannot be restored: "
+          f"{type(cause).__name__}: {cause}"
+      ) from error
     return _decode(restored, target, impls), dict(meta.get("metadata", {}))
 
   def latest_step(self) -> int | None:

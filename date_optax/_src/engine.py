@@ -1,6 +1,6 @@
 """LEGW recipes and the DATE engine: a tuned baseline scaled to any batch size.
 
-SPEC §5–6. A :class:`Baseline` records what was tuned at one batch size;
+A :class:`Baseline` records what was tuned at one batch size;
 :func:`scale_recipe` turns it into a :class:`Recipe` for another batch size
 (sqrt learning-rate scaling, warmup epochs growing linearly with the batch,
 durations converted to iterations with the dataset size); :func:`date` builds
@@ -17,19 +17,24 @@ from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 from date_optax._src import lars as lars_lib
+from date_optax._src import masks as masks_lib
 from date_optax._src import schedules as sched_lib
 from date_optax._src import validation
 
-#: Ratio bounds used by :func:`date` unless the baseline says otherwise. The
-#: upper bound 1 never raises a layer's learning rate above the one the
-#: baseline was tuned with; it only damps layers whose gradient is large
-#: relative to their weights (SPEC §6).
+#: Fixed ratio bounds, :func:`date`'s ``bounds="fixed"`` rule. The upper
+#: bound 1 never raises a layer's learning rate above the recipe's; the lower
+#: bound 0.01 lets layers whose gradient is large relative to their weights
+#: slow down by up to 100x.
 DEFAULT_BOUNDS = (0.01, 1.0)
+
+#: Bound rules of :func:`date` (see :func:`layer_lr_bounds`).
+BOUND_RULES = ("baseline_to_recipe", "baseline_to_linear", "fixed")
 
 #: Base solvers :func:`date` accepts by name (those of `bounded_lars`).
 BASES = lars_lib.BASES
@@ -282,8 +287,8 @@ def _iteration_counts(
 ) -> tuple[Fraction, int, int]:
   """Scaled warmup epochs (exact), warmup steps and total steps at `batch_size`.
 
-  With `check`, raises the ValueError of SPEC §5 when the warmup would reach
-  the end of training.
+  With `check`, raises a ValueError when the warmup would reach the end of
+  training, or when a non-zero warmup rounds to 0 iterations.
   """
   n = baseline.num_examples
   k = Fraction(batch_size, baseline.batch_size)
@@ -293,6 +298,8 @@ def _iteration_counts(
   # depend on the batch size.
   warmup_steps = sched_lib.round_half_up(w * n / batch_size)
   total_steps = math.ceil(epochs * n / batch_size)
+  if check and w > 0 and warmup_steps == 0:
+    raise ValueError(_vanished_warmup_message(baseline, batch_size, warmup_scaling))
   if check and not _fits(w, warmup_steps, epochs, total_steps):
     largest = _largest_supported_batch(baseline, warmup_scaling, batch_size)
     hint = (
@@ -309,6 +316,41 @@ def _iteration_counts(
         "longer."
     )
   return w, warmup_steps, total_steps
+
+
+def _round_up_sig(x: float, digits: int = 4) -> float:
+  """`x` rounded *up* to `digits` significant digits (so it still suffices)."""
+  if x <= 0:
+    return x
+  scale = 10 ** (digits - 1 - math.floor(math.log10(x)))
+  return math.ceil(x * scale * (1 - 1e-12)) / scale
+
+
+def _vanished_warmup_message(
+    baseline: Baseline, batch_size: int, warmup_scaling: str
+) -> str:
+  """Says which warmup value is the smallest that gives one iteration."""
+  k = Fraction(batch_size, baseline.batch_size)
+  factor = float(_warmup_factor_exact(warmup_scaling, k))
+  # round_half_up(w0·factor·n/B) >= 1  <=>  w0 >= B / (2·factor·n).
+  min_epochs = batch_size / (2 * factor * baseline.num_examples)
+  if baseline.warmup_ratio is not None:
+    name, value = "warmup_ratio", baseline.warmup_ratio
+    smallest = _round_up_sig(min_epochs / float(baseline.epochs))
+  else:
+    name, value = "warmup_epochs", baseline.warmup_epochs
+    smallest = _round_up_sig(min_epochs)
+  where = (
+      f"at batch_size={batch_size} (warmup_scaling={warmup_scaling!r})"
+      if batch_size != baseline.batch_size
+      else f"at the baseline's batch_size={batch_size}"
+  )
+  return (
+      f"{name}={value!r} rounds to 0 warmup iterations {where}: the warmup "
+      f"would silently disappear. The smallest {name} that gives one "
+      f"iteration there is {smallest:g}; give at least that, or 0 for no "
+      "warmup."
+  )
 
 
 def _fits(w: Fraction, warmup_steps: int, epochs: Fraction, total_steps: int) -> bool:
@@ -346,7 +388,7 @@ def scale_recipe(
     warmup: str | None = None,
     warmup_factor: float | None = None,
 ) -> Recipe:
-  r"""Scales a tuned baseline to `batch_size` without retuning (LEGW, SPEC §5).
+  r"""Scales a tuned baseline to `batch_size` without retuning (LEGW).
 
   With ``k = B / B0``: the peak learning rate is ``η0·sqrt(k)`` (or
   ``η0·k``, or ``η0``), the warmup lasts ``w0·k`` epochs (or ``w0·sqrt(k)``
@@ -487,7 +529,9 @@ def multi_stage(stages: Sequence[Recipe]) -> MultiStageRecipe:
   e.g. BERT's sequence-length-128 and -512 phases). Stage ``s`` runs for
   ``stages[s].total_steps`` iterations and its schedule restarts from count
   0, so the learning rate climbs again from 0 instead of continuing the
-  previous stage's decay (SPEC §5).
+  previous stage's decay. Every stage must therefore have a warmup of at
+  least one iteration (``recipe.warmup_steps >= 1``); a stage without one is
+  refused rather than started at its peak.
 
   Args:
     stages: the recipes, in training order.
@@ -501,11 +545,15 @@ def multi_stage(stages: Sequence[Recipe]) -> MultiStageRecipe:
     >>> p1 = date_optax.Baseline(batch_size=512, learning_rate=1e-3,
     ...     warmup_ratio=0.1, epochs=1, num_examples=5120)
     >>> p2 = date_optax.Baseline(batch_size=512, learning_rate=1e-3,
-    ...     warmup_ratio=0.2, epochs=1, num_examples=1024)
+    ...     warmup_ratio=0.2, epochs=1, num_examples=2048)
     >>> ms = date_optax.multi_stage([date_optax.scale_recipe(p1, 1024),
     ...                              date_optax.scale_recipe(p2, 512)])
-    >>> ms.boundaries, ms.total_steps
-    ((0, 5), 7)
+    >>> ms.boundaries, ms.total_steps, [s.warmup_steps for s in ms.stages]
+    ((0, 5), 9, [1, 1])
+
+  Raises:
+    ValueError: when a stage has no warmup iteration (its learning rate
+      would jump to its peak at the boundary instead of re-warming).
 
   References:
     You et al., `Large Batch Optimization for Deep Learning: Training BERT in
@@ -517,6 +565,14 @@ def multi_stage(stages: Sequence[Recipe]) -> MultiStageRecipe:
   for s in stages:
     if not isinstance(s, Recipe):
       raise TypeError(f"stages must be Recipes (see scale_recipe), got {s!r}.")
+  for i, s in enumerate(stages):
+    if s.warmup_steps < 1:
+      raise ValueError(
+          f"stage {i} (batch_size={s.batch_size}) has warmup_steps=0, so its "
+          "learning rate would not re-warm from 0 at the stage boundary. Give "
+          "its Baseline a warmup_epochs or warmup_ratio that lasts at least "
+          "one iteration at that batch size."
+      )
   steps = [s.total_steps for s in stages]
   schedule = sched_lib.multi_stage_schedule([s.schedule for s in stages], steps)
   boundaries = (0,) + tuple(int(b) for b in np.cumsum(steps)[:-1])
@@ -551,13 +607,14 @@ def date_recipe(
     batch_size: the target batch size.
     lr_scaling: as in :func:`scale_recipe`.
     warmup_scaling: as in :func:`scale_recipe`.
-    decay: ``None`` for DATE's roller coaster, or another decay.
+    decay: ``None`` for DATE's roller coaster, ``"baseline"`` for the
+      baseline's own decay, or another decay.
 
   Returns:
     The :class:`Recipe` whose ``schedule`` :func:`date` uses.
 
   Examples:
-    DATE's worked example (SPEC §7): MNIST, 30 epochs, ``B0 = 1024``.
+    DATE's worked example (§3.6 of the paper): MNIST, 30 epochs, ``B0 = 1024``.
 
     >>> import date_optax
     >>> base = date_optax.Baseline(batch_size=1024, learning_rate=1.25e-3,
@@ -570,7 +627,9 @@ def date_recipe(
     You et al., `Large-batch training for LSTM and beyond
     <https://arxiv.org/abs/1901.08256>`_, SC 2019 (Algorithm 1).
   """
-  if decay is None:
+  if isinstance(decay, str) and decay == "baseline":
+    decay = baseline.decay
+  elif decay is None:
     decay = (
         baseline.decay
         if isinstance(baseline.decay, sched_lib.RollerCoaster)
@@ -585,6 +644,75 @@ def date_recipe(
   )
 
 
+def _every_leaf(params: Any) -> Any:
+  """The mask that selects every leaf (a callable, as optax masks accept)."""
+  return jax.tree.map(lambda _: True, params)
+
+
+def layer_lr_bounds(
+    recipe: Recipe, bounds: str = "baseline_to_recipe"
+) -> tuple[float, float]:
+  r"""The ratio bounds of a DATE bound rule at one batch size (dynamic bounds).
+
+  DATE bounds each layer's trust ratio at run time with limits that depend on
+  the run (dynamic bounds). Here they depend on the scale ``k = B / B0``
+  through the recipe's learning-rate multiplier ``m = peak / η0``
+  (``sqrt(k)`` for DATE's sqrt scaling), so that each layer's effective peak
+  learning rate ``peak · r`` stays in a range fixed by two learning rates
+  that are both meaningful for the baseline:
+
+  ``"baseline_to_recipe"``
+    :math:`r \in [\min(1, m)/m,\ \max(1, m)/m]`: a layer moves at least as
+    fast as the baseline's tuned ``η0`` and at most at the recipe's peak
+    ``η0·m``. At ``k = 1`` both bounds are 1: every layer follows the
+    baseline exactly.
+  ``"baseline_to_linear"``
+    :math:`r \in [\min(1, k)/m,\ \max(1, k)/m]`: between ``η0`` and the
+    linear-scaling rule's ``η0·k`` (Goyal et al.), so layers whose weights
+    are large relative to their gradient may go beyond the sqrt rule.
+  ``"fixed"``
+    :data:`DEFAULT_BOUNDS` = ``(0.01, 1)`` at every ``k`` (the engine's
+    bounds before the rule existed; at ``k = 1`` layers with
+    ``‖w‖ < ‖g‖`` are slowed down, so it is not the baseline there).
+
+  Args:
+    recipe: the :class:`Recipe` (from :func:`date_recipe`).
+    bounds: one of :data:`BOUND_RULES`.
+
+  Returns:
+    ``(lower, upper)`` as floats.
+
+  Examples:
+    >>> import date_optax
+    >>> base = date_optax.Baseline(batch_size=16, learning_rate=0.05,
+    ...     warmup_epochs=0.1, epochs=30, num_examples=32768)
+    >>> date_optax.layer_lr_bounds(date_optax.date_recipe(base, 1024))
+    (0.125, 1.0)
+    >>> date_optax.layer_lr_bounds(date_optax.date_recipe(base, 1024),
+    ...                            "baseline_to_linear")
+    (0.125, 8.0)
+    >>> date_optax.layer_lr_bounds(date_optax.date_recipe(base, 16))
+    (1.0, 1.0)
+
+  References:
+    You et al., `Large-batch training for LSTM and beyond
+    <https://arxiv.org/abs/1901.08256>`_, SC 2019 (§3.5, dynamic upper and
+    lower limits of the LARS ratio); Goyal et al., `Accurate, Large
+    Minibatch SGD <https://arxiv.org/abs/1706.02677>`_, 2017 (linear rule).
+  """
+  validation.check_choice("bounds", bounds, BOUND_RULES)
+  if bounds == "fixed":
+    return DEFAULT_BOUNDS
+  m = recipe.peak_learning_rate / recipe.baseline.learning_rate
+  target = m if bounds == "baseline_to_recipe" else recipe.scale
+  lower, upper = min(1.0, target) / m, max(1.0, target) / m
+  if math.isclose(lower, 1.0, rel_tol=1e-12):
+    lower = 1.0
+  if math.isclose(upper, 1.0, rel_tol=1e-12):
+    upper = 1.0
+  return (lower, upper)
+
+
 def date(
     baseline: Baseline,
     batch_size: int,
@@ -596,6 +724,7 @@ def date(
     warmup_scaling: str = "linear",
     decay: sched_lib.Decay | str | None = None,
     learning_rate: optax.ScalarOrSchedule | None = None,
+    bounds: str = "baseline_to_recipe",
     **solver_options: Any,
 ) -> optax.GradientTransformation:
   r"""DATE: the baseline's solver, scaled to `batch_size` with no retuning.
@@ -610,15 +739,32 @@ def date(
       \cdot \mathrm{base}(g).
 
   **Bounds.** The baseline's ``η0`` was tuned for the plain solver, whose
-  per-layer ratio is 1. Raw ratios ``‖w‖/‖g‖`` are usually 10–1000, so an
-  upper bound above 1 multiplies most layers' learning rate (SPEC §6: a
-  momentum baseline lost 26 accuracy points under [0.01, 10] and matched
-  under [0.01, 1]). The default is therefore :data:`DEFAULT_BOUNDS` =
-  ``(0.01, 1)``: a layer never moves faster than in the baseline, and only
-  layers whose gradient is large relative to their weights are slowed, so
-  ``date(baseline, baseline.batch_size)`` trains like the baseline. A
-  baseline tuned with bounded ratios (``Baseline.ratio_bounds``) keeps its
-  own bounds.
+  per-layer ratio is 1. Raw ratios ``‖w‖/‖g‖`` are usually 10–1000, so a
+  fixed upper bound well above 1 multiplies most layers' learning rate
+  (docs/RESULTS.md: bounds [0.01, 10] cost 29 points at ``k = 1`` on an
+  MLP). The bounds therefore follow the scale (:func:`layer_lr_bounds`); the
+  default ``bounds="baseline_to_recipe"`` keeps each layer's effective peak
+  learning rate between the baseline's ``η0`` and the recipe's ``η0·sqrt(k)``,
+  i.e. ratio bounds ``[1/sqrt(k), 1]``, which are ``[1, 1]`` at ``k = 1``.
+  A baseline tuned with bounded ratios (``Baseline.ratio_bounds``) keeps its
+  own bounds; `lower`/`upper` override either.
+
+  **Biases and normalisation parameters** keep the baseline's learning rate
+  (ratio 1) by default: a zero-initialised bias has ``‖b‖/‖g_b‖ ≪ 1`` for its
+  first steps and would learn up to 100× slower than the tuned learning rate
+  says. The trust-ratio mask is :func:`date_optax.exclude_bias_and_norm`
+  (leaves with at most one dimension, or named ``bias``, ``scale``, ...) and
+  the weight-decay mask is the baseline's own, both passed explicitly to
+  `bounded_lars`; ``trust_ratio_mask=None`` in `solver_options` puts every
+  leaf under the ratio again.
+
+  **At the baseline's batch size** (``k = 1``), with the defaults and a
+  baseline whose decay is a roller coaster, ``date(baseline, B0)`` is
+  ``baseline.solver()``: the same schedule, ratio exactly 1 on the kernels
+  (bounds [1, 1]) and on the masked leaves, the same weight decay. It
+  differs from a baseline with another decay, which DATE replaces by its
+  roller coaster (pass ``decay="baseline"`` to keep it), and from one tuned
+  with `ratio_bounds`, whose bounded ratios it keeps.
 
   The recipe is available as ``date_recipe(baseline, batch_size, ...)``
   with the same scaling and decay arguments.
@@ -626,17 +772,20 @@ def date(
   Args:
     baseline: the tuned :class:`Baseline`.
     batch_size: the target batch size ``B``.
-    lower: lower ratio bound, a float ``>= 0`` or a schedule (DATE's dynamic
-      bounds); ``None``: ``baseline.ratio_bounds[0]`` if set, else 0.01.
-    upper: upper ratio bound, a float ``> 0`` or a schedule; ``None``:
-      ``baseline.ratio_bounds[1]`` if set, else 1.
+    lower: lower ratio bound, a float ``>= 0`` or a schedule; ``None``: the
+      rule's (`bounds`), or ``baseline.ratio_bounds[0]`` if set.
+    upper: upper ratio bound, a float ``> 0`` or a schedule; ``None``: the
+      rule's, or ``baseline.ratio_bounds[1]`` if set.
     ratio_source: ``"gradient"`` (DATE) or ``"update"`` (the base's output;
       with Adam this is LAMB with bounds), see `bounded_lars`.
     lr_scaling: as in :func:`scale_recipe`.
     warmup_scaling: as in :func:`scale_recipe`.
-    decay: ``None`` for the roller coaster, or another decay.
+    decay: ``None`` for the roller coaster, ``"baseline"`` for the
+      baseline's own decay, or another decay.
     learning_rate: replaces the recipe's schedule, e.g. a
       :class:`MultiStageRecipe`'s ``schedule``.
+    bounds: the bound rule, one of :data:`BOUND_RULES` (see
+      :func:`layer_lr_bounds`).
     **solver_options: override ``baseline.optimizer_options`` (keywords of
       `bounded_lars`: ``momentum``, ``b1``, ``b2``, ``eps``, ``weight_decay``,
       ``weight_decay_mask``, ``trust_ratio_mask``, ``layer_axes``).
@@ -651,16 +800,21 @@ def date(
     ...     warmup_epochs=2, epochs=30, num_examples=59904,
     ...     optimizer="momentum", optimizer_options={"momentum": 0.9})
     >>> tx = date_optax.date(base, 8192)
-    >>> params = {"w": jnp.ones((3, 2))}
+    >>> params = {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)}
     >>> state = tx.init(params)
-    >>> updates, state = tx.update({"w": jnp.ones((3, 2))}, state, params)
-    >>> recipe = date_optax.date_recipe(base, 8192)  # what tx follows
-    >>> recipe.total_steps
+    >>> grads = {"w": jnp.ones((3, 2)), "b": jnp.ones(2)}
+    >>> updates, state = tx.update(grads, state, params)
+    >>> {k: float(v) for k, v in date_optax.trust_ratios(state).items()}
+    {'b': 1.0, 'w': 1.0}
+    >>> date_optax.date_recipe(base, 8192).total_steps  # what tx follows
     220
 
   References:
     You et al., `Large-batch training for LSTM and beyond
-    <https://arxiv.org/abs/1901.08256>`_, SC 2019 (Algorithm 1, §3.5–3.6).
+    <https://arxiv.org/abs/1901.08256>`_, SC 2019 (Algorithm 1, §3.5–3.6);
+    Goyal et al., `Accurate, Large Minibatch SGD
+    <https://arxiv.org/abs/1706.02677>`_, 2017 (no weight decay or special
+    treatment of biases and batch-norm parameters).
   """
   recipe = date_recipe(
       baseline,
@@ -669,7 +823,11 @@ def date(
       warmup_scaling=warmup_scaling,
       decay=decay,
   )
-  default_lower, default_upper = baseline.ratio_bounds or DEFAULT_BOUNDS
+  validation.check_choice("bounds", bounds, BOUND_RULES)
+  if baseline.ratio_bounds is not None:
+    default_lower, default_upper = baseline.ratio_bounds
+  else:
+    default_lower, default_upper = layer_lr_bounds(recipe, bounds)
   lower = default_lower if lower is None else lower
   upper = default_upper if upper is None else upper
   validation.check_bounds(lower, upper)
@@ -677,6 +835,13 @@ def date(
     learning_rate = recipe.schedule
   options = dict(baseline.optimizer_options)
   options.update(solver_options)
+  if "trust_ratio_mask" not in options and baseline.ratio_bounds is None:
+    options["trust_ratio_mask"] = masks_lib.exclude_bias_and_norm
+  # Explicit, so that the decayed leaves are the baseline's whatever rule
+  # bounded_lars applies to a missing mask (None there may follow the trust
+  # mask): ``True`` = every leaf, as ``optax.add_decayed_weights(mask=None)``.
+  if options.get("weight_decay_mask") is None:
+    options["weight_decay_mask"] = _every_leaf
   return lars_lib.bounded_lars(
       learning_rate,
       base=baseline.optimizer,

@@ -1,5 +1,7 @@
-"""Trust-ratio telemetry: summaries for step metrics, a CSV/TensorBoard writer
-and a per-layer heatmap.
+"""Trust-ratio telemetry computed inside the step: summaries and per-layer names.
+
+Host-side output lives beside it: the CSV/TensorBoard writer in
+`metric_writer.py` and the heatmap in `plots.py` (matplotlib).
 
 The ratios come from `date_optax.trust_ratios(opt_state)`: a pytree shaped like
 the parameters whose leaves are float32 arrays of shape `()` (one layer) or
@@ -8,11 +10,6 @@ the parameters whose leaves are float32 arrays of shape `()` (one layer) or
 
 from __future__ import annotations
 
-import csv
-import math
-import os
-import time
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -25,7 +22,7 @@ _F32 = jnp.float32
 # A ratio counts as "at a bound" within a few float32 ulps of it: a bound that
 # is a schedule value may be rounded differently from the clip that produced
 # the ratio.
-_BOUND_RTOL = 4 * float(np.finfo(np.float32).eps)
+BOUND_RTOL = 4 * float(np.finfo(np.float32).eps)
 
 
 def _check_ratios(ratios: Any) -> list[jax.Array]:
@@ -108,7 +105,7 @@ def trust_ratio_summary(
     if bound is None:
       return jnp.zeros((), _F32)
     b = jnp.asarray(bound, _F32)
-    tol = _BOUND_RTOL * jnp.abs(b)
+    tol = BOUND_RTOL * jnp.abs(b)
     hit = r <= b + tol if below else r >= b - tol
     return jnp.mean(hit.astype(_F32))
 
@@ -176,293 +173,4 @@ def per_layer_ratios(ratios: Any) -> dict[str, jax.Array]:
     else:
       for idx in np.ndindex(*x.shape):
         out[f"{name}[{','.join(map(str, idx))}]"] = x[idx]
-  return out
-
-
-def _scalar(name: str, value: Any) -> float:
-  arr = np.asarray(jax.device_get(value))
-  if arr.size != 1:
-    raise ValueError(f"metric {name!r} must be a scalar, got shape {arr.shape}.")
-  return float(arr.reshape(()))
-
-
-class MetricWriter:
-  """Writes scalar metrics to a CSV file and TensorBoard event files.
-
-  The CSV file (`<logdir>/metrics.csv`) is in long form, one row per scalar:
-  `step,name,value,wall_time`, appended and flushed at every write, so a
-  process killed mid-run loses at most the row being written and a resumed
-  run keeps appending to the same file (steps logged after the last
-  checkpoint appear twice; keep the last row of each `(step, name)`, as
-  `read_metrics_csv` does). TensorBoard event files are written with
-  `tensorboardX` into `logdir` when it is installed (`pip install
-  date-optax[examples]`).
-
-  Args:
-    logdir: directory for the CSV and event files; created if missing.
-    tensorboard: True to require TensorBoard output, False to skip it, None
-      (default) to write it when `tensorboardX` can be imported.
-    csv_name: the CSV file name inside `logdir`.
-
-  Examples:
-    >>> import tempfile
-    >>> from date_optax.diagnostics import MetricWriter, read_metrics_csv
-    >>> logdir = tempfile.mkdtemp()
-    >>> with MetricWriter(logdir, tensorboard=False) as writer:
-    ...   writer.write_scalars(1, {'loss': 2.5, 'trust_ratio/max': 3.0})
-    ...   writer.write_scalars(2, {'loss': 1.5})
-    >>> steps, values = read_metrics_csv(logdir + '/metrics.csv')['loss']
-    >>> steps.tolist(), values.tolist()
-    ([1, 2], [2.5, 1.5])
-
-  References:
-    The `write_scalars`/`flush`/`close` interface follows
-    `clu.metric_writers.MetricWriter` (Google, CLU).
-  """
-
-  def __init__(
-      self,
-      logdir: str | os.PathLike,
-      *,
-      tensorboard: bool | None = None,
-      csv_name: str = "metrics.csv",
-  ):
-    if tensorboard is not None:
-      validation.check_bool("tensorboard", tensorboard)
-    if not isinstance(csv_name, str) or not csv_name or os.sep in csv_name:
-      raise ValueError(f"csv_name must be a plain file name, got {csv_name!r}.")
-    self._logdir = os.fspath(logdir)
-    os.makedirs(self._logdir, exist_ok=True)
-    self._csv_path = os.path.join(self._logdir, csv_name)
-    new_file = not os.path.exists(self._csv_path) or (
-        os.path.getsize(self._csv_path) == 0
-    )
-    self._csv_file = open(self._csv_path, "a", newline="")  # noqa: SIM115
-    self._csv = csv.writer(self._csv_file)
-    if new_file:
-      self._csv.writerow(["step", "name", "value", "wall_time"])
-      self._csv_file.flush()
-    self._tb = None
-    if tensorboard or tensorboard is None:
-      try:
-        import tensorboardX  # noqa: PLC0415 - optional dependency
-      except ImportError as e:
-        if tensorboard:
-          raise ImportError(
-              "MetricWriter(tensorboard=True) needs tensorboardX: "
-              "pip install 'date-optax[examples]'."
-          ) from e
-      else:
-        self._tb = tensorboardX.SummaryWriter(logdir=self._logdir)
-
-  @property
-  def csv_path(self) -> str:
-    """Path of the CSV file."""
-    return self._csv_path
-
-  @property
-  def tensorboard(self) -> bool:
-    """Whether TensorBoard event files are written."""
-    return self._tb is not None
-
-  def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
-    """Writes one value per name at `step` (values are fetched to the host).
-
-    Args:
-      step: the training step, an integer >= 0.
-      scalars: a mapping from metric name to a scalar (Python number, NumPy or
-        JAX array of size 1).
-    """
-    if self._csv_file is None:
-      raise ValueError("MetricWriter is closed.")
-    if isinstance(step, jax.Array) and step.ndim == 0:
-      step = np.asarray(step)[()]  # a device step counter
-    step = validation.check_int("step", step, low=0)
-    if not isinstance(scalars, Mapping):
-      raise TypeError(
-          f"scalars must be a mapping name -> value, got {scalars!r}."
-      )
-    now = time.time()
-    values = {str(k): _scalar(str(k), v) for k, v in scalars.items()}
-    for name, value in values.items():
-      self._csv.writerow([step, name, repr(value), f"{now:.3f}"])
-      if self._tb is not None:
-        self._tb.add_scalar(name, value, global_step=step, walltime=now)
-    self._csv_file.flush()
-
-  def flush(self) -> None:
-    """Flushes the CSV and event files."""
-    if self._csv_file is not None:
-      self._csv_file.flush()
-    if self._tb is not None:
-      self._tb.flush()
-
-  def close(self) -> None:
-    """Flushes and closes the files; further writes raise."""
-    if self._csv_file is not None:
-      self._csv_file.close()
-      self._csv_file = None
-    if self._tb is not None:
-      self._tb.close()
-      self._tb = None
-
-  def __enter__(self) -> MetricWriter:
-    return self
-
-  def __exit__(self, *exc: Any) -> None:
-    self.close()
-
-
-def read_metrics_csv(
-    path: str | os.PathLike,
-) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-  """Reads a `MetricWriter` CSV into `{name: (steps, values)}`.
-
-  Steps are sorted; when a step was written more than once (a run resumed
-  from a checkpoint repeats the steps after it), the last row wins.
-
-  Args:
-    path: the CSV file written by `MetricWriter`.
-
-  Returns:
-    A dict from metric name to `(steps, values)`: an int64 and a float64
-    NumPy array of equal length.
-
-  Examples:
-    >>> import tempfile
-    >>> from date_optax.diagnostics import MetricWriter, read_metrics_csv
-    >>> logdir = tempfile.mkdtemp()
-    >>> with MetricWriter(logdir, tensorboard=False) as w:
-    ...   w.write_scalars(3, {'loss': 1.0})
-    ...   w.write_scalars(3, {'loss': 0.5})
-    >>> read_metrics_csv(w.csv_path)['loss'][1].tolist()
-    [0.5]
-
-  References:
-    None: a file-format helper for `MetricWriter`.
-  """
-  table: dict[str, dict[int, float]] = {}
-  with open(os.fspath(path), newline="") as f:
-    for row in csv.DictReader(f):
-      table.setdefault(row["name"], {})[int(row["step"])] = float(row["value"])
-  out = {}
-  for name, by_step in table.items():
-    steps = np.array(sorted(by_step), dtype=np.int64)
-    out[name] = (steps, np.array([by_step[s] for s in steps], dtype=np.float64))
-  return out
-
-
-def plot_trust_ratio_heatmap(
-    history: Sequence[Any],
-    path: str | os.PathLike,
-    *,
-    steps: Sequence[int] | None = None,
-    lower: float | None = None,
-    upper: float | None = None,
-    title: str | None = None,
-) -> str:
-  """Saves a PNG heatmap of the trust ratio of every layer over steps.
-
-  Rows are layers (named as in `per_layer_ratios`, in tree order), columns are
-  the logged steps, and the colour is `log10(ratio)` over the data's range.
-  Bounds, when given, are drawn in red on the colour bar (when inside that
-  range), and its label gives the share of cells at each bound.
-
-  Args:
-    history: one entry per logged step; each entry is a ratios pytree
-      (`date_optax.trust_ratios(opt_state)`) or the dict `per_layer_ratios`
-      returned for it. All entries must name the same layers.
-    path: the PNG file to write (its directory is created).
-    steps: the step of each entry (defaults to 0, 1, ...).
-    lower: the lower ratio bound to mark, or None.
-    upper: the upper ratio bound to mark, or None.
-    title: the figure title.
-
-  Returns:
-    The path written, as a string.
-
-  Examples:
-    >>> import os, tempfile
-    >>> import jax.numpy as jnp
-    >>> from date_optax.diagnostics import plot_trust_ratio_heatmap
-    >>> history = [{'w': jnp.float32(0.1 * (t + 1)), 'b': jnp.float32(1.0)}
-    ...            for t in range(5)]
-    >>> out = plot_trust_ratio_heatmap(
-    ...     history, os.path.join(tempfile.mkdtemp(), 'heat.png'))
-    >>> os.path.getsize(out) > 0
-    True
-
-  References:
-    You, Gitman, Ginsburg, "Large Batch Training of Convolutional Networks",
-    2017 (LARS: per-layer ratios differ by orders of magnitude).
-  """
-  if isinstance(history, (str, bytes)) or not isinstance(history, Sequence):
-    raise TypeError(
-        f"history must be a sequence of ratios pytrees, got {type(history).__name__}."
-    )
-  if not history:
-    raise ValueError("history is empty: nothing to plot.")
-  rows = [jax.device_get(per_layer_ratios(h)) for h in history]
-  names = list(rows[0])
-  for i, r in enumerate(rows):
-    if list(r) != names:
-      raise ValueError(
-          f"history[{i}] names layers {list(r)[:4]}..., expected the layers of "
-          f"history[0] ({names[:4]}...)."
-      )
-  if steps is None:
-    steps = list(range(len(rows)))
-  steps = [int(s) for s in steps]
-  if len(steps) != len(rows):
-    raise ValueError(f"steps has {len(steps)} entries, history has {len(rows)}.")
-  for name, bound in (("lower", lower), ("upper", upper)):
-    if bound is not None:
-      validation.check_positive(name, bound)
-
-  data = np.array([[float(r[n]) for r in rows] for n in names], dtype=np.float64)
-  with np.errstate(divide="ignore"):
-    logd = np.log10(np.where(data > 0, data, np.nan))
-
-  # The object-oriented Figure API renders off-screen without touching the
-  # pyplot state or the user's backend.
-  from matplotlib.figure import Figure  # noqa: PLC0415 - optional dependency
-
-  height = min(2.0 + 0.28 * len(names), 16.0)
-  fig = Figure(figsize=(9.0, height))
-  ax = fig.subplots()
-  # The colour range is the data's, for contrast; bounds inside it are drawn
-  # on the colour bar and the share of cells at each bound is in its label.
-  finite = logd[np.isfinite(logd)]
-  vmin = float(finite.min()) if finite.size else -1.0
-  vmax = float(finite.max()) if finite.size else 1.0
-  if vmax - vmin < 1e-6:
-    vmin, vmax = vmin - 0.5, vmax + 0.5
-  im = ax.imshow(
-      logd,
-      aspect="auto",
-      interpolation="nearest",
-      cmap="viridis",
-      vmin=vmin,
-      vmax=vmax,
-      extent=(steps[0] - 0.5, steps[-1] + 0.5, len(names) - 0.5, -0.5),
-  )
-  ax.set_yticks(range(len(names)))
-  ax.set_yticklabels(names, fontsize=8)
-  ax.set_xlabel("step")
-  ax.set_title(title or "trust ratio per layer", fontsize=10)
-  cbar = fig.colorbar(im, ax=ax)
-  label = "log10(trust ratio)"
-  tol = 1 + _BOUND_RTOL
-  for bound, name in ((lower, "lower"), (upper, "upper")):
-    if bound is None:
-      continue
-    at = data <= bound * tol if name == "lower" else data >= bound / tol
-    label += f"\n{name} {bound:g}: {100 * at.mean():.1f}% of cells"
-    if vmin <= math.log10(bound) <= vmax:
-      cbar.ax.axhline(math.log10(bound), color="red", linewidth=2.0)
-  cbar.set_label(label, fontsize=8)
-  fig.tight_layout()
-  out = os.fspath(path)
-  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  fig.savefig(out, dpi=120)
   return out

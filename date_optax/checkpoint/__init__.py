@@ -1,7 +1,11 @@
-"""Exact, atomic checkpoint/resume of a whole train state (orbax-checkpoint)."""
+"""Exact, atomic checkpoint/resume of a whole train state (orbax-checkpoint),
+and a guard that stops a loop cleanly on preemption."""
 
-from date_optax._src.checkpoint import CheckpointManager
+from date_optax._src.checkpoint import CheckpointManager, CorruptCheckpointError
+from date_optax._src.preemption import PreemptionGuard
 
 __all__ = [
     "CheckpointManager",
+    "CorruptCheckpointError",
+    "PreemptionGuard",
 ]

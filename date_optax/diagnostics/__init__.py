@@ -1,13 +1,9 @@
 """Diagnostics: the LEGW curvature probe and trust-ratio telemetry."""
 
 from date_optax._src.diagnostics import lipschitz_estimate
-from date_optax._src.telemetry import (
-    MetricWriter,
-    per_layer_ratios,
-    plot_trust_ratio_heatmap,
-    read_metrics_csv,
-    trust_ratio_summary,
-)
+from date_optax._src.metric_writer import MetricWriter, read_metrics_csv
+from date_optax._src.plots import plot_trust_ratio_heatmap
+from date_optax._src.telemetry import per_layer_ratios, trust_ratio_summary
 
 __all__ = [
     "MetricWriter",

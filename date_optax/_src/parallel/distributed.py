@@ -48,7 +48,12 @@ def initialize(
     process_id: this process's index in `[0, num_processes)`.
     local_device_ids: restricts this process to some local devices.
     initialization_timeout: seconds to wait for all processes to connect.
-    **kwargs: passed to `jax.distributed.initialize`.
+    **kwargs: passed to `jax.distributed.initialize`. The one to know for
+      fault tolerance is `heartbeat_timeout_seconds` (JAX's default 100): when
+      a process dies without a word (SIGKILL, a lost host), the others
+      terminate with an error naming the dead task about that long after,
+      instead of blocking in their next collective. The 2-process tests use
+      10 s and see the survivor exit about 7 s after its peer was killed.
 
   Returns:
     True if the distributed runtime is running after the call, False for a

@@ -5,12 +5,8 @@ ghost batches of 64, LEGW from B0 = 1024: peak LR 2^3.5, 1.25 warmup epochs
 (391 iterations) of 28,151, 90 epochs.
 """
 
-from examples.resnet50_imagenet.configs import default
+from examples.resnet50_imagenet.configs import pod
 
 
 def get_config():
-  config = default.get_config()
-  config.batch_size = 4096
-  config.eval_batch_size = 4096
-  config.ghost_batch_size = 64
-  return config
+  return pod.get_config("v3-32")

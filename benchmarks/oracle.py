@@ -1,0 +1,467 @@
+"""DATE with no retuning against a retuned oracle (`batch_scaling.py --oracle`).
+
+For each task (model, data, solver and a baseline tuned at B0) and target
+batch ``B = k·B0``, the *oracle* is the best run of a retuning grid at ``B``
+with the baseline's own solver (no trust ratio), the baseline's roller-coaster
+decay and the same epochs: peak learning rate ``{1/4, 1/2, 1, 2, 4} x`` the
+DATE recipe's ``η0·sqrt(k)`` and warmup ``{0.05, 0.2}`` of the run's
+iterations. Every scaling method is then reported as its gap to that oracle
+(test accuracy points, negative = behind the oracle):
+
+  date          ``date_optax.date(baseline, B)`` with its defaults
+  date_fixed    the engine before issue 12: every leaf under the ratio,
+                bounds [0.01, 1] (``bounds="fixed", trust_ratio_mask=None``)
+  date_linear   ``date(baseline, B, bounds="baseline_to_linear")``: layer
+                learning rates between ``η0`` and ``η0·k``
+  linear        plain solver, peak ``η0·k``, 5-epoch warmup (Goyal et al.)
+  legw          plain solver, peak ``η0·sqrt(k)``, warmup epochs x k, poly-2
+
+Tasks: the MNIST-1D LSTM of ``date_optax/_src/lstm_demo.py`` with a momentum
+and an Adam baseline, the real-digit MNIST LSTM of ``examples/mnist_lstm``,
+and a small 1-D CNN with ``date_optax.nn.GhostBatchNorm`` on MNIST-1D.
+
+Run order (so that an interrupted run still leaves the headline cells):
+seed 0 at 64·B0 and 16·B0 (grid and methods), then seeds 1 and 2 at those
+cells for the methods and the grid point that won on seed 0, then 4·B0, then
+each baseline at B0. Every finished run is appended to the ``.jsonl`` log and
+reused on the next call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import date_optax
+from date_optax import schedules
+
+LR_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
+WARMUP_FRACTIONS = (0.05, 0.2)
+METHODS = ("date", "date_fixed", "date_linear", "linear", "legw")
+LABELS = {
+    "date": "DATE, defaults (no retuning)",
+    "date_fixed": "DATE, engine before issue 12 (all leaves, [0.01, 1])",
+    "date_linear": "DATE, bounds='baseline_to_linear'",
+    "linear": "linear LR + 5-epoch warmup (Goyal)",
+    "legw": "LEGW (sqrt LR, warmup x k, poly-2)",
+}
+
+FULL = dict(scales=(64, 16, 4), seeds=3, num_train=16384, num_test=4096,
+            epochs=20, mnist_train=4096, mnist_epochs=30,
+            lr_factors=LR_FACTORS, warmup_fractions=WARMUP_FRACTIONS,
+            cnn_grid=(0.025, 0.05, 0.1, 0.2))
+QUICK = dict(scales=(4,), seeds=1, num_train=1024, num_test=512, epochs=2,
+             mnist_train=512, mnist_epochs=2, lr_factors=(0.5, 1.0, 2.0),
+             warmup_fractions=(0.2,), cnn_grid=())
+
+
+# ---------------------------------------------------------------------------
+# Models.
+
+
+class SignalLSTM(nn.Module):
+  """One 64-unit LSTM over ``(N, steps * chunk)`` signals, then a linear head."""
+
+  chunk: int = 4
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    del train
+    x = x.reshape(x.shape[0], -1, self.chunk)
+    h = nn.RNN(nn.OptimizedLSTMCell(64), name="lstm")(x)
+    return nn.Dense(10, name="head")(h[:, -1])
+
+
+class GhostBNCNN(nn.Module):
+  """Two 1-D convolutions with ghost batch norm (ghost size B0), mean pool."""
+
+  ghost_batch_size: int = 16
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    from date_optax.nn import GhostBatchNorm  # noqa: PLC0415
+
+    x = x.reshape(x.shape[0], -1, 1)
+    for feats, stride in ((32, 1), (64, 2)):
+      x = nn.Conv(feats, (5,), strides=(stride,), use_bias=False)(x)
+      x = GhostBatchNorm(
+          use_running_average=not train,
+          ghost_batch_size=self.ghost_batch_size if train else None,
+          momentum=0.9,
+      )(x)
+      x = nn.relu(x)
+    return nn.Dense(10)(jnp.mean(x, axis=1))
+
+
+# ---------------------------------------------------------------------------
+# Tasks.
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """One model, data set and baseline tuned at ``B0``."""
+
+  name: str
+  label: str
+  data: str  # "mnist1d" or "mnist"
+  model: Callable[[int], nn.Module]  # B0 -> module
+  solver: str
+  batch_size: int
+  learning_rate: float | None  # None: tuned on cnn_grid at B0 (seed 0)
+  warmup_epochs: float = 0.1
+
+
+TASKS = (
+    Task("mnist1d_lstm_momentum", "MNIST-1D LSTM, momentum 0.9", "mnist1d",
+         lambda b0: SignalLSTM(4), "momentum", 16, 0.05),
+    Task("mnist1d_lstm_adam", "MNIST-1D LSTM, Adam", "mnist1d",
+         lambda b0: SignalLSTM(4), "adam", 16, 8e-3),
+    Task("mnist_lstm_momentum", "real-digit MNIST LSTM (examples/mnist_lstm), "
+         "momentum 0.9", "mnist", lambda b0: SignalLSTM(28), "momentum", 16, 0.2),
+    Task("mnist1d_cnn_gbn_momentum", "MNIST-1D CNN + GhostBatchNorm (ghost 16), "
+         "momentum 0.9", "mnist1d", lambda b0: GhostBNCNN(b0), "momentum", 16, None),
+)
+
+
+def load_data(kind: str, cfg: dict, root: str) -> dict[str, np.ndarray]:
+  if kind == "mnist1d":
+    from date_optax._src import lstm_demo  # noqa: PLC0415
+
+    d = lstm_demo.load_mnist1d(cfg["num_train"], cfg["num_test"], seed=0,
+                               cache_dir=os.path.join(root, "tmp", "mnist1d_cache"))
+    return dict(x_train=d.x_train, y_train=d.y_train, x_test=d.x_test,
+                y_test=d.y_test, epochs=cfg["epochs"])
+  sys.path.insert(0, root)
+  from examples.mnist_lstm import input_pipeline  # noqa: PLC0415
+
+  d = input_pipeline.get_datasets(num_train=cfg["mnist_train"])
+  return dict(x_train=d["x_train"].reshape(len(d["x_train"]), -1),
+              y_train=d["y_train"], x_test=d["x_test"].reshape(len(d["x_test"]), -1),
+              y_test=d["y_test"], epochs=cfg["mnist_epochs"])
+
+
+def baseline_of(task: Task, lr: float, data: dict) -> date_optax.Baseline:
+  return date_optax.Baseline(
+      batch_size=task.batch_size, learning_rate=lr,
+      warmup_epochs=task.warmup_epochs, epochs=data["epochs"],
+      num_examples=len(data["x_train"]), optimizer=task.solver,
+      optimizer_options={"momentum": 0.9} if task.solver == "momentum" else {})
+
+
+def optimizer_for(method: str, base: date_optax.Baseline, batch: int,
+                  lr_factor: float = 1.0, warmup_fraction: float = 0.05):
+  """The transformation of `method` (or of one oracle grid point, "grid")."""
+  if method == "grid":
+    r = date_optax.date_recipe(base, batch)
+    warmup = max(1, round(warmup_fraction * r.total_steps))
+    sched = schedules.warmup_decay_schedule(
+        r.peak_learning_rate * lr_factor, warmup, r.total_steps,
+        decay=r.decay, steps_per_epoch=r.steps_per_epoch)
+    return base.solver(sched)
+  if method == "date":
+    return date_optax.date(base, batch)
+  if method == "date_fixed":
+    return date_optax.date(base, batch, bounds="fixed", trust_ratio_mask=None)
+  if method == "date_linear":
+    return date_optax.date(base, batch, bounds="baseline_to_linear")
+  if method == "linear":
+    five = dataclasses.replace(base, warmup_epochs=min(5.0, base.epochs / 4))
+    r = date_optax.scale_recipe(five, batch, lr_scaling="linear",
+                                warmup_scaling="none")
+    return base.solver(r.schedule)
+  if method == "legw":
+    r = date_optax.scale_recipe(base, batch, decay=schedules.Poly(power=2))
+    return base.solver(r.schedule)
+  if method == "baseline":
+    return base.solver()
+  raise ValueError(f"unknown method {method!r}")
+
+
+# ---------------------------------------------------------------------------
+# Training.
+
+
+def train(model: nn.Module, data: dict, tx, batch: int, seed: int) -> dict:
+  """Trains for data['epochs'] epochs; returns final test accuracy and loss."""
+  x_tr, y_tr = data["x_train"], data["y_train"]
+  n = len(x_tr)
+  spe = n // batch
+  start = time.perf_counter()
+  variables = model.init(jax.random.key(seed), jnp.asarray(x_tr[:2]), train=True)
+  params = variables["params"]
+  stats = variables.get("batch_stats")
+  opt_state = tx.init(params)
+
+  def loss_fn(p, st, x, y):
+    if st is None:
+      logits, new_st = model.apply({"params": p}, x, train=True), None
+    else:
+      logits, upd = model.apply({"params": p, "batch_stats": st}, x, train=True,
+                                mutable=["batch_stats"])
+      new_st = upd["batch_stats"]
+    loss = optax.softmax_cross_entropy_with_integer_labels(
+        logits.astype(jnp.float32), y).mean()
+    return loss, new_st
+
+  @jax.jit
+  def epoch(p, st, s, xs, ys):
+    def body(carry, b):
+      p, st, s = carry
+      (loss, st), g = jax.value_and_grad(loss_fn, has_aux=True)(p, st, *b)
+      u, s = tx.update(g, s, p)
+      return (optax.apply_updates(p, u), st, s), loss
+    (p, st, s), losses = jax.lax.scan(body, (p, st, s), (xs, ys))
+    return p, st, s, jnp.mean(losses)
+
+  @jax.jit
+  def predict(p, st, x):
+    v = {"params": p} if st is None else {"params": p, "batch_stats": st}
+    return jnp.argmax(model.apply(v, x, train=False), -1)
+
+  rng = np.random.default_rng(seed)
+  losses = []
+  for _ in range(data["epochs"]):
+    order = rng.permutation(n)[: spe * batch]
+    xs = x_tr[order].reshape(spe, batch, -1)
+    ys = y_tr[order].reshape(spe, batch)
+    params, stats, opt_state, loss = epoch(params, stats, opt_state, xs, ys)
+    losses.append(float(loss))
+  correct = 0
+  for i in range(0, len(data["x_test"]), 2048):
+    pred = predict(params, stats, data["x_test"][i:i + 2048])
+    correct += int(np.sum(np.asarray(pred) == data["y_test"][i:i + 2048]))
+  acc = 100.0 * correct / len(data["x_test"])
+  if not all(math.isfinite(v) for v in losses):
+    acc = min(acc, 100.0 * np.mean(data["y_test"] == 0))  # diverged: count it
+  return dict(accuracy=acc, loss=losses[-1], steps=spe * data["epochs"],
+              wall=time.perf_counter() - start,
+              diverged=not all(math.isfinite(v) for v in losses))
+
+
+# ---------------------------------------------------------------------------
+# The study.
+
+
+def run_study(args, root: str, out: str) -> int:
+  cfg = dict(QUICK if args.quick else FULL)
+  if args.seeds is not None:
+    cfg["seeds"] = args.seeds
+  if args.scales:
+    cfg["scales"] = tuple(int(k) for k in args.scales.split(","))
+  tasks = [t for t in TASKS if not args.tasks or t.name in args.tasks.split(",")]
+  log_path = out + ".jsonl"
+  done = {}
+  if os.path.exists(log_path):
+    with open(log_path) as f:
+      for line in f:
+        rec = json.loads(line)
+        done[rec.pop("ident")] = rec
+  datasets: dict[str, dict] = {}
+  counter = {"new": 0, "t0": time.perf_counter()}
+
+  def data_of(task):
+    if task.data not in datasets:
+      datasets[task.data] = load_data(task.data, cfg, root)
+    return datasets[task.data]
+
+  def run(task, lr, method, k, seed, lr_factor=1.0, wf=0.05) -> dict:
+    data = data_of(task)
+    key = dict(task=task.name, lr=lr, method=method, k=k, seed=seed,
+               epochs=data["epochs"], n=len(data["x_train"]))
+    if method == "grid":
+      key.update(lr_factor=lr_factor, warmup_fraction=wf)
+    ident = json.dumps(key, sort_keys=True)
+    if ident in done:
+      return done[ident]
+    base = baseline_of(task, lr, data)
+    tx = optimizer_for(method, base, task.batch_size * k, lr_factor, wf)
+    rec = dict(key=key, **train(task.model(task.batch_size), data, tx,
+                                task.batch_size * k, seed))
+    done[ident] = rec
+    with open(log_path, "a") as f:
+      f.write(json.dumps(dict(ident=ident, **rec)) + "\n")
+    counter["new"] += 1
+    el = (time.perf_counter() - counter["t0"]) / 60
+    print(f"[{el:5.1f} min, run {counter['new']}] {task.name} k={k} seed={seed} "
+          f"{method} {lr_factor:g}/{wf:g}: {rec['accuracy']:.2f} "
+          f"({rec['wall']:.0f} s)", flush=True)
+    return rec
+
+  # 0. Baselines that still need their B0 learning rate (seed 0).
+  lrs = {}
+  for t in tasks:
+    if t.learning_rate is not None:
+      lrs[t.name] = t.learning_rate
+    elif cfg["cnn_grid"]:
+      accs = [(lr, run(t, lr, "baseline", 1, 0)["accuracy"]) for lr in cfg["cnn_grid"]]
+      lrs[t.name] = max(accs, key=lambda a: a[1])[0]
+    else:
+      lrs[t.name] = 0.1
+
+  grid = [(f, w) for w in cfg["warmup_fractions"] for f in cfg["lr_factors"]]
+
+  def cell(t, k, seed, grid_points):
+    for f, w in grid_points:
+      run(t, lrs[t.name], "grid", k, seed, f, w)
+    for m in METHODS:
+      run(t, lrs[t.name], m, k, seed)
+
+  head = [k for k in cfg["scales"] if k >= 16] or list(cfg["scales"])
+  # 1. Seed 0, headline scales: full grid and every method.
+  for k in head:
+    for t in tasks:
+      cell(t, k, 0, grid)
+  # 2. More seeds at the headline scales: the seed-0 oracle point and methods.
+  for seed in range(1, cfg["seeds"]):
+    for k in head:
+      for t in tasks:
+        cell(t, k, seed, [_best_point(done, t.name, k, seeds=(0,))])
+  # 3. The other scales, seed 0.
+  for k in cfg["scales"]:
+    if k not in head:
+      for t in tasks:
+        cell(t, k, 0, grid)
+  # 4. Each baseline at B0 (context), seed 0.
+  if not args.quick:
+    for t in tasks:
+      run(t, lrs[t.name], "baseline", 1, 0)
+
+  md = markdown(done, tasks, lrs, cfg, args)
+  with open(out + ".md", "w") as f:
+    f.write(md)
+  plot(done, tasks, cfg, out + ".png")
+  print(md)
+  print(f"wrote {out}.md, {out}.png, {log_path}")
+  return 0
+
+
+def _records(done, task, k, method, **match):
+  out = []
+  for rec in done.values():
+    key = rec["key"]
+    if key["task"] == task and key["k"] == k and key["method"] == method and all(
+        key.get(a) == b for a, b in match.items()):
+      out.append(rec)
+  return out
+
+
+def _best_point(done, task, k, seeds=None):
+  """The grid point with the best mean accuracy over `seeds` (or all seeds)."""
+  scores = {}
+  for rec in _records(done, task, k, "grid"):
+    key = rec["key"]
+    if seeds is not None and key["seed"] not in seeds:
+      continue
+    scores.setdefault((key["lr_factor"], key["warmup_fraction"]), []).append(
+        rec["accuracy"])
+  return max(scores, key=lambda p: (np.mean(scores[p]), -abs(math.log(p[0]))))
+
+
+def _oracle(done, task, k):
+  """(point, mean accuracy, seeds) of the oracle: best over seed 0's grid,
+  scored by the mean over every seed that ran at that point."""
+  point = _best_point(done, task, k, seeds=(0,))
+  recs = _records(done, task, k, "grid", lr_factor=point[0],
+                  warmup_fraction=point[1])
+  return point, float(np.mean([r["accuracy"] for r in recs])), sorted(
+      r["key"]["seed"] for r in recs)
+
+
+def markdown(done, tasks, lrs, cfg, args) -> str:
+  cmd = "python benchmarks/batch_scaling.py" + "".join(f" {a}" for a in sys.argv[1:])
+  lines = [
+      f"### DATE against a retuned oracle ({'quick' if args.quick else 'full'} mode)",
+      "",
+      f"`{cmd}` on {platform.machine()} ({os.cpu_count()} CPU cores, shared "
+      f"with other jobs), jax {jax.__version__}. MNIST-1D: {cfg['num_train']} "
+      f"train / {cfg['num_test']} test, {cfg['epochs']} epochs; real MNIST "
+      f"digits: {cfg['mnist_train']} train / {5000 - cfg['mnist_train']} test, "
+      f"{cfg['mnist_epochs']} epochs. B0 = 16 for every task.",
+      "",
+      "Oracle: best of the retuning grid at the target batch (baseline solver, "
+      "no ratio, roller coaster; peak LR x {" + ", ".join(
+          f"{f:g}" for f in cfg["lr_factors"]) + "} of η0·sqrt(k), warmup "
+      "{" + ", ".join(f"{w:g}" for w in cfg["warmup_fractions"]) + "} of the "
+      "iterations), picked on seed 0 and scored by its mean over the seeds it "
+      "ran with. Cells: accuracy of the method (mean over seeds) minus the "
+      "oracle's, in points; n = seeds.",
+      "",
+      "Baselines at B0: " + "; ".join(
+          f"{t.label}: lr {lrs[t.name]:g}" for t in tasks) + ".",
+      "",
+      "| task | k | oracle (lr x, warmup) | " + " | ".join(
+          LABELS[m] for m in METHODS) + " |",
+      "|---|---:|---|" + "---:|" * len(METHODS),
+  ]
+  for t in tasks:
+    for k in sorted(cfg["scales"]):
+      if not _records(done, t.name, k, "grid", seed=0):
+        continue
+      (f, w), acc, seeds = _oracle(done, t.name, k)
+      row = [t.label, str(k), f"{acc:.2f} ({f:g}x, {w:g}; n={len(seeds)})"]
+      for m in METHODS:
+        recs = _records(done, t.name, k, m)
+        if not recs:
+          row.append("—")
+          continue
+        mean = np.mean([r["accuracy"] for r in recs])
+        row.append(f"{mean - acc:+.2f} (n={len(recs)})")
+      lines.append("| " + " | ".join(row) + " |")
+  b0 = [(t, _records(done, t.name, 1, "baseline", lr=lrs[t.name], seed=0))
+        for t in tasks]
+  b0 = [(t, r) for t, r in b0 if r]
+  if b0:
+    lines += ["", "Baselines at B0 (seed 0; `date(baseline, B0)` is the same "
+              "solver step by step): " + "; ".join(
+                  f"{t.label} {r[0]['accuracy']:.2f}" for t, r in b0) + "."]
+  cnn = [rec for rec in done.values() if rec["key"]["method"] == "baseline"
+         and rec["key"]["k"] == 1 and rec["key"]["task"].startswith("mnist1d_cnn")]
+  if len(cnn) > 1:
+    lines += ["", "CNN learning-rate grid at B0 (seed 0): " + ", ".join(
+        f"{r['key']['lr']:g}: {r['accuracy']:.2f}"
+        for r in sorted(cnn, key=lambda r: r["key"]["lr"])) + "."]
+  total = sum(r["wall"] for r in done.values())
+  lines += ["", f"{len(done)} runs in the log, {total / 60:.1f} min of training."]
+  return "\n".join(lines) + "\n"
+
+
+def plot(done, tasks, cfg, path):
+  import matplotlib  # noqa: PLC0415
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # noqa: PLC0415
+
+  fig, axes = plt.subplots(1, len(tasks), figsize=(4 * len(tasks), 3.6),
+                           squeeze=False)
+  for ax, t in zip(axes[0], tasks):
+    ks = [k for k in sorted(cfg["scales"])
+          if _records(done, t.name, k, "grid", seed=0)]
+    for m in METHODS:
+      gaps = []
+      for k in ks:
+        recs = _records(done, t.name, k, m)
+        gaps.append(np.mean([r["accuracy"] for r in recs]) - _oracle(done, t.name, k)[1]
+                    if recs else np.nan)
+      ax.plot(ks, gaps, marker="o", label=LABELS[m])
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set(title=t.label[:40], xlabel="k = B / B0", ylabel="gap to oracle (points)")
+    ax.set_ylim(-6, 1.5)
+    ax.grid(alpha=0.3)
+  axes[0][0].legend(fontsize=6, loc="lower left")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)

@@ -1,0 +1,183 @@
+"""Preemption: SIGTERM stops the loop at one agreed step, a dead host never hangs.
+
+The multi-host tests run tests/preemption_worker.py as 2 real processes on
+127.0.0.1 (gloo CPU collectives, 4 devices each). Every process has a time
+limit and is always killed and reaped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from date_optax.checkpoint import PreemptionGuard
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "preemption_worker.py")
+STEPS = 16
+PAIR_TIMEOUT_S = 120
+# The survivor of a SIGKILLed peer must be gone within this (the issue's bar),
+# with the worker's heartbeat timeout of 10 s.
+SURVIVOR_LIMIT_S = 60
+
+
+# --------------------------------------------------------------------------
+# One process.
+
+
+def test_guard_stops_at_the_step_after_the_signal():
+  with PreemptionGuard() as guard:
+    assert not guard.should_stop(1) and guard.received is None
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert guard.should_stop(2) and guard.received == "SIGTERM"
+    assert guard.should_stop(3)  # stays set
+
+
+def test_second_sigint_interrupts_and_handlers_are_restored():
+  before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+  guard = PreemptionGuard()
+  try:
+    os.kill(os.getpid(), signal.SIGINT)
+    assert guard.should_stop(1) and guard.received == "SIGINT"
+    with pytest.raises(KeyboardInterrupt):
+      os.kill(os.getpid(), signal.SIGINT)
+  finally:
+    guard.close()
+  assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_guard_rejects_bad_input():
+  with pytest.raises(TypeError, match="signals"):
+    PreemptionGuard("SIGTERM")
+  with pytest.raises(ValueError, match="SIGFOO"):
+    PreemptionGuard(["SIGFOO"])
+  with pytest.raises(ValueError, match="at least one"):
+    PreemptionGuard([])
+  with PreemptionGuard(["SIGUSR1"]) as guard:
+    with pytest.raises(ValueError, match="step"):
+      guard.should_stop(-1)
+
+
+# --------------------------------------------------------------------------
+# Two processes.
+
+
+def _free_port() -> int:
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+class _Pair:
+  """Two worker processes sharing a workdir; always killed and reaped."""
+
+  def __init__(self, workdir, tag, **flags):
+    self.workdir = workdir
+    self.logs = [workdir / f"{tag}_log{i}.txt" for i in range(2)]
+    port = _free_port()
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)  # the worker sets its own device count
+    extra = [f"--{k.replace('_', '-')}={v}" for k, v in flags.items()]
+    self._files = [open(log, "w") for log in self.logs]  # noqa: SIM115
+    self.procs = [
+        subprocess.Popen(
+            [sys.executable, WORKER, "--port", str(port), "--process-id", str(i),
+             "--workdir", str(workdir), f"--steps={STEPS}", *extra],
+            stdout=f, stderr=subprocess.STDOUT, env=env, cwd=HERE)
+        for i, f in enumerate(self._files)
+    ]
+
+  def log(self, i: int) -> str:
+    return self.logs[i].read_text()
+
+  def wait_for(self, i: int, pattern: str, timeout: float = PAIR_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not re.search(pattern, self.log(i)):
+      if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
+        self.kill()
+        pytest.fail(f"worker {i} never logged {pattern!r}:\n{self.log(i)[-2000:]}")
+      time.sleep(0.05)
+
+  def wait(self, timeout: float = PAIR_TIMEOUT_S) -> list[int]:
+    deadline = time.monotonic() + timeout
+    try:
+      for p in self.procs:
+        p.wait(timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+      self.kill()
+      pytest.fail(f"workers did not finish in {timeout} s:\n{self.log(0)[-2000:]}")
+    finally:
+      self.kill()
+    return [p.returncode for p in self.procs]
+
+  def kill(self) -> None:
+    for p in self.procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+    for f in self._files:
+      f.close()
+
+
+def _finish(workdir, tag) -> list[dict]:
+  pair = _Pair(workdir, tag)
+  rcs = pair.wait()
+  assert rcs == [0, 0], (rcs, pair.log(0)[-2000:], pair.log(1)[-2000:])
+  return [dict(np.load(workdir / f"out{i}.npz")) for i in range(2)]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("uninterrupted")
+  return _finish(workdir, "run")
+
+
+def _assert_same_run(outs, ref):
+  for out in outs:
+    for name, value in ref[0].items():
+      if name not in ("losses", "start"):
+        np.testing.assert_array_equal(out[name], value, err_msg=name)
+    start = int(out["start"])
+    np.testing.assert_array_equal(out["losses"], ref[0]["losses"][start:])
+
+
+def test_sigterm_to_one_host_saves_the_same_step_on_both_and_resumes_exactly(
+    tmp_path, uninterrupted):
+  pair = _Pair(tmp_path, "first", step_sleep=0.3)
+  pair.wait_for(1, r"process 1: step 5\b")
+  pair.procs[1].send_signal(signal.SIGTERM)
+  assert pair.wait() == [0, 0], pair.log(0)[-2000:]
+  saved = [re.findall(r"-> saved step (\d+)", pair.log(i)) for i in range(2)]
+  assert saved[0] == saved[1] and len(saved[0]) == 1, saved
+  stopped = int(saved[0][0])
+  assert 5 <= stopped < STEPS
+  assert "SIGTERM" in pair.log(0)  # process 0 learnt it from process 1
+  outs = _finish(tmp_path, "second")
+  assert all(int(o["start"]) == stopped for o in outs)
+  _assert_same_run(outs, uninterrupted)
+
+
+def test_sigkill_of_one_host_ends_the_other_and_the_pair_resumes(
+    tmp_path, uninterrupted):
+  pair = _Pair(tmp_path, "first", step_sleep=0.3)
+  pair.wait_for(1, r"process 1: step 9\b")  # checkpoint 8 is complete
+  killed_at = time.monotonic()
+  pair.procs[1].kill()
+  rcs = pair.wait(timeout=SURVIVOR_LIMIT_S)
+  survivor_s = time.monotonic() - killed_at
+  assert rcs[0] != 0 and survivor_s < SURVIVOR_LIMIT_S, (rcs, survivor_s)
+  # JAX's own message says why: the other task died (heartbeat timeout).
+  assert re.search(r"another task died|heartbeat timeout", pair.log(0)), pair.log(0)[-2000:]
+  latest = max(int(d) for d in os.listdir(tmp_path / "ckpt") if d.isdigit())
+  assert latest >= 8
+  outs = _finish(tmp_path, "second")
+  assert all(int(o["start"]) == latest for o in outs)
+  _assert_same_run(outs, uninterrupted)
