@@ -13,6 +13,7 @@ and masked).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -28,6 +29,7 @@ import optax
 import date_optax
 import date_optax.parallel as dp
 from date_optax import diagnostics
+from date_optax.checkpoint import CheckpointManager, PreemptionGuard, tree_checksum
 from examples.mnist1d_lstm import input_pipeline, models
 
 
@@ -102,8 +104,17 @@ def fit(
     model: a flax module mapping a batch of `x` to logits.
     start: `time.perf_counter()` at the start, to count data loading.
 
+  Resumable: checkpoints (parameters, optimizer state, step and input
+  position) go to `workdir/checkpoints` every `config.checkpoint_every_steps`
+  steps (default: every epoch); on SIGTERM or SIGINT the loop saves the step
+  it finished and returns. Running it again with the same `workdir` resumes
+  and ends bit-identical to an uninterrupted run on the same device count
+  (`params_checksum` in `results.json`); `metrics.csv` then has every step
+  once.
+
   Returns:
-    The final metrics, also written to `workdir/results.json`.
+    The final metrics, also written to `workdir/results.json`, or
+    `{"preempted_at_step": s}` after a signal.
   """
   os.makedirs(workdir, exist_ok=True)
   start = time.perf_counter() if start is None else start
@@ -132,29 +143,62 @@ def fit(
 
   test_set = {"x": data["x_test"], "y": data["y_test"]}
   eval_batch = n_dev * max(1, 4096 // n_dev)
+  steps_per_epoch = len(data["x_train"]) // config.batch_size
+  total_steps = steps_per_epoch * config.num_epochs
+  ckpt_every = config.get("checkpoint_every_steps") or steps_per_epoch
 
-  rng = np.random.default_rng(config.seed)
-  step = 0
-  accuracy = float("nan")
-  with diagnostics.MetricWriter(workdir, tensorboard=None) as writer:
-    for epoch in range(1, config.num_epochs + 1):
-      for batch in input_pipeline.train_batches(
-          data["x_train"], data["y_train"], config.batch_size, rng
-      ):
-        state, metrics = train_step(state, batch)
-        step += 1
-        if step % config.log_every_steps == 0:
-          scalars = {k: float(v) for k, v in metrics.items() if k != "trust_ratios"}
-          scalars["learning_rate"] = float(recipe.schedule(step - 1))
-          writer.write_scalars(step, scalars)
-      evals = dp.evaluate(metric_fn, state.params, test_set, mesh, batch_size=eval_batch)
-      accuracy = 100.0 * evals["accuracy"]
-      writer.write_scalars(step, {"test_accuracy": accuracy, "epoch": epoch})
+  def batch_at(step: int) -> dict[str, np.ndarray]:
+    # The input position is (epoch, index) = divmod(step, steps_per_epoch):
+    # epoch e is shuffled by the e-th permutation of one seeded generator,
+    # so any step's batch can be rebuilt after a restart.
+    epoch, index = divmod(step, steps_per_epoch)
+    if epoch != batch_at.epoch:
+      rng = np.random.default_rng(config.seed)
+      for _ in range(epoch):
+        rng.permutation(len(data["x_train"]))
+      batch_at.batches = list(input_pipeline.train_batches(
+          data["x_train"], data["y_train"], config.batch_size, rng))
+      batch_at.epoch = epoch
+    return batch_at.batches[index]
+
+  batch_at.epoch = -1
+  step, accuracy = 0, float("nan")
+  with contextlib.ExitStack() as stack:
+    ckpt = stack.enter_context(CheckpointManager(
+        os.path.join(workdir, "checkpoints"), max_to_keep=2, async_save=False))
+    guard = stack.enter_context(PreemptionGuard())
+    if ckpt.latest_step() is not None:
+      # Resume: parameters, optimizer state, step and input position.
+      state, meta = ckpt.restore(state)
+      step, accuracy = meta["step"], meta["test_accuracy"]
+    writer = stack.enter_context(
+        diagnostics.MetricWriter(workdir, tensorboard=None, resume_step=step))
+    while step < total_steps:
+      state, metrics = train_step(state, batch_at(step))
+      step += 1
+      if step % config.log_every_steps == 0:
+        scalars = {k: float(v) for k, v in metrics.items() if k != "trust_ratios"}
+        scalars["learning_rate"] = float(recipe.schedule(step - 1))
+        writer.write_scalars(step, scalars)
+      if step % steps_per_epoch == 0:
+        evals = dp.evaluate(metric_fn, state.params, test_set, mesh, batch_size=eval_batch)
+        accuracy = 100.0 * evals["accuracy"]
+        writer.write_scalars(step, {"test_accuracy": accuracy,
+                                    "epoch": step // steps_per_epoch})
+      preempted = guard.should_stop(step)
+      if preempted or step % ckpt_every == 0 or step == total_steps:
+        epoch, index = divmod(step, steps_per_epoch)
+        ckpt.save(step, state, force=True, metadata={
+            "step": step, "epoch": epoch, "index": index, "test_accuracy": accuracy})
+      if preempted:
+        print(f"{guard.received}: saved step {step} of {total_steps} in {workdir}; "
+              "rerun the same command to resume.", flush=True)
+        return {"preempted_at_step": step}
   result = dict(
       method=config.method, batch_size=config.batch_size, iterations=step,
       test_accuracy=accuracy, wall_time=time.perf_counter() - start,
       devices=n_dev, peak_learning_rate=recipe.peak_learning_rate,
-      warmup_steps=recipe.warmup_steps,
+      warmup_steps=recipe.warmup_steps, params_checksum=tree_checksum(state.params),
   )
   with open(os.path.join(workdir, "results.json"), "w") as f:
     json.dump(result, f, indent=1)

@@ -13,6 +13,7 @@ TFRecords under `data_dir`, e.g. a gs:// bucket prepared with tfds).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import jax
@@ -23,16 +24,17 @@ STDDEV_RGB = np.array([0.229, 0.224, 0.225], np.float32) * 255
 
 
 def fake_batches(
-    batch_size: int, image_size: int, num_classes: int, *, seed: int = 0
+    batch_size: int, image_size: int, num_classes: int, *, seed: int = 0, start: int = 0
 ) -> Iterator[dict[str, np.ndarray]]:
-  """Endless batches of standard-normal images and uniform labels.
+  """Endless batches of standard-normal images, from batch number `start` on.
 
-  The labels are a fixed function of the image (the sign pattern of a few
-  pixels) so that a model can fit them: a smoke test can check that the
-  loss goes down.
+  Batch `i` is drawn from its own generator seeded by `(seed, i)`, so a
+  resumed run gets exactly the batches an uninterrupted one got. The labels
+  are a fixed function of the image (the sign pattern of a few pixels) so
+  that a model can fit them: a smoke test can check that the loss goes down.
   """
-  rng = np.random.default_rng(seed)
-  while True:
+  for i in itertools.count(start):
+    rng = np.random.default_rng([seed, i])
     images = rng.standard_normal((batch_size, image_size, image_size, 3), np.float32)
     labels = (images[:, 0, 0, 0] > 0).astype(np.int32) * (num_classes // 2)
     yield {"image": images, "label": labels}
@@ -48,6 +50,7 @@ def imagenet_batches(
     dtype: str = "bfloat16",
     shuffle_buffer: int = 16 * 1024,
     seed: int = 0,
+    start: int = 0,
 ) -> Iterator[dict[str, np.ndarray]]:
   """This host's batches of ImageNet from tfds (`imagenet2012`).
 
@@ -63,6 +66,11 @@ def imagenet_batches(
     dtype: image dtype after normalisation.
     shuffle_buffer: tf.data shuffle buffer.
     seed: shuffle seed (combined with the process index).
+    start: for training, the number of batches already consumed (a resumed
+      run's step): that many batches of records are skipped before decoding,
+      so the run goes on at its position in the shuffled stream. File order
+      and shuffling are seeded; tf.data's random crops and flips are not
+      reproduced bit for bit across a restart (the fake input is).
 
   Returns:
     An iterator of {"image", "label"} batches.
@@ -77,6 +85,7 @@ def imagenet_batches(
   ds = builder.as_dataset(
       split=split, shuffle_files=train,
       decoders={"image": tfds.decode.SkipDecoding()},
+      read_config=tfds.ReadConfig(shuffle_seed=seed + jax.process_index()),
   )
   tf_dtype = tf.bfloat16 if dtype == "bfloat16" else tf.float32
 
@@ -112,6 +121,7 @@ def imagenet_batches(
   ds = ds.with_options(options)
   if train:
     ds = ds.repeat().shuffle(shuffle_buffer, seed=seed + jax.process_index())
+    ds = ds.skip(start * batch_size)  # still undecoded: skipping is cheap
     ds = ds.map(decode_train, num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.batch(batch_size, drop_remainder=True)
   else:

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
+from etils import epath
 
 import date_optax
 import date_optax.parallel as dp
@@ -94,16 +95,18 @@ def create_model(config: ml_collections.ConfigDict, num_replicas: int) -> models
   )
 
 
-def _train_batches(config, local_batch: int):
+def _train_batches(config, local_batch: int, start: int):
+  """This host's training batches from batch number `start` (the input position)."""
   if config.dataset == "fake":
     return input_pipeline.fake_batches(
         local_batch, config.image_size, config.num_classes,
-        seed=config.seed + 7 * jax.process_index(),
+        seed=config.seed + 7 * jax.process_index(), start=start,
     )
   return input_pipeline.imagenet_batches(
       split="train", batch_size=local_batch, image_size=config.image_size,
       data_dir=config.data_dir, train=True,
       dtype="bfloat16" if config.half_precision else "float32", seed=config.seed,
+      start=start,
   )
 
 
@@ -135,12 +138,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   Args:
     config: the hyperparameters (configs/*.py).
-    workdir: checkpoints (`workdir/checkpoints`, any orbax path incl. gs://)
-      and, for a local path, `metrics.csv` and `results.json` written by
-      host 0.
+    workdir: checkpoints (`workdir/checkpoints`), `metrics.csv` and
+      `results.json` (written by host 0); a local path or gs://.
+
+  Resumable: a run restarts from the newest complete checkpoint in
+  `workdir/checkpoints` (parameters, BN statistics, optimizer state, step;
+  the input position is the step). On SIGTERM or SIGINT every host finishes
+  its step, they save the same step, and the function returns; rerunning
+  the same command resumes. With the fake input the resumed run ends
+  bit-identical to an uninterrupted one on the same device count
+  (`params_checksum` in `results.json`).
 
   Returns:
-    The last train and eval metrics, and the number of steps.
+    The last train and eval metrics, the number of steps and the checksum of
+    the final parameters and BN statistics, or `{"preempted_at_step": s}`
+    after a signal.
   """
   start = time.perf_counter()
   mesh = dp.data_mesh()
@@ -171,15 +183,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                                              train=False))(jax.random.key(config.seed))
   state = step_fn.init(variables["params"], model_state=variables["batch_stats"])
 
-  local = "://" not in workdir
   ckpt = date_optax.checkpoint.CheckpointManager(
       os.path.join(workdir, "checkpoints"), max_to_keep=2,
       save_interval_steps=config.checkpoint_every_steps,
   )
   if ckpt.latest_step() is not None:
     state, _ = ckpt.restore(state)
-  writer = (diagnostics.MetricWriter(workdir, tensorboard=None)
-            if local and jax.process_index() == 0 else None)
+  guard = date_optax.checkpoint.PreemptionGuard()
+  # Host 0 writes (MetricWriter is a no-op elsewhere), to local or gs:// paths;
+  # rows logged after the restored checkpoint by an interrupted run are dropped.
+  writer = diagnostics.MetricWriter(workdir, tensorboard=None,
+                                    resume_step=int(state.step))
   eval_every = max(1, round(config.eval_every_epochs * recipe.steps_per_epoch))
 
   def evaluate() -> dict[str, float]:
@@ -193,9 +207,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       count += n
     return {"eval_accuracy": correct / max(count, 1.0)}
 
-  train_iter = dp.prefetch_to_device(_train_batches(config, local_batch),
-                                     step_fn.batch_sharding)
   step = int(state.step)
+  train_iter = dp.prefetch_to_device(_train_batches(config, local_batch, start=step),
+                                     step_fn.batch_sharding)
   metrics: dict[str, float] = {}
   eval_metrics: dict[str, float] = {}
   if jax.process_index() == 0:
@@ -210,27 +224,35 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       metrics = {k: float(v) for k, v in m.items() if k not in ("trust_ratios", "aux")}
       metrics["accuracy"] = float(m["aux"]["accuracy"])
       metrics["learning_rate"] = float(recipe.schedule(step - 1))
-      if writer is not None:
-        writer.write_scalars(step, metrics)
+      writer.write_scalars(step, metrics)
       if jax.process_index() == 0:
         print(f"step {step}: loss {metrics['loss']:.4f} lr "
               f"{metrics['learning_rate']:.4g} ({time.perf_counter() - start:.0f} s)",
               flush=True)
-    ckpt.save(step, state)
     if step % eval_every == 0 or step == total_steps:
       eval_metrics = evaluate()
-      if writer is not None:
-        writer.write_scalars(step, eval_metrics)
+      writer.write_scalars(step, eval_metrics)
       if jax.process_index() == 0:
         print(f"step {step}: eval accuracy {eval_metrics['eval_accuracy']:.4f}", flush=True)
+    preempted = guard.should_stop(step)  # the same answer on every host
+    ckpt.save(step, state, force=preempted)
+    if preempted:
+      ckpt.close()
+      writer.close()
+      guard.close()
+      if jax.process_index() == 0:
+        print(f"{guard.received}: saved step {step} of {total_steps} in {workdir}; "
+              "rerun the same command to resume.", flush=True)
+      return {"preempted_at_step": step}
   if ckpt.latest_step() != step:
     ckpt.save(step, state, force=True)
   ckpt.close()
-  if writer is not None:
-    writer.close()
+  writer.close()
+  guard.close()
   result = {**metrics, **eval_metrics, "steps": step,
-            "wall_time": time.perf_counter() - start}
-  if local and jax.process_index() == 0:
-    with open(os.path.join(workdir, "results.json"), "w") as f:
-      json.dump(result, f, indent=1)
+            "wall_time": time.perf_counter() - start,
+            "params_checksum": date_optax.checkpoint.tree_checksum(
+                {"params": state.params, "batch_stats": state.model_state})}
+  if jax.process_index() == 0:
+    epath.Path(workdir, "results.json").write_text(json.dumps(result, indent=1))
   return result

@@ -34,4 +34,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.num_devices = None  # None: all devices; the batch is split over them.
   config.seed = 0
   config.log_every_steps = 50
+  # Checkpoints in workdir/checkpoints (None: at the end of every epoch, and
+  # always on SIGTERM/SIGINT); rerunning the same command resumes exactly.
+  config.checkpoint_every_steps = None
   return config

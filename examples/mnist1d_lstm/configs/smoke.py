@@ -15,4 +15,5 @@ def get_config():
   config.num_epochs, config.warmup_epochs = 2, 0.25
   config.num_devices = 4
   config.log_every_steps = 1
+  config.checkpoint_every_steps = 4  # four checkpoints in the 16 steps
   return config

@@ -27,4 +27,6 @@ def get_config() -> ml_collections.ConfigDict:
   config.num_devices = None
   config.seed = 0
   config.log_every_steps = 20
+  # Checkpoints in workdir/checkpoints (None: every epoch, and on SIGTERM).
+  config.checkpoint_every_steps = None
   return config

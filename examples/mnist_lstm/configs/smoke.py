@@ -14,4 +14,5 @@ def get_config():
   config.base_batch_size, config.batch_size = 16, 128
   config.num_devices = 2
   config.log_every_steps = 1
+  config.checkpoint_every_steps = 2  # four checkpoints in the 8 steps
   return config
