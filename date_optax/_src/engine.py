@@ -26,6 +26,7 @@ from date_optax._src import lars as lars_lib
 from date_optax._src import masks as masks_lib
 from date_optax._src import schedules as sched_lib
 from date_optax._src import validation
+from date_optax._src.types import ScalarOrSchedule
 
 #: Fixed ratio bounds, :func:`date`'s ``bounds="fixed"`` rule. The upper
 #: bound 1 never raises a layer's learning rate above the recipe's; the lower
@@ -173,7 +174,7 @@ class Baseline:
     return scale_recipe(self, self.batch_size)
 
   def solver(
-      self, learning_rate: optax.ScalarOrSchedule | None = None
+      self, learning_rate: ScalarOrSchedule | None = None
   ) -> optax.GradientTransformation:
     """The baseline's own optimizer: its solver with its own schedule.
 
@@ -717,13 +718,13 @@ def date(
     baseline: Baseline,
     batch_size: int,
     *,
-    lower: optax.ScalarOrSchedule | None = None,
-    upper: optax.ScalarOrSchedule | None = None,
+    lower: ScalarOrSchedule | None = None,
+    upper: ScalarOrSchedule | None = None,
     ratio_source: str = "gradient",
     lr_scaling: str = "sqrt",
     warmup_scaling: str = "linear",
     decay: sched_lib.Decay | str | None = None,
-    learning_rate: optax.ScalarOrSchedule | None = None,
+    learning_rate: ScalarOrSchedule | None = None,
     bounds: str = "baseline_to_recipe",
     **solver_options: Any,
 ) -> optax.GradientTransformation:

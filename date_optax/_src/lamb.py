@@ -11,8 +11,7 @@ import optax
 from date_optax._src import masks as masks_lib
 from date_optax._src import trust_ratio as tr
 from date_optax._src import validation
-
-ScalarOrSchedule = optax.ScalarOrSchedule
+from date_optax._src.types import DType, LayerAxes, MaskOrFn, ScalarOrSchedule
 
 
 @tr.register_ratio_state
@@ -46,15 +45,15 @@ def lamb(
     eps: float = 1e-6,
     eps_root: float = 0.0,
     weight_decay: ScalarOrSchedule = 0.0,
-    mask: Any = None,
-    trust_ratio_mask: Any = None,
+    mask: MaskOrFn = None,
+    trust_ratio_mask: MaskOrFn = None,
     lower: ScalarOrSchedule | None = None,
     upper: ScalarOrSchedule | None = None,
     bias_correction: bool = True,
     normalize_grads: bool = False,
-    state_dtype: Any = None,
-    layer_axes: Any = None,
-    weight_decay_mask: Any = None,
+    state_dtype: DType = None,
+    layer_axes: LayerAxes = None,
+    weight_decay_mask: MaskOrFn = None,
     decoupled_weight_decay: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Layer-wise Adaptive Moments for Batch training, fused per layer.

@@ -11,8 +11,7 @@ import optax
 from date_optax._src import masks as masks_lib
 from date_optax._src import trust_ratio as tr
 from date_optax._src import validation
-
-ScalarOrSchedule = optax.ScalarOrSchedule
+from date_optax._src.types import DType, LayerAxes, MaskOrFn, ScalarOrSchedule
 
 
 @tr.register_ratio_state
@@ -44,13 +43,13 @@ def lars(
     nesterov: bool = False,
     trust_coefficient: float = 0.001,
     eps: float = 0.0,
-    weight_decay_mask: Any = None,
-    trust_ratio_mask: Any = None,
+    weight_decay_mask: MaskOrFn = None,
+    trust_ratio_mask: MaskOrFn = None,
     denominator: Literal["sum_of_norms", "norm_of_sum"] = "sum_of_norms",
     lower: ScalarOrSchedule | None = None,
     upper: ScalarOrSchedule | None = None,
-    layer_axes: Any = None,
-    accumulator_dtype: Any = None,
+    layer_axes: LayerAxes = None,
+    accumulator_dtype: DType = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Layer-wise Adaptive Rate Scaling, in one fused pass per layer.
 

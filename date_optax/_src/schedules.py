@@ -27,8 +27,7 @@ import numpy as np
 import optax
 
 from date_optax._src import validation
-
-Schedule = optax.Schedule
+from date_optax._src.types import Schedule
 
 SCALING_RULES = ("linear", "sqrt", "none")
 WARMUPS = ("gradual", "constant")

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from date_optax._src import validation
+from date_optax._src.types import PyTree
 
 _F32 = jnp.float32
 # A ratio counts as "at a bound" within a few float32 ulps of it: a bound that
@@ -46,7 +47,7 @@ def _check_bound(name: str, value: Any) -> None:
 
 
 def trust_ratio_summary(
-    ratios: Any,
+    ratios: PyTree,
     lower: float | jax.Array | None = None,
     upper: float | jax.Array | None = None,
     *,
@@ -135,7 +136,7 @@ def _path_name(path: tuple[Any, ...]) -> str:
   return "/".join(parts) if parts else "ratio"
 
 
-def per_layer_ratios(ratios: Any) -> dict[str, jax.Array]:
+def per_layer_ratios(ratios: PyTree) -> dict[str, jax.Array]:
   """Names every layer's trust ratio: `{"Dense_0/kernel": r, ...}`.
 
   A leaf of shape `()` gives one entry named by its path in the tree (keys

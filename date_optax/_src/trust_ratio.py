@@ -10,14 +10,12 @@ import optax
 
 from date_optax._src import masks as masks_lib
 from date_optax._src import validation
+from date_optax._src.types import LayerAxes, MaskOrFn, PyTree, ScalarOrSchedule
 
-ScalarOrSchedule = optax.ScalarOrSchedule
 NO_PARAMS_MSG = (
     "You are using a transformation that requires the current value of "
     "parameters, but you are not passing `params` when calling `update`."
 )
-MaskOrFn = Any
-LayerAxes = Any  # None | int | tuple[int, ...] | pytree of those | callable
 
 
 class TrustRatioState(NamedTuple):
@@ -556,7 +554,7 @@ def _find(opt_state: Any, pick) -> Any:
   return found[0] if found else None
 
 
-def trust_ratios(opt_state: Any) -> Any | None:
+def trust_ratios(opt_state: PyTree) -> PyTree | None:
   """The last step's per-layer trust ratios kept in an optimizer state.
 
   Searches the state of any composition (``optax.chain``,
@@ -590,7 +588,7 @@ def trust_ratios(opt_state: Any) -> Any | None:
   )
 
 
-def trust_ratio_bounds(opt_state: Any) -> tuple[jax.Array, jax.Array] | None:
+def trust_ratio_bounds(opt_state: PyTree) -> tuple[jax.Array, jax.Array] | None:
   """The `(lower, upper)` ratio bounds the last step applied, from the state.
 
   Every date_optax state that keeps ratios also records the bounds it clipped
@@ -627,7 +625,7 @@ def trust_ratio_bounds(opt_state: Any) -> tuple[jax.Array, jax.Array] | None:
   )
 
 
-def learning_rate(opt_state: Any) -> jax.Array | None:
+def learning_rate(opt_state: PyTree) -> jax.Array | None:
   """The learning rate the optimizer applied at its last step, from its state.
 
   Found in the state of the fused optimizers (:func:`date_optax.lars`,

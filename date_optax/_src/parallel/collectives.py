@@ -26,10 +26,9 @@ import numpy as np
 from jax import lax
 
 from date_optax._src.parallel import compat
+from date_optax._src.types import PyTree
 
 ALGORITHMS = ("psum", "ring", "torus")
-
-PyTree = Any
 
 
 def _acc_dtype(dtype: Any) -> np.dtype:
