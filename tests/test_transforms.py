@@ -177,8 +177,9 @@ def test_lamb_trust_mask_defaults_to_weight_decay_mask():
 @pytest.mark.parametrize("source", ["gradient", "update"])
 def test_bounded_lars_matches_reference(base, source):
   params = make_params()
+  opts = {"momentum": 0.7} if base in ("momentum", "nesterov") else None
   opt = date_optax.bounded_lars(0.05, base=base, lower=0.05, upper=3.0,
-                                ratio_source=source, momentum=0.7)
+                                ratio_source=source, base_options=opts)
   got, _ = run(opt, params)
   want = run_ref(ref.BoundedLars(0.05, base, lower=0.05, upper=3.0,
                                  source=source, beta=0.7), params)

@@ -540,6 +540,13 @@ def decay_from_name(name: str | Decay, **options: Any) -> Decay:
     if options:
       raise TypeError(f"options {sorted(options)} given with a Decay instance.")
     return name
+  if isinstance(name, (int, float)):
+    # A number here is most likely RMSProp's decay given in the wrong place.
+    raise TypeError(
+        f"decay={name!r}: decay is the learning-rate decay after the warmup, "
+        f"a Decay or one of {sorted(DECAYS)}; RMSProp's decay is a base "
+        "option: base_options={'decay': ...} (or optimizer_options of a Baseline)."
+    )
   validation.check_choice("decay", name, DECAYS)
   cls = DECAYS[name]
   fields = {f.name for f in dataclasses.fields(cls)}
