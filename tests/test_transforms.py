@@ -1,4 +1,4 @@
-"""Layer-wise adaptive transforms against the SPEC references and optax."""
+"""Layer-wise adaptive transforms against the NumPy references and optax."""
 
 import functools
 
@@ -77,7 +77,7 @@ def assert_tree_close(tree, ref_flat, rtol=2e-5, atol=1e-6):
 
 
 # --------------------------------------------------------------------------
-# Against the SPEC references.
+# Against the NumPy references (docs/algorithms.md).
 
 
 @pytest.mark.parametrize("wd", [0.0, 1e-2])
@@ -258,7 +258,7 @@ def test_bound_schedules():
 
 
 # --------------------------------------------------------------------------
-# Equal to optax where the SPEC says so; fused equals the chain.
+# Equal to optax where docs/algorithms.md says so; fused equals the chain.
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(nesterov=True, momentum=0.5),

@@ -1,7 +1,8 @@
 """Batch-size-aware learning-rate schedules: scaling rules, warmup, decays.
 
-SPEC §5. Every schedule is an optax ``Schedule``: a pure, jit-able function of
-optax's zero-based update ``count``. Iterations are counted from 1
+Defined in docs/algorithms.md, "Learning-rate scaling and LEGW". Every
+schedule is an optax ``Schedule``: a pure, jit-able function of optax's
+zero-based update ``count``. Iterations are counted from 1
 (``i = count + 1``) so that the very first update already has a non-zero
 learning rate. A schedule is a warmup over ``warmup_steps`` iterations
 followed by a *decay* (constant, poly, roller coaster, multistep, exponential
@@ -251,7 +252,9 @@ class Constant(Decay):
 
 @dataclasses.dataclass(frozen=True)
 class Poly(Decay):
-  """LEGW's polynomial decay ``peak · (1 − i/T)^power``, unshifted (SPEC §5).
+  """LEGW's polynomial decay ``peak · (1 − i/T)^power``, unshifted.
+
+  See docs/algorithms.md, "Learning-rate scaling and LEGW".
 
   "Unshifted" means the decay is measured from iteration 0, not from the end
   of the warmup, so the rate drops to ``peak·(1 − W/T)^power`` right after a
@@ -573,7 +576,7 @@ def warmup_decay_schedule(
     warmup: str = "gradual",
     warmup_factor: float = 0.1,
 ) -> Schedule:
-  r"""A warmup of `warmup_steps` iterations followed by `decay` (SPEC §5).
+  r"""A warmup of `warmup_steps` iterations followed by `decay` (docs/algorithms.md, LEGW).
 
   With ``i = count + 1`` and ``W = warmup_steps``:
 
