@@ -149,27 +149,20 @@ def lars(
   use_wd = not tr.is_static_zero(weight_decay)
 
   def init_fn(params):
-    axes = masks_lib.resolve_layer_axes(layer_axes, params)
     dtype = accumulator_dtype
-    zero = jnp.zeros([], jnp.int32)
     return LarsState(
-        count=zero,
+        count=jnp.zeros([], jnp.int32),
         momentum=jax.tree.map(
             lambda p: jnp.zeros(p.shape, dtype or p.dtype), params
         ),
-        ratios=tr.init_ratios(params, axes),
-        bounds=tr.applied_bounds(tr.value_at(lower, zero), tr.value_at(upper, zero)),
-        learning_rate=jnp.asarray(tr.value_at(learning_rate, zero), jnp.float32),
+        **tr.initial_ratio_fields(params, layer_axes, lower, upper, learning_rate),
     )
 
   def update_fn(updates, state, params=None, **extra_args):
     del extra_args
     if params is None:
       raise ValueError(tr.NO_PARAMS_MSG)
-    lr = tr.value_at(learning_rate, state.count)
-    wd = tr.value_at(weight_decay, state.count)
-    lo = tr.value_at(lower, state.count)
-    hi = tr.value_at(upper, state.count)
+    lr, wd, lo, hi = tr.values_at(state.count, learning_rate, weight_decay, lower, upper)
 
     tr.check_leaves(params)
     g_leaves, treedef = jax.tree.flatten(updates)
@@ -513,23 +506,16 @@ def bounded_lars(
   use_wd = not tr.is_static_zero(weight_decay)
 
   def init_fn(params):
-    axes = masks_lib.resolve_layer_axes(layer_axes, params)
-    zero = jnp.zeros([], jnp.int32)
     return BoundedLarsState(
-        count=zero,
-        ratios=tr.init_ratios(params, axes),
-        bounds=tr.applied_bounds(tr.value_at(lower, zero), tr.value_at(upper, zero)),
-        learning_rate=jnp.asarray(tr.value_at(learning_rate, zero), jnp.float32),
+        count=jnp.zeros([], jnp.int32),
         base_state=direction.init(params),
+        **tr.initial_ratio_fields(params, layer_axes, lower, upper, learning_rate),
     )
 
   def update_fn(updates, state, params=None, **extra_args):
     if params is None:
       raise ValueError(tr.NO_PARAMS_MSG)
-    lr = tr.value_at(learning_rate, state.count)
-    wd = tr.value_at(weight_decay, state.count)
-    lo = tr.value_at(lower, state.count)
-    hi = tr.value_at(upper, state.count)
+    lr, wd, lo, hi = tr.values_at(state.count, learning_rate, weight_decay, lower, upper)
     g_leaves, treedef = jax.tree.flatten(updates)
     w_leaves = treedef.flatten_up_to(params)
     trust_flags, wd_flags = masks_lib.resolve_masks(

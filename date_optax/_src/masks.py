@@ -172,7 +172,8 @@ def resolve_masks(
   return resolve_mask(trust_ratio_mask, params), resolve_mask(weight_decay_mask, params)
 
 
-def _path_string(path: tuple[Any, ...]) -> str:
+def path_string(path: tuple[Any, ...]) -> str:
+  """A leaf's path as '/'-joined keys, attributes and indices (nnx's `value` skipped)."""
   parts = []
   for key in path:
     if isinstance(key, jax.tree_util.DictKey):
@@ -256,7 +257,7 @@ def path_mask(
 
   def mask_fn(params: PyTree) -> PyTree:
     def keep(path, _):
-      s = _path_string(path)
+      s = path_string(path)
       if inc and not any(p.search(s) for p in inc):
         return False
       return not any(p.search(s) for p in exc)

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from date_optax._src import masks as masks_lib
 from date_optax._src import validation
 from date_optax._src.types import PyTree
 
@@ -121,19 +122,7 @@ def trust_ratio_summary(
 
 
 def _path_name(path: tuple[Any, ...]) -> str:
-  parts = []
-  for k in path:
-    if isinstance(k, jax.tree_util.DictKey):
-      parts.append(str(k.key))
-    elif isinstance(k, jax.tree_util.GetAttrKey):
-      parts.append(k.name)
-    elif isinstance(k, jax.tree_util.SequenceKey):
-      parts.append(str(k.idx))
-    elif isinstance(k, jax.tree_util.FlattenedIndexKey):
-      parts.append(str(k.key))
-    else:
-      parts.append(str(k))
-  return "/".join(parts) if parts else "ratio"
+  return masks_lib.path_string(path) or "ratio"
 
 
 def per_layer_ratios(ratios: PyTree) -> dict[str, jax.Array]:

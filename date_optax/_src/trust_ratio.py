@@ -46,6 +46,28 @@ def value_at(x: Any, count: jax.Array) -> Any:
   return x(count) if callable(x) else x
 
 
+def values_at(count: jax.Array, *hyperparams: Any) -> tuple[Any, ...]:
+  """Each hyperparameter's value at `count`, in order."""
+  return tuple(value_at(x, count) for x in hyperparams)
+
+
+def initial_ratio_fields(
+    params: PyTree, layer_axes: LayerAxes, lower: Any, upper: Any, learning_rate: Any
+) -> dict[str, Any]:
+  """``ratios`` (all 1), ``bounds`` and ``learning_rate`` of a fresh fused state.
+
+  The fused optimizers (LARS, bounded LARS, LAMB) record the bounds and the
+  learning rate at step 0 before the first update.
+  """
+  axes = masks_lib.resolve_layer_axes(layer_axes, params)
+  zero = jnp.zeros([], jnp.int32)
+  return dict(
+      ratios=init_ratios(params, axes),
+      bounds=applied_bounds(*values_at(zero, lower, upper)),
+      learning_rate=jnp.asarray(value_at(learning_rate, zero), jnp.float32),
+  )
+
+
 def is_static_zero(x: Any) -> bool:
   """True only for a Python/NumPy number equal to 0 (never for a tracer)."""
   return isinstance(x, (int, float)) and not isinstance(x, bool) and x == 0
@@ -458,7 +480,7 @@ def scale_by_trust_ratio(
         count=zero,
         ratios=init_ratios(params, axes),
         inner_state=optax.EmptyState() if inner_tx is None else inner_tx.init(params),
-        bounds=applied_bounds(value_at(lower, zero), value_at(upper, zero)),
+        bounds=applied_bounds(*values_at(zero, lower, upper)),
     )
 
   def update_fn(updates, state, params=None, **extra_args):
@@ -470,9 +492,7 @@ def scale_by_trust_ratio(
       inner_updates, inner_state = inner_tx.update(
           updates, state.inner_state, params, **extra_args
       )
-    lo = value_at(lower, state.count)
-    hi = value_at(upper, state.count)
-    wd = value_at(weight_decay, state.count)
+    lo, hi, wd = values_at(state.count, lower, upper, weight_decay)
     use_wd = not is_static_zero(weight_decay)
 
     check_leaves(params)
