@@ -1,8 +1,9 @@
 """Does ``date(baseline, B0)`` train like the baseline? Which ratio bounds?
 
-SPEC §6: the engine's default upper bound must leave a baseline tuned for the
-plain solver unchanged at k = 1. This script trains an MLP on MNIST-1D
-(16k train / 4k test, generated locally) with
+The engine's default upper bound (docs/algorithms.md, "The DATE engine")
+must leave a baseline tuned for the plain solver unchanged at k = 1. This
+script trains an MLP on MNIST-1D (16k train / 4k test, generated locally)
+with
 
 * the baseline's own solver (momentum 0.9, its own LR schedule) at B0 = 32,
 * ``date(baseline, 32)`` with the default bounds [0.01, 1],

@@ -1,4 +1,7 @@
-"""Solver ladder at a large batch: seed 001's Table 3 on MNIST-1D with an LSTM.
+"""Solver ladder at a large batch: Table 3 of You et al. 2020 on MNIST-1D, LSTM.
+
+The table is from You et al., "The Limit of the Batch Size", 2020,
+https://arxiv.org/abs/2006.08517.
 
 Four base solvers (momentum SGD, AdaGrad, RMSprop, Adam), each
 
@@ -165,7 +168,7 @@ def main(argv=None) -> int:
 def _markdown(cfg, best, total, compute, args, num_runs) -> str:
   cmd = "python benchmarks/solver_ladder.py" + "".join(f" {a}" for a in sys.argv[1:])
   lines = [
-      f"### Solver ladder at batch {cfg['batch']} (seed 001 Table 3 analogue)",
+      f"### Solver ladder at batch {cfg['batch']} (You et al. 2020, Table 3 analogue)",
       "",
       f"`{cmd}` on {platform.machine()} ({os.cpu_count()} CPU cores, shared), "
       f"jax {jax.__version__}; {num_runs} runs, {compute / 60:.1f} min of "

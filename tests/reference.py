@@ -1,4 +1,4 @@
-"""NumPy references written from the math in SPEC.md §1–4 (float64, per layer).
+"""NumPy references written from the math in docs/algorithms.md (float64, per layer).
 
 Complex inputs are kept complex (complex128); norms are sqrt(Σ|x|²).
 
@@ -36,7 +36,7 @@ def masks(trust, decay, k):
 
 
 def ratio(w_norm, d_norm, c=1.0, eps=0.0, lower=None, upper=None, g_norm=None):
-  """SPEC §1: c‖w‖/(‖d‖+eps); 1 if a norm is 0; then clipped.
+  """docs/algorithms.md, "Layers and trust ratios": c‖w‖/(‖d‖+eps); 1 if a norm is 0; then clipped.
 
   With `g_norm` (sum-of-norms LARS) the zero test is on ‖w‖ and ‖g‖ (MLPerf,
   timm) instead of the whole denominator.
@@ -55,7 +55,7 @@ def ratio(w_norm, d_norm, c=1.0, eps=0.0, lower=None, upper=None, g_norm=None):
 
 
 class Lars:
-  """SPEC §2: m = β m + η r (g + λw); w -= m. One layer per array."""
+  """docs/algorithms.md, "LARS": m = β m + η r (g + λw); w -= m. One layer per array."""
 
   def __init__(self, lr, wd=0.0, beta=0.9, c=0.001, eps=0.0, nesterov=False,
                sum_of_norms=True, trust=None, decay=None):
@@ -90,7 +90,7 @@ class Lars:
 
 
 class Lamb:
-  """SPEC §4."""
+  """docs/algorithms.md, "LAMB"."""
 
   def __init__(self, lr, b1=0.9, b2=0.999, eps=1e-6, wd=0.0, lower=None,
                upper=None, bias_correction=True, normalize=False, trust=None,
@@ -132,7 +132,7 @@ class Lamb:
 
 
 class Base:
-  """Base solvers' directions without learning rate (SPEC §3)."""
+  """Base solvers' directions without learning rate (docs/algorithms.md, "Bounded LARS")."""
 
   def __init__(self, kind, beta=0.9, b1=0.9, b2=0.999, eps=None, decay=0.9,
                init_acc=0.1, init_scale=0.0):
@@ -170,7 +170,7 @@ class Base:
 
 
 class BoundedLars:
-  """SPEC §3: w -= η clip(‖w‖/‖g‖, lo, hi) base(g + λw)."""
+  """docs/algorithms.md, "Bounded LARS": w -= η clip(‖w‖/‖g‖, lo, hi) base(g + λw)."""
 
   def __init__(self, lr, base, lower=0.01, upper=10.0, source="gradient",
                wd=0.0, trust=None, decay=None, **kw):

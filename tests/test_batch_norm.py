@@ -1,8 +1,9 @@
 """Tests for date_optax.nn.GhostBatchNorm (linen), its nnx twin and the layout helper.
 
-The reference is written from the maths (SPEC §8): replica r holds rows
-r*b .. r*b+b-1 of the global batch; the group of (replica group G, ghost j)
-is the ghost j of each of the k replicas of G; statistics are count-weighted
+The reference is written from the maths (docs/algorithms.md, "Data parallelism
+on TPU pods"): replica r holds rows r*b .. r*b+b-1 of the global batch; the
+group of (replica group G, ghost j) is the ghost j of each of the k replicas
+of G; statistics are count-weighted
 mean and biased variance over the group's rows and the non-feature axes.
 """
 
@@ -692,7 +693,8 @@ def test_nnx_feature_count_mismatch_raises():
 
 
 def test_layout_rule_of_thumb():
-  # Seed 001: 128 per core, effective BN batch 64: two ghosts, no collective.
+  # You et al. 2020 (The Limit of the Batch Size): 128 per core, effective BN
+  # batch 64: two ghosts, no collective.
   lay = dnn.bn_group_layout(64, per_device_batch=128, num_replicas=256)
   assert (lay.ghost_batch_size, lay.group_size, lay.ghosts_per_device) == (64, 1, 2)
   lay = dnn.bn_group_layout(64, per_device_batch=32, num_replicas=8)

@@ -14,7 +14,7 @@ from date_optax._src import cli, cli_demo, lstm_demo
 
 
 def _reference_lr(method, lr0, b0, warmup_epochs, epochs, n, batch):
-  """SPEC §5-6 written out in numpy, iterations i = 1..T."""
+  """docs/algorithms.md (LEGW, DATE engine) written out in numpy, iterations i = 1..T."""
   k = batch / b0
   total = epochs * (n // batch)
   i = np.arange(1, total + 1, dtype=np.float64)

@@ -1,4 +1,4 @@
-"""Baseline, scale_recipe, multi-stage recipes and date() (SPEC §5–7)."""
+"""Baseline, scale_recipe, multi-stage recipes and date() (docs/algorithms.md; LEGW Table 1)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def legw_baseline(**kw):
 
 
 def date_baseline(**kw):
-  """DATE's worked example (seed 000 §3.6): B0 = 1024, 1755 iterations."""
+  """DATE's worked example (You et al., SC 2019, §3.6): B0 = 1024, 1755 iterations."""
   args = dict(batch_size=1024, learning_rate=1.25e-3, warmup_epochs=2, epochs=30,
               num_examples=59904)
   args.update(kw)
@@ -42,7 +42,7 @@ def ceil_div(a: int, b: int) -> int:
 
 
 # ---------------------------------------------------------------------------
-# SPEC §7 tables.
+# The papers' tables (LEGW Table 1; DATE's worked example).
 
 
 @pytest.mark.parametrize("j", range(6))
@@ -203,7 +203,7 @@ def test_warmup_reaching_end_of_training_is_refused():
     date_optax.scale_recipe(base, 15360)
   with pytest.raises(ValueError, match="15359"):
     date_optax.date(base, 32768)
-  # SPEC §5: at 64x a 30-epoch run needs w0 < 0.47 epochs.
+  # docs/algorithms.md, LEGW: at 64x a 30-epoch run needs w0 < 0.47 epochs.
   ok = date_baseline(warmup_epochs=0.46)
   assert date_optax.scale_recipe(ok, 64 * 1024).warmup_epochs == pytest.approx(29.44)
   with pytest.raises(ValueError, match="warmup"):

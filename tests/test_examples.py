@@ -1,7 +1,7 @@
 """One-step smoke tests of examples/ on small or fake data, plus their recipes.
 
 The recipe checks compare the examples' learning rates and iteration counts
-with SPEC §5-7 and tpu/README.md, computed here from the formulas.
+with docs/algorithms.md and tpu/README.md, computed here from the formulas.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _read_metrics(path):
 
 
 def _date_lr(i, peak, warmup, total):
-  """SPEC §5/§6: gradual warmup, then roller coaster (p = 1, floor 1e-6)."""
+  """docs/algorithms.md, LEGW and DATE: gradual warmup, then roller coaster (p = 1, floor 1e-6)."""
   if i <= warmup:
     return peak * i / warmup
   return max(peak * (1 - (i - warmup) / (total - warmup)), 1e-6)

@@ -14,6 +14,7 @@ import reference as ref
 from flax import nnx
 
 import date_optax
+from date_optax._src import lars as lars_lib
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -307,7 +308,8 @@ def test_mask_aliases_are_exclusive():
 @pytest.mark.parametrize("init", [0.0, 1.0])
 def test_bounded_lars_rmsprop_initial_scale(init):
   params = make_params()
-  got, _ = run(date_optax.bounded_lars(0.05, base="rmsprop", initial_scale=init),
+  got, _ = run(date_optax.bounded_lars(0.05, base="rmsprop",
+                                       base_options={"initial_scale": init}),
                params)
   want = run_ref(ref.BoundedLars(0.05, "rmsprop", init_scale=init), params)
   assert_close(got, want)
@@ -315,7 +317,92 @@ def test_bounded_lars_rmsprop_initial_scale(init):
 
 def test_bounded_lars_rmsprop_initial_scale_validated():
   with pytest.raises(ValueError, match="initial_scale"):
-    date_optax.bounded_lars(0.1, base="rmsprop", initial_scale=-1.0)
+    date_optax.bounded_lars(0.1, base="rmsprop", base_options={"initial_scale": -1.0})
+
+
+# --------------------------------------------------------------------------
+# 5b. bounded_lars's base_options and the keywords it replaces.
+
+_OLD_FORM = [
+    ("momentum", {"momentum": 0.7}),
+    ("nesterov", {"momentum": 0.5}),
+    ("adagrad", {"initial_accumulator_value": 0.2, "eps": 1e-6}),
+    ("rmsprop", {"initial_scale": 1.0, "eps": 1e-6}),
+    ("adam", {"b1": 0.8, "b2": 0.99, "eps": 1e-6}),
+]
+
+
+@pytest.mark.parametrize("base,options", _OLD_FORM)
+def test_bounded_lars_deprecated_keywords_warn_and_match_base_options(base, options):
+  params = make_params()
+  new, _ = run(date_optax.bounded_lars(0.05, base=base, base_options=options), params)
+  with pytest.warns(DeprecationWarning, match="base_options="):
+    old_opt = date_optax.bounded_lars(0.05, base=base, **options)
+  old, _ = run(old_opt, params)
+  jax.tree.map(np.testing.assert_array_equal, old, new)
+  # ... and the options are used: the defaults give another update.
+  default, _ = run(date_optax.bounded_lars(0.05, base=base), params)
+  assert not np.allclose(default["dense"]["kernel"], new["dense"]["kernel"])
+
+
+def test_bounded_lars_rmsprop_decay_in_base_options():
+  params = make_params()
+  got, _ = run(date_optax.bounded_lars(0.05, base="rmsprop",
+                                       base_options={"decay": 0.5}), params)
+  ref_opt = ref.BoundedLars(0.05, "rmsprop")
+  ref_opt.base.decay = 0.5  # the reference's `decay=` is the weight-decay mask
+  want = run_ref(ref_opt, params)
+  assert_close(got, want)
+
+
+def test_bounded_lars_decay_keyword_refused():
+  with pytest.raises(TypeError, match=r"base_options=\{'decay': \.\.\.\}"):
+    date_optax.bounded_lars(0.1, base="rmsprop", decay=0.9)
+
+
+def test_date_number_decay_is_not_rmsprop_decay():
+  baseline = date_optax.Baseline(batch_size=32, learning_rate=0.1, warmup_epochs=1,
+                                 epochs=10, num_examples=1024, optimizer="rmsprop")
+  with pytest.raises(TypeError, match="learning-rate decay.*base_options"):
+    date_optax.date(baseline, 64, decay=0.95)
+
+
+@pytest.mark.parametrize("base,bad", [("adam", "momentum"), ("momentum", "b1"),
+                                      ("sgd", "eps"), ("rmsprop", "typo")])
+def test_bounded_lars_base_options_bad_key(base, bad):
+  allowed = sorted(lars_lib.BASE_OPTIONS[base])
+  with pytest.raises(ValueError, match=rf"'{bad}'.*allowed: ") as err:
+    date_optax.bounded_lars(0.1, base=base, base_options={bad: 0.9})
+  for key in allowed:
+    assert repr(key) in str(err.value)
+
+
+def test_bounded_lars_transformation_base_takes_no_options():
+  with pytest.raises(ValueError, match="takes none"):
+    date_optax.bounded_lars(0.1, base=optax.identity(), base_options={"eps": 1.0})
+
+
+def test_bounded_lars_unknown_keyword_is_a_type_error():
+  with pytest.raises(TypeError, match="unexpected keyword"):
+    date_optax.bounded_lars(0.1, lowr=0.1)
+
+
+def test_baseline_routes_base_options():
+  # optimizer_options keys of the base go to base_options, the rest to
+  # bounded_lars; a key of another base is an error naming it.
+  kw = dict(batch_size=32, learning_rate=0.1, warmup_epochs=1, epochs=10,
+            num_examples=1024)
+  params = make_params()
+  base = date_optax.Baseline(optimizer="rmsprop",
+                             optimizer_options={"decay": 0.5, "weight_decay": 0.0},
+                             **kw)
+  got, _ = run(base.solver(learning_rate=0.05), params)
+  direct = optax.chain(optax.scale_by_rms(decay=0.5), optax.scale_by_learning_rate(0.05))
+  want, _ = run(direct, params)
+  jax.tree.map(np.testing.assert_array_equal, got, want)
+  with pytest.raises(ValueError, match="'b1'.*allowed"):
+    date_optax.date(date_optax.Baseline(optimizer="momentum",
+                                        optimizer_options={"b1": 0.9}, **kw), 64)
 
 
 # --------------------------------------------------------------------------

@@ -278,7 +278,7 @@ def test_ring_has_2_p_minus_1_rounds():
 
 
 # --------------------------------------------------------------------------
-# Cost model (SPEC §8): reference formulas written out here.
+# Cost model (docs/algorithms.md, TPU pods): reference formulas written out here.
 # --------------------------------------------------------------------------
 
 

@@ -1,4 +1,5 @@
-"""Schedules of date_optax.schedules against numpy references from SPEC §5."""
+"""Schedules of date_optax.schedules against numpy references from
+docs/algorithms.md, "Learning-rate scaling and LEGW"."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from date_optax import schedules
 
 # ---------------------------------------------------------------------------
-# numpy reference, written from the SPEC formulas with i = count + 1.
+# numpy reference, written from the formulas of docs/algorithms.md with i = count + 1.
 
 
 def ref_lr(count, peak, W, T=None, decay=("constant",), spe=None,
@@ -125,7 +126,7 @@ def test_constant_and_warmups_match_reference():
     "spe", [Fraction(117, 2), 58.5, Fraction(7), 7.3125, Fraction(1000, 3)]
 )
 def test_multistep_matches_reference(spe):
-  # The DATE baseline (SPEC §7): ×0.1 at epochs 10, 20 and 27, 58.5 it/epoch.
+  # The DATE baseline (You et al., SC 2019, §3.6): ×0.1 at epochs 10, 20 and 27, 58.5 it/epoch.
   epochs, factors = (10, 20, 27), (0.1, 0.1, 0.1)
   W = 117 if float(spe) == 58.5 else 3
   sched = schedules.multistep(1.25e-3, W, spe, epochs=epochs, factors=0.1)

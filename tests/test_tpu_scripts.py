@@ -381,7 +381,7 @@ def test_plan_matches_spec_table_and_readme():
     cells = [c.strip() for c in line.strip("|").split("|")]
     if len(cells) == 9 and cells[0].isdigit():
       rows[int(cells[0])] = cells
-  # SPEC §7 (seed 002 Table 1): B = 1024 * 2^j, LR 2^(2.5 + j/2), warmup
+  # LEGW Table 1 (You et al., 2018): B = 1024 * 2^j, LR 2^(2.5 + j/2), warmup
   # 0.3125 * 2^j epochs; 90 epochs of the 1,281,167 ImageNet images.
   n = 1_281_167
   for j in range(6):

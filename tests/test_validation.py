@@ -28,6 +28,10 @@ CONSTRUCTORS = {
     "bounded_lars": lambda **kw: date_optax.bounded_lars(
         kw.pop("learning_rate", 0.1), **kw),
     "scale_by_trust_ratio": lambda **kw: date_optax.scale_by_trust_ratio(**kw),
+    # The base solvers' settings of bounded_lars, in base_options.
+    "bounded_lars(momentum)": lambda **kw: date_optax.bounded_lars(0.1, base_options=kw),
+    "bounded_lars(adam)": lambda **kw: date_optax.bounded_lars(
+        0.1, base="adam", base_options=kw),
 }
 
 NONNEGATIVE = [
@@ -39,7 +43,8 @@ NONNEGATIVE = [
     ("scale_by_trust_ratio", "weight_decay"),
 ]
 UNIT = [("lars", "momentum"), ("lamb", "b1"), ("lamb", "b2"),
-        ("bounded_lars", "momentum")]
+        ("bounded_lars(momentum)", "momentum"), ("bounded_lars(adam)", "b1"),
+        ("bounded_lars(adam)", "b2")]
 
 
 @pytest.mark.parametrize("ctor,arg", NONNEGATIVE)

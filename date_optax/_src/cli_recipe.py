@@ -25,7 +25,10 @@ from typing import Any
 
 IMAGENET_TRAIN = 1281167
 
-#: Baselines from the papers (SPEC §7); explicit flags override them.
+#: Baselines from the papers; explicit flags override them. LEGW and DATE:
+#: You et al., "Large-Batch Training for LSTM and Beyond", SC 2019,
+#: https://arxiv.org/abs/1901.08256; the LAMB presets: Yang You's lecture
+#: slides "Large-Scale Optimization for Distributed AI", 2023.
 PRESETS: dict[str, dict[str, Any]] = {
     # LEGW Table 1: ResNet-50 on ImageNet, poly decay of power 2.
     "legw-table1": dict(
@@ -33,17 +36,17 @@ PRESETS: dict[str, dict[str, Any]] = {
         num_examples=IMAGENET_TRAIN, decay="poly", power=2.0,
         batch="1K,2K,4K,8K,16K,32K",
     ),
-    # DATE's worked example (seed 000 §3.6): MNIST/LeNet, 1755 iterations.
+    # DATE's worked example (You et al., SC 2019, §3.6): MNIST/LeNet, 1755 iterations.
     "date-example": dict(
         base_batch=1024, lr="1.25e-3", warmup_epochs=2, epochs=30,
         num_examples=59904, decay="roller_coaster", batch="1024,8192",
     ),
-    # LAMB on ImageNet (seed 004 "Table 5"); the slides give no decay.
+    # LAMB on ImageNet (the slides' "Table 5"); the slides give no decay.
     "lamb-imagenet": dict(
         base_batch=512, lr="4/(2**3.0*100)", warmup_epochs=0.3125, epochs=90,
         num_examples=IMAGENET_TRAIN, batch="512,1K,2K,4K,8K,16K,32K",
     ),
-    # LAMB on BERT (seed 004 "Table 1"): warmup as a fraction of the run;
+    # LAMB on BERT (the slides' "Table 1"): warmup as a fraction of the run;
     # 1M iterations at 512 (15625 at 32K, as in the LAMB paper).
     "lamb-bert": dict(
         base_batch=512, lr="5/(2**3.0*10**3)", warmup_ratio="1/320", epochs=1,

@@ -26,6 +26,7 @@ from date_optax._src import lars as lars_lib
 from date_optax._src import masks as masks_lib
 from date_optax._src import schedules as sched_lib
 from date_optax._src import validation
+from date_optax._src.types import ScalarOrSchedule
 
 #: Fixed ratio bounds, :func:`date`'s ``bounds="fixed"`` rule. The upper
 #: bound 1 never raises a layer's learning rate above the recipe's; the lower
@@ -66,9 +67,11 @@ class Baseline:
     optimizer: the base solver, a name in :data:`BASES` or an optax
       ``GradientTransformation`` that returns the solver's direction without
       its learning rate (``optax.scale_by_adam()``, ...).
-    optimizer_options: the solver's settings, keywords of
-      :func:`date_optax.bounded_lars` (``momentum``, ``b1``, ``weight_decay``,
-      ...; RMSProp's ``decay`` goes here too).
+    optimizer_options: the solver's settings: the solver's `base_options` keys
+      (see :func:`date_optax.bounded_lars`: ``momentum``, ``b1``, ..., RMSProp's
+      ``decay``), which go to `bounded_lars`'s ``base_options``, and other
+      keywords of :func:`date_optax.bounded_lars` (``weight_decay``,
+      ``weight_decay_mask``, ...).
     ratio_bounds: ``(lower, upper)`` if the baseline itself was tuned with
       bounded trust ratios; :func:`date` then keeps them.
 
@@ -173,7 +176,7 @@ class Baseline:
     return scale_recipe(self, self.batch_size)
 
   def solver(
-      self, learning_rate: optax.ScalarOrSchedule | None = None
+      self, learning_rate: ScalarOrSchedule | None = None
   ) -> optax.GradientTransformation:
     """The baseline's own optimizer: its solver with its own schedule.
 
@@ -189,19 +192,18 @@ class Baseline:
       An optax ``GradientTransformation``.
     """
     lr = self.recipe().schedule if learning_rate is None else learning_rate
-    options = dict(self.optimizer_options)
+    base_options, options = lars_lib.split_base_options(
+        self.optimizer, self.optimizer_options
+    )
     if self.ratio_bounds is not None:
       lower, upper = self.ratio_bounds
       return lars_lib.bounded_lars(
-          lr, base=self.optimizer, lower=lower, upper=upper, **options
+          lr, base=self.optimizer, lower=lower, upper=upper,
+          base_options=base_options, **options
       )
     weight_decay = options.pop("weight_decay", 0.0)
     weight_decay_mask = options.pop("weight_decay_mask", None)
-    base_keys = ("momentum", "b1", "b2", "eps", "decay", "initial_accumulator_value",
-                 "initial_scale")
-    direction = lars_lib.make_base(
-        self.optimizer, **{k: options[k] for k in base_keys if k in options}
-    )
+    direction = lars_lib.make_base(self.optimizer, base_options)
     parts = [direction, optax.scale_by_learning_rate(lr)]
     if weight_decay != 0.0:
       parts.insert(0, optax.add_decayed_weights(weight_decay, weight_decay_mask))
@@ -717,13 +719,13 @@ def date(
     baseline: Baseline,
     batch_size: int,
     *,
-    lower: optax.ScalarOrSchedule | None = None,
-    upper: optax.ScalarOrSchedule | None = None,
+    lower: ScalarOrSchedule | None = None,
+    upper: ScalarOrSchedule | None = None,
     ratio_source: str = "gradient",
     lr_scaling: str = "sqrt",
     warmup_scaling: str = "linear",
     decay: sched_lib.Decay | str | None = None,
-    learning_rate: optax.ScalarOrSchedule | None = None,
+    learning_rate: ScalarOrSchedule | None = None,
     bounds: str = "baseline_to_recipe",
     **solver_options: Any,
 ) -> optax.GradientTransformation:
@@ -780,15 +782,18 @@ def date(
       with Adam this is LAMB with bounds), see `bounded_lars`.
     lr_scaling: as in :func:`scale_recipe`.
     warmup_scaling: as in :func:`scale_recipe`.
-    decay: ``None`` for the roller coaster, ``"baseline"`` for the
-      baseline's own decay, or another decay.
+    decay: the *learning-rate* decay after the warmup: ``None`` for the
+      roller coaster, ``"baseline"`` for the baseline's own decay, or another
+      decay (a name or a :class:`~date_optax.schedules.Decay`). A number is
+      refused: RMSProp's decay is ``base_options={"decay": ...}``.
     learning_rate: replaces the recipe's schedule, e.g. a
       :class:`MultiStageRecipe`'s ``schedule``.
     bounds: the bound rule, one of :data:`BOUND_RULES` (see
       :func:`layer_lr_bounds`).
-    **solver_options: override ``baseline.optimizer_options`` (keywords of
-      `bounded_lars`: ``momentum``, ``b1``, ``b2``, ``eps``, ``weight_decay``,
-      ``weight_decay_mask``, ``trust_ratio_mask``, ``layer_axes``).
+    **solver_options: override ``baseline.optimizer_options``: the base's
+      settings (``momentum``, ``b1``, ..., or a ``base_options`` mapping) and
+      keywords of `bounded_lars` (``weight_decay``, ``weight_decay_mask``,
+      ``trust_ratio_mask``, ``layer_axes``).
 
   Returns:
     An optax ``GradientTransformation``.
@@ -833,8 +838,9 @@ def date(
   validation.check_bounds(lower, upper)
   if learning_rate is None:
     learning_rate = recipe.schedule
-  options = dict(baseline.optimizer_options)
-  options.update(solver_options)
+  base_options, options = lars_lib.split_base_options(
+      baseline.optimizer, {**baseline.optimizer_options, **solver_options}
+  )
   if "trust_ratio_mask" not in options and baseline.ratio_bounds is None:
     options["trust_ratio_mask"] = masks_lib.exclude_bias_and_norm
   # Explicit, so that the decayed leaves are the baseline's whatever rule
@@ -848,5 +854,6 @@ def date(
       lower=lower,
       upper=upper,
       ratio_source=ratio_source,
+      base_options=base_options,
       **options,
   )

@@ -11,8 +11,7 @@ import optax
 from date_optax._src import masks as masks_lib
 from date_optax._src import trust_ratio as tr
 from date_optax._src import validation
-
-ScalarOrSchedule = optax.ScalarOrSchedule
+from date_optax._src.types import DType, LayerAxes, MaskOrFn, ScalarOrSchedule
 
 
 @tr.register_ratio_state
@@ -46,15 +45,15 @@ def lamb(
     eps: float = 1e-6,
     eps_root: float = 0.0,
     weight_decay: ScalarOrSchedule = 0.0,
-    mask: Any = None,
-    trust_ratio_mask: Any = None,
+    mask: MaskOrFn = None,
+    trust_ratio_mask: MaskOrFn = None,
     lower: ScalarOrSchedule | None = None,
     upper: ScalarOrSchedule | None = None,
     bias_correction: bool = True,
     normalize_grads: bool = False,
-    state_dtype: Any = None,
-    layer_axes: Any = None,
-    weight_decay_mask: Any = None,
+    state_dtype: DType = None,
+    layer_axes: LayerAxes = None,
+    weight_decay_mask: MaskOrFn = None,
     decoupled_weight_decay: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Layer-wise Adaptive Moments for Batch training, fused per layer.
@@ -159,16 +158,12 @@ def lamb(
   use_wd = not tr.is_static_zero(weight_decay)
 
   def init_fn(params):
-    axes = masks_lib.resolve_layer_axes(layer_axes, params)
     zeros = lambda p: jnp.zeros(p.shape, state_dtype or p.dtype)
-    zero = jnp.zeros([], jnp.int32)
     return LambState(
-        count=zero,
+        count=jnp.zeros([], jnp.int32),
         mu=jax.tree.map(zeros, params),
         nu=jax.tree.map(zeros, params),
-        ratios=tr.init_ratios(params, axes),
-        bounds=tr.applied_bounds(tr.value_at(lower, zero), tr.value_at(upper, zero)),
-        learning_rate=jnp.asarray(tr.value_at(learning_rate, zero), jnp.float32),
+        **tr.initial_ratio_fields(params, layer_axes, lower, upper, learning_rate),
     )
 
   def update_fn(updates, state, params=None, **extra_args):
@@ -176,10 +171,7 @@ def lamb(
     if params is None:
       raise ValueError(tr.NO_PARAMS_MSG)
     count = optax.safe_int32_increment(state.count)
-    lr = tr.value_at(learning_rate, state.count)
-    wd = tr.value_at(weight_decay, state.count)
-    lo = tr.value_at(lower, state.count)
-    hi = tr.value_at(upper, state.count)
+    lr, wd, lo, hi = tr.values_at(state.count, learning_rate, weight_decay, lower, upper)
     t = count.astype(jnp.float32)
     c1 = 1.0 - b1**t if bias_correction else 1.0
     c2 = 1.0 - b2**t if bias_correction else 1.0

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import types
+import warnings
+from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
 import jax
@@ -11,8 +14,7 @@ import optax
 from date_optax._src import masks as masks_lib
 from date_optax._src import trust_ratio as tr
 from date_optax._src import validation
-
-ScalarOrSchedule = optax.ScalarOrSchedule
+from date_optax._src.types import DType, LayerAxes, MaskOrFn, ScalarOrSchedule
 
 
 @tr.register_ratio_state
@@ -44,13 +46,13 @@ def lars(
     nesterov: bool = False,
     trust_coefficient: float = 0.001,
     eps: float = 0.0,
-    weight_decay_mask: Any = None,
-    trust_ratio_mask: Any = None,
+    weight_decay_mask: MaskOrFn = None,
+    trust_ratio_mask: MaskOrFn = None,
     denominator: Literal["sum_of_norms", "norm_of_sum"] = "sum_of_norms",
     lower: ScalarOrSchedule | None = None,
     upper: ScalarOrSchedule | None = None,
-    layer_axes: Any = None,
-    accumulator_dtype: Any = None,
+    layer_axes: LayerAxes = None,
+    accumulator_dtype: DType = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Layer-wise Adaptive Rate Scaling, in one fused pass per layer.
 
@@ -147,27 +149,20 @@ def lars(
   use_wd = not tr.is_static_zero(weight_decay)
 
   def init_fn(params):
-    axes = masks_lib.resolve_layer_axes(layer_axes, params)
     dtype = accumulator_dtype
-    zero = jnp.zeros([], jnp.int32)
     return LarsState(
-        count=zero,
+        count=jnp.zeros([], jnp.int32),
         momentum=jax.tree.map(
             lambda p: jnp.zeros(p.shape, dtype or p.dtype), params
         ),
-        ratios=tr.init_ratios(params, axes),
-        bounds=tr.applied_bounds(tr.value_at(lower, zero), tr.value_at(upper, zero)),
-        learning_rate=jnp.asarray(tr.value_at(learning_rate, zero), jnp.float32),
+        **tr.initial_ratio_fields(params, layer_axes, lower, upper, learning_rate),
     )
 
   def update_fn(updates, state, params=None, **extra_args):
     del extra_args
     if params is None:
       raise ValueError(tr.NO_PARAMS_MSG)
-    lr = tr.value_at(learning_rate, state.count)
-    wd = tr.value_at(weight_decay, state.count)
-    lo = tr.value_at(lower, state.count)
-    hi = tr.value_at(upper, state.count)
+    lr, wd, lo, hi = tr.values_at(state.count, learning_rate, weight_decay, lower, upper)
 
     tr.check_leaves(params)
     g_leaves, treedef = jax.tree.flatten(updates)
@@ -213,51 +208,145 @@ def lars(
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-BASES = ("sgd", "momentum", "nesterov", "adagrad", "rmsprop", "adam")
+#: The base solvers that :func:`bounded_lars` builds by name, each with the
+#: settings it accepts in ``base_options`` and their defaults. The one list of
+#: solver keys: :func:`make_base`, :func:`bounded_lars` and
+#: :class:`date_optax.Baseline` all read it.
+BASE_OPTIONS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType({
+    "sgd": {},
+    "momentum": {"momentum": 0.9},
+    "nesterov": {"momentum": 0.9},
+    "adagrad": {"initial_accumulator_value": 0.1, "eps": 1e-7},
+    "rmsprop": {"decay": 0.9, "eps": 1e-8, "initial_scale": 0.0},
+    "adam": {"b1": 0.9, "b2": 0.999, "eps": 1e-8},
+})
+
+#: Base solvers by name.
+BASES = tuple(BASE_OPTIONS)
+
+#: Every key of :data:`BASE_OPTIONS`, for routing a flat mapping of settings.
+BASE_OPTION_KEYS = frozenset(k for opts in BASE_OPTIONS.values() for k in opts)
+
+# Base settings that were keywords of `bounded_lars` before `base_options`;
+# `decay` is not among them: it named RMSProp's decay there and the
+# learning-rate decay everywhere else.
+_DEPRECATED_KEYWORDS = ("momentum", "b1", "b2", "eps", "initial_accumulator_value",
+                        "initial_scale")
 
 
-def make_base(
-    base: str | optax.GradientTransformation,
-    *,
-    momentum: float = 0.9,
-    b1: float = 0.9,
-    b2: float = 0.999,
-    eps: float | None = None,
-    decay: float = 0.9,
-    initial_accumulator_value: float = 0.1,
-    initial_scale: float = 0.0,
-) -> optax.GradientTransformation:
-  """A base solver's preconditioned direction, without its learning rate."""
+def base_options_for(
+    base: str | optax.GradientTransformation, options: Mapping[str, Any] | None
+) -> dict[str, Any]:
+  """`options` checked against `base`'s keys in :data:`BASE_OPTIONS`, defaults filled."""
+  options = {} if options is None else options
+  if not isinstance(options, Mapping):
+    raise TypeError(f"base_options must be a mapping or None, got {options!r}.")
   if isinstance(base, optax.GradientTransformation):
-    return base
+    if options:
+      raise ValueError(
+          "base_options apply to a base named by a string; an optax "
+          f"GradientTransformation base takes none, got {sorted(options)}."
+      )
+    return {}
   if not isinstance(base, str):
     raise TypeError(
         f"base must be one of {BASES} or an optax.GradientTransformation, "
         f"got {base!r}."
     )
   validation.check_choice("base", base, BASES)
-  if eps is not None:
-    validation.check_nonnegative("eps", eps)
+  allowed = BASE_OPTIONS[base]
+  for key in options:
+    if key not in allowed:
+      raise ValueError(
+          f"base_options has {key!r}, which base={base!r} does not take; "
+          f"allowed: {sorted(allowed) or 'none'}."
+      )
+  return {**allowed, **options}
+
+
+def split_base_options(
+    base: str | optax.GradientTransformation, options: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+  """Splits flat solver settings into ``(base_options, other keywords)``.
+
+  Keys of :data:`BASE_OPTIONS` (any base's) go to the first mapping, merged
+  with an explicit ``options["base_options"]``; they are validated against
+  `base` when the solver is built.
+  """
+  rest = dict(options)
+  base_opts = dict(rest.pop("base_options", None) or {})
+  for key in list(rest):
+    if key in BASE_OPTION_KEYS:
+      base_opts[key] = rest.pop(key)
+  return base_opts, rest
+
+
+def make_base(
+    base: str | optax.GradientTransformation,
+    base_options: Mapping[str, Any] | None = None,
+) -> optax.GradientTransformation:
+  """A base solver's preconditioned direction, without its learning rate.
+
+  Args:
+    base: a name in :data:`BASES` or an optax ``GradientTransformation``
+      (returned as is).
+    base_options: the named base's settings, keys of its entry in
+      :data:`BASE_OPTIONS`; missing ones take the defaults listed there.
+
+  Returns:
+    An optax ``GradientTransformation``.
+  """
+  opts = base_options_for(base, base_options)
+  if isinstance(base, optax.GradientTransformation):
+    return base
+  if "eps" in opts:
+    validation.check_nonnegative("eps", opts["eps"])
   if base == "sgd":
     return optax.identity()
   if base in ("momentum", "nesterov"):
-    validation.check_unit_interval("momentum", momentum)
-    return optax.trace(decay=momentum, nesterov=base == "nesterov")
+    validation.check_unit_interval("momentum", opts["momentum"])
+    return optax.trace(decay=opts["momentum"], nesterov=base == "nesterov")
   if base == "adagrad":
-    validation.check_nonnegative("initial_accumulator_value", initial_accumulator_value)
-    return optax.scale_by_rss(
-        initial_accumulator_value=initial_accumulator_value,
-        eps=1e-7 if eps is None else eps,
-    )
+    validation.check_nonnegative("initial_accumulator_value",
+                                 opts["initial_accumulator_value"])
+    return optax.scale_by_rss(**opts)
   if base == "rmsprop":
-    validation.check_unit_interval("decay", decay)
-    validation.check_nonnegative("initial_scale", initial_scale)
-    return optax.scale_by_rms(
-        decay=decay, eps=1e-8 if eps is None else eps, initial_scale=initial_scale
+    validation.check_unit_interval("decay", opts["decay"])
+    validation.check_nonnegative("initial_scale", opts["initial_scale"])
+    return optax.scale_by_rms(**opts)
+  validation.check_unit_interval("b1", opts["b1"])
+  validation.check_unit_interval("b2", opts["b2"])
+  return optax.scale_by_adam(**opts)
+
+
+def _merge_deprecated(
+    base: str | optax.GradientTransformation,
+    base_options: Mapping[str, Any] | None,
+    keywords: dict[str, Any],
+) -> Mapping[str, Any] | None:
+  """Folds `bounded_lars`'s pre-``base_options`` keywords into base_options."""
+  if not keywords:
+    return base_options
+  if "decay" in keywords:
+    raise TypeError(
+        "bounded_lars(decay=...) is ambiguous and no longer accepted: for "
+        "RMSProp's decay pass base_options={'decay': ...}; the learning-rate "
+        "decay is a schedule given as learning_rate."
     )
-  validation.check_unit_interval("b1", b1)
-  validation.check_unit_interval("b2", b2)
-  return optax.scale_by_adam(b1=b1, b2=b2, eps=1e-8 if eps is None else eps)
+  unknown = sorted(set(keywords) - set(_DEPRECATED_KEYWORDS))
+  if unknown:
+    raise TypeError(f"bounded_lars() got unexpected keyword arguments {unknown}.")
+  warnings.warn(
+      f"bounded_lars({', '.join(f'{k}=...' for k in keywords)}) is deprecated: "
+      f"pass base_options={{{', '.join(repr(k) + ': ...' for k in keywords)}}}.",
+      DeprecationWarning,
+      stacklevel=3,
+  )
+  # As before, a keyword that the chosen base does not use is ignored.
+  allowed = BASE_OPTIONS.get(base, {}) if isinstance(base, str) else {}
+  merged = {k: v for k, v in keywords.items() if k in allowed}
+  merged.update(base_options or {})
+  return merged
 
 
 @tr.register_ratio_state
@@ -286,19 +375,14 @@ def bounded_lars(
     base: str | optax.GradientTransformation = "momentum",
     lower: ScalarOrSchedule = 0.01,
     upper: ScalarOrSchedule = 10.0,
-    momentum: float = 0.9,
-    b1: float = 0.9,
-    b2: float = 0.999,
-    eps: float | None = None,
-    decay: float = 0.9,
-    initial_accumulator_value: float = 0.1,
+    base_options: Mapping[str, Any] | None = None,
     trust_coefficient: float = 1.0,
     weight_decay: ScalarOrSchedule = 0.0,
-    weight_decay_mask: Any = None,
-    trust_ratio_mask: Any = None,
+    weight_decay_mask: MaskOrFn = None,
+    trust_ratio_mask: MaskOrFn = None,
     ratio_source: Literal["gradient", "update"] = "gradient",
-    layer_axes: Any = None,
-    initial_scale: float = 0.0,
+    layer_axes: LayerAxes = None,
+    **deprecated_base_keywords: Any,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Bounded per-layer ratios over any base solver (DATE, Algorithm 1).
 
@@ -338,13 +422,21 @@ def bounded_lars(
       for decoupled weight decay).
     lower: lower bound on the ratio (float :math:`\ge 0` or schedule).
     upper: upper bound (float :math:`> 0` or schedule), ``lower <= upper``.
-    momentum: :math:`\beta \in [0, 1)` for the momentum bases.
-    b1: Adam's first-moment decay, in [0, 1).
-    b2: Adam's second-moment decay, in [0, 1).
-    eps: the adaptive bases' epsilon (``None``: 1e-8 for Adam and RMSProp,
-      1e-7 for AdaGrad).
-    decay: RMSProp's decay, in [0, 1).
-    initial_accumulator_value: AdaGrad's initial accumulator (:math:`\ge 0`).
+    base_options: the named base's settings; the keys each base takes and
+      their defaults (one table in the code, ``BASE_OPTIONS``):
+
+      - ``'momentum'``, ``'nesterov'``: ``momentum`` (:math:`\beta \in [0, 1)`,
+        0.9);
+      - ``'adagrad'``: ``initial_accumulator_value`` (:math:`\ge 0`, 0.1),
+        ``eps`` (1e-7);
+      - ``'rmsprop'``: ``decay`` (RMSProp's decay in [0, 1), 0.9), ``eps``
+        (1e-8), ``initial_scale`` (the initial second moment, 0 as
+        :func:`optax.scale_by_rms`; 1.0 as TF1's ``RMSPropOptimizer``, the
+        papers' framework);
+      - ``'adam'``: ``b1`` (0.9), ``b2`` (0.999), ``eps`` (1e-8);
+      - ``'sgd'`` and a ``GradientTransformation`` base: none.
+
+      Any other key raises a ``ValueError`` that lists the allowed ones.
     trust_coefficient: :math:`c > 0` multiplying the ratio before the bounds.
     weight_decay: :math:`\lambda \ge 0` (float or schedule); adds
       :math:`\lambda w` to the gradient fed to the base (L2 style) but not
@@ -355,9 +447,14 @@ def bounded_lars(
       ``'update'`` (the base's direction).
     layer_axes: axes of a leaf that index separate layers (see
       :func:`date_optax.scale_by_trust_ratio`).
-    initial_scale: RMSProp's initial second moment (:math:`\ge 0`); 0 as
-      :func:`optax.scale_by_rms` (the default), 1.0 as TF1's
-      ``RMSPropOptimizer``, the papers' framework.
+    **deprecated_base_keywords: ``momentum``, ``b1``, ``b2``, ``eps``,
+      ``initial_accumulator_value`` and ``initial_scale`` as keywords, the
+      form before `base_options`: still accepted with a
+      ``DeprecationWarning`` (same results; a keyword the base does not use
+      is ignored, as it was). ``decay=`` is refused with a ``TypeError``: it
+      meant RMSProp's decay here but the learning-rate decay in
+      :class:`date_optax.Baseline` and :func:`date_optax.date`; pass
+      ``base_options={'decay': ...}``.
 
   Returns:
     An :class:`optax.GradientTransformationExtraArgs`; the state is a
@@ -374,6 +471,12 @@ def bounded_lars(
     >>> updates, _ = opt.update(grads, opt.init(params), params)
     >>> [f"{x:.2f}" for x in updates['w']]  # -0.5 * clip(50, 0.01, 10) * g
     ['-0.30', '-0.40']
+    >>> rms = date_optax.bounded_lars(0.01, base='rmsprop',
+    ...                               base_options={'decay': 0.99})
+    >>> date_optax.bounded_lars(0.01, base='adam', base_options={'momentum': 0.9})
+    Traceback (most recent call last):
+    ...
+    ValueError: base_options has 'momentum', which base='adam' does not take; ...
 
   References:
     You et al., `Large-Batch Training for LSTM and Beyond
@@ -394,31 +497,25 @@ def bounded_lars(
   validation.check_mask("weight_decay_mask", weight_decay_mask)
   validation.check_mask("trust_ratio_mask", trust_ratio_mask)
   validation.check_choice("ratio_source", ratio_source, ("gradient", "update"))
-  direction = optax.with_extra_args_support(make_base(
-      base, momentum=momentum, b1=b1, b2=b2, eps=eps, decay=decay,
-      initial_accumulator_value=initial_accumulator_value,
-      initial_scale=initial_scale,
-  ))
+  # optax.inject_hyperparams binds the signature and passes this dict back
+  # under its own name.
+  nested = deprecated_base_keywords.pop("deprecated_base_keywords", None) or {}
+  base_options = _merge_deprecated(base, base_options,
+                                   {**nested, **deprecated_base_keywords})
+  direction = optax.with_extra_args_support(make_base(base, base_options))
   use_wd = not tr.is_static_zero(weight_decay)
 
   def init_fn(params):
-    axes = masks_lib.resolve_layer_axes(layer_axes, params)
-    zero = jnp.zeros([], jnp.int32)
     return BoundedLarsState(
-        count=zero,
-        ratios=tr.init_ratios(params, axes),
-        bounds=tr.applied_bounds(tr.value_at(lower, zero), tr.value_at(upper, zero)),
-        learning_rate=jnp.asarray(tr.value_at(learning_rate, zero), jnp.float32),
+        count=jnp.zeros([], jnp.int32),
         base_state=direction.init(params),
+        **tr.initial_ratio_fields(params, layer_axes, lower, upper, learning_rate),
     )
 
   def update_fn(updates, state, params=None, **extra_args):
     if params is None:
       raise ValueError(tr.NO_PARAMS_MSG)
-    lr = tr.value_at(learning_rate, state.count)
-    wd = tr.value_at(weight_decay, state.count)
-    lo = tr.value_at(lower, state.count)
-    hi = tr.value_at(upper, state.count)
+    lr, wd, lo, hi = tr.values_at(state.count, learning_rate, weight_decay, lower, upper)
     g_leaves, treedef = jax.tree.flatten(updates)
     w_leaves = treedef.flatten_up_to(params)
     trust_flags, wd_flags = masks_lib.resolve_masks(

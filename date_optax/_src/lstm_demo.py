@@ -353,7 +353,7 @@ def scaled_run(
     that only the scaling rule differs).
   - ``"adam"``: Adam at the constant learning rate ``η0·sqrt(k)``.
   - ``"legw"``: the plain solver, peak ``η0·sqrt(k)``, warmup ``w0·k``
-    epochs, poly decay of power 2 (LEGW, SPEC §5).
+    epochs, poly decay of power 2 (LEGW; docs/algorithms.md, "Learning-rate scaling and LEGW").
   - ``"date"``: :func:`date_optax.date` of the baseline.
   """
   import date_optax  # noqa: PLC0415

@@ -9,6 +9,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from date_optax._src.types import LayerAxes, MaskOrFn, PyTree
+
 # Parameter names that hold biases or normalisation scales/offsets across
 # flax (bias, scale), haiku (b, offset, scale) and Keras (beta, gamma).
 _EXCLUDED_NAMES = frozenset({"bias", "b", "scale", "offset", "beta", "gamma"})
@@ -37,7 +39,7 @@ def _leaf_name(path: tuple[Any, ...]) -> str | None:
   return None
 
 
-def exclude_bias_and_norm(params: Any) -> Any:
+def exclude_bias_and_norm(params: PyTree) -> PyTree:
   """Mask that is `False` for biases and normalisation parameters.
 
   A leaf is excluded when it has at most one dimension, or when its name (the
@@ -103,7 +105,7 @@ def broadcast_prefix(
   return out
 
 
-def resolve_mask(mask: Any, params: Any) -> list[bool]:
+def resolve_mask(mask: MaskOrFn, params: PyTree) -> list[bool]:
   """Returns one bool per leaf of `params`: `True` where the mask applies.
 
   `mask` may be None (everything), a bool, a bool pytree or prefix, or a
@@ -120,7 +122,7 @@ def resolve_mask(mask: Any, params: Any) -> list[bool]:
   return [True if f is None else bool(f) for f in flags]
 
 
-def resolve_layer_axes(layer_axes: Any, params: Any) -> list[tuple[int, ...] | None]:
+def resolve_layer_axes(layer_axes: LayerAxes, params: PyTree) -> list[tuple[int, ...] | None]:
   """Returns, per leaf, the axes that index layers (None: the leaf is one layer).
 
   `layer_axes` may be None, an int or tuple of ints (for every leaf), a prefix
@@ -155,7 +157,7 @@ def resolve_layer_axes(layer_axes: Any, params: Any) -> list[tuple[int, ...] | N
 
 
 def resolve_masks(
-    trust_ratio_mask: Any, weight_decay_mask: Any, params: Any
+    trust_ratio_mask: MaskOrFn, weight_decay_mask: MaskOrFn, params: PyTree
 ) -> tuple[list[bool], list[bool]]:
   """Per-leaf (trust, weight decay) flags under the package's one masking rule.
 
@@ -170,7 +172,8 @@ def resolve_masks(
   return resolve_mask(trust_ratio_mask, params), resolve_mask(weight_decay_mask, params)
 
 
-def _path_string(path: tuple[Any, ...]) -> str:
+def path_string(path: tuple[Any, ...]) -> str:
+  """A leaf's path as '/'-joined keys, attributes and indices (nnx's `value` skipped)."""
   parts = []
   for key in path:
     if isinstance(key, jax.tree_util.DictKey):
@@ -191,7 +194,7 @@ def _path_string(path: tuple[Any, ...]) -> str:
 def path_mask(
     include: str | tuple[str, ...] | list[str] = (),
     exclude: str | tuple[str, ...] | list[str] = (),
-) -> Callable[[Any], Any]:
+) -> Callable[[PyTree], PyTree]:
   r"""A mask from regular expressions on '/'-joined parameter paths.
 
   A leaf's path joins its dict keys, attribute names and sequence indices
@@ -252,9 +255,9 @@ def path_mask(
   inc = compile_all("include", include)
   exc = compile_all("exclude", exclude)
 
-  def mask_fn(params: Any) -> Any:
+  def mask_fn(params: PyTree) -> PyTree:
     def keep(path, _):
-      s = _path_string(path)
+      s = path_string(path)
       if inc and not any(p.search(s) for p in inc):
         return False
       return not any(p.search(s) for p in exc)

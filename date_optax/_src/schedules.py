@@ -1,7 +1,8 @@
 """Batch-size-aware learning-rate schedules: scaling rules, warmup, decays.
 
-SPEC §5. Every schedule is an optax ``Schedule``: a pure, jit-able function of
-optax's zero-based update ``count``. Iterations are counted from 1
+Defined in docs/algorithms.md, "Learning-rate scaling and LEGW". Every
+schedule is an optax ``Schedule``: a pure, jit-able function of optax's
+zero-based update ``count``. Iterations are counted from 1
 (``i = count + 1``) so that the very first update already has a non-zero
 learning rate. A schedule is a warmup over ``warmup_steps`` iterations
 followed by a *decay* (constant, poly, roller coaster, multistep, exponential
@@ -27,8 +28,7 @@ import numpy as np
 import optax
 
 from date_optax._src import validation
-
-Schedule = optax.Schedule
+from date_optax._src.types import Schedule
 
 SCALING_RULES = ("linear", "sqrt", "none")
 WARMUPS = ("gradual", "constant")
@@ -252,7 +252,9 @@ class Constant(Decay):
 
 @dataclasses.dataclass(frozen=True)
 class Poly(Decay):
-  """LEGW's polynomial decay ``peak · (1 − i/T)^power``, unshifted (SPEC §5).
+  """LEGW's polynomial decay ``peak · (1 − i/T)^power``, unshifted.
+
+  See docs/algorithms.md, "Learning-rate scaling and LEGW".
 
   "Unshifted" means the decay is measured from iteration 0, not from the end
   of the warmup, so the rate drops to ``peak·(1 − W/T)^power`` right after a
@@ -541,6 +543,13 @@ def decay_from_name(name: str | Decay, **options: Any) -> Decay:
     if options:
       raise TypeError(f"options {sorted(options)} given with a Decay instance.")
     return name
+  if isinstance(name, (int, float)):
+    # A number here is most likely RMSProp's decay given in the wrong place.
+    raise TypeError(
+        f"decay={name!r}: decay is the learning-rate decay after the warmup, "
+        f"a Decay or one of {sorted(DECAYS)}; RMSProp's decay is a base "
+        "option: base_options={'decay': ...} (or optimizer_options of a Baseline)."
+    )
   validation.check_choice("decay", name, DECAYS)
   cls = DECAYS[name]
   fields = {f.name for f in dataclasses.fields(cls)}
@@ -567,7 +576,7 @@ def warmup_decay_schedule(
     warmup: str = "gradual",
     warmup_factor: float = 0.1,
 ) -> Schedule:
-  r"""A warmup of `warmup_steps` iterations followed by `decay` (SPEC §5).
+  r"""A warmup of `warmup_steps` iterations followed by `decay` (docs/algorithms.md, LEGW).
 
   With ``i = count + 1`` and ``W = warmup_steps``:
 

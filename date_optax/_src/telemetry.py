@@ -16,7 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from date_optax._src import masks as masks_lib
 from date_optax._src import validation
+from date_optax._src.types import PyTree
 
 _F32 = jnp.float32
 # A ratio counts as "at a bound" within a few float32 ulps of it: a bound that
@@ -46,7 +48,7 @@ def _check_bound(name: str, value: Any) -> None:
 
 
 def trust_ratio_summary(
-    ratios: Any,
+    ratios: PyTree,
     lower: float | jax.Array | None = None,
     upper: float | jax.Array | None = None,
     *,
@@ -120,22 +122,10 @@ def trust_ratio_summary(
 
 
 def _path_name(path: tuple[Any, ...]) -> str:
-  parts = []
-  for k in path:
-    if isinstance(k, jax.tree_util.DictKey):
-      parts.append(str(k.key))
-    elif isinstance(k, jax.tree_util.GetAttrKey):
-      parts.append(k.name)
-    elif isinstance(k, jax.tree_util.SequenceKey):
-      parts.append(str(k.idx))
-    elif isinstance(k, jax.tree_util.FlattenedIndexKey):
-      parts.append(str(k.key))
-    else:
-      parts.append(str(k))
-  return "/".join(parts) if parts else "ratio"
+  return masks_lib.path_string(path) or "ratio"
 
 
-def per_layer_ratios(ratios: Any) -> dict[str, jax.Array]:
+def per_layer_ratios(ratios: PyTree) -> dict[str, jax.Array]:
   """Names every layer's trust ratio: `{"Dense_0/kernel": r, ...}`.
 
   A leaf of shape `()` gives one entry named by its path in the tree (keys

@@ -10,14 +10,12 @@ import optax
 
 from date_optax._src import masks as masks_lib
 from date_optax._src import validation
+from date_optax._src.types import LayerAxes, MaskOrFn, PyTree, ScalarOrSchedule
 
-ScalarOrSchedule = optax.ScalarOrSchedule
 NO_PARAMS_MSG = (
     "You are using a transformation that requires the current value of "
     "parameters, but you are not passing `params` when calling `update`."
 )
-MaskOrFn = Any
-LayerAxes = Any  # None | int | tuple[int, ...] | pytree of those | callable
 
 
 class TrustRatioState(NamedTuple):
@@ -46,6 +44,28 @@ class TrustRatioState(NamedTuple):
 def value_at(x: Any, count: jax.Array) -> Any:
   """A hyperparameter's value at `count` (schedules are called)."""
   return x(count) if callable(x) else x
+
+
+def values_at(count: jax.Array, *hyperparams: Any) -> tuple[Any, ...]:
+  """Each hyperparameter's value at `count`, in order."""
+  return tuple(value_at(x, count) for x in hyperparams)
+
+
+def initial_ratio_fields(
+    params: PyTree, layer_axes: LayerAxes, lower: Any, upper: Any, learning_rate: Any
+) -> dict[str, Any]:
+  """``ratios`` (all 1), ``bounds`` and ``learning_rate`` of a fresh fused state.
+
+  The fused optimizers (LARS, bounded LARS, LAMB) record the bounds and the
+  learning rate at step 0 before the first update.
+  """
+  axes = masks_lib.resolve_layer_axes(layer_axes, params)
+  zero = jnp.zeros([], jnp.int32)
+  return dict(
+      ratios=init_ratios(params, axes),
+      bounds=applied_bounds(*values_at(zero, lower, upper)),
+      learning_rate=jnp.asarray(value_at(learning_rate, zero), jnp.float32),
+  )
 
 
 def is_static_zero(x: Any) -> bool:
@@ -460,7 +480,7 @@ def scale_by_trust_ratio(
         count=zero,
         ratios=init_ratios(params, axes),
         inner_state=optax.EmptyState() if inner_tx is None else inner_tx.init(params),
-        bounds=applied_bounds(value_at(lower, zero), value_at(upper, zero)),
+        bounds=applied_bounds(*values_at(zero, lower, upper)),
     )
 
   def update_fn(updates, state, params=None, **extra_args):
@@ -472,9 +492,7 @@ def scale_by_trust_ratio(
       inner_updates, inner_state = inner_tx.update(
           updates, state.inner_state, params, **extra_args
       )
-    lo = value_at(lower, state.count)
-    hi = value_at(upper, state.count)
-    wd = value_at(weight_decay, state.count)
+    lo, hi, wd = values_at(state.count, lower, upper, weight_decay)
     use_wd = not is_static_zero(weight_decay)
 
     check_leaves(params)
@@ -556,7 +574,7 @@ def _find(opt_state: Any, pick) -> Any:
   return found[0] if found else None
 
 
-def trust_ratios(opt_state: Any) -> Any | None:
+def trust_ratios(opt_state: PyTree) -> PyTree | None:
   """The last step's per-layer trust ratios kept in an optimizer state.
 
   Searches the state of any composition (``optax.chain``,
@@ -590,7 +608,7 @@ def trust_ratios(opt_state: Any) -> Any | None:
   )
 
 
-def trust_ratio_bounds(opt_state: Any) -> tuple[jax.Array, jax.Array] | None:
+def trust_ratio_bounds(opt_state: PyTree) -> tuple[jax.Array, jax.Array] | None:
   """The `(lower, upper)` ratio bounds the last step applied, from the state.
 
   Every date_optax state that keeps ratios also records the bounds it clipped
@@ -627,7 +645,7 @@ def trust_ratio_bounds(opt_state: Any) -> tuple[jax.Array, jax.Array] | None:
   )
 
 
-def learning_rate(opt_state: Any) -> jax.Array | None:
+def learning_rate(opt_state: PyTree) -> jax.Array | None:
   """The learning rate the optimizer applied at its last step, from its state.
 
   Found in the state of the fused optimizers (:func:`date_optax.lars`,

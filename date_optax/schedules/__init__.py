@@ -1,7 +1,8 @@
 """Batch-size-aware learning-rate schedules (LEGW, DATE roller coaster).
 
 Every schedule is an optax ``Schedule`` of the zero-based update count, with
-iterations counted from 1 (SPEC §5).
+iterations counted from 1 (docs/algorithms.md, "Learning-rate scaling and
+LEGW").
 """
 
 from date_optax._src.schedules import (

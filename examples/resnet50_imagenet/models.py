@@ -2,12 +2,13 @@
 
 Every batch norm is `date_optax.nn.GhostBatchNorm`: statistics over ghost
 sub-batches of `ghost_batch_size` examples inside each replica's share of
-the batch (seed 001 §4.1: an effective BN batch of about 64 works best at
-32K). train.py applies the model inside `date_optax.parallel.make_train_step`,
-where it sees one replica's slice of the batch. (Under plain `jax.jit` on a
-batch sharded over `num_replicas` devices the layer would see the global
-batch; `num_replicas` then makes it read the batch as that many consecutive
-blocks, so that no statistics cross devices.)
+the batch (You et al., "The Limit of the Batch Size", 2020, §4.1: an
+effective BN batch of about 64 works best at 32K). train.py applies the model
+inside `date_optax.parallel.make_train_step`, where it sees one replica's
+slice of the batch. (Under plain `jax.jit` on a batch sharded over
+`num_replicas` devices the layer would see the global batch; `num_replicas`
+then makes it read the batch as that many consecutive blocks, so that no
+statistics cross devices.)
 
 Convolutions and matmuls run in `dtype` (bfloat16 on TPU); parameters, BN
 statistics and the logits returned are float32.

@@ -26,10 +26,7 @@ import numpy as np
 from jax import lax
 
 from date_optax._src.parallel import compat
-
-ALGORITHMS = ("psum", "ring", "torus")
-
-PyTree = Any
+from date_optax._src.types import PyTree
 
 
 def _acc_dtype(dtype: Any) -> np.dtype:
@@ -274,6 +271,46 @@ def _torus_all_gather(chunk: jax.Array, rx: _Ring, ry: _Ring) -> jax.Array:
   return jnp.concatenate([a, b], axis=1)[:, :c]
 
 
+# ---------------------------------------------------------------------------
+# The algorithms, one table: how each reduce-scatters blocks and gathers them.
+# Every phase is called as `phase(x, axes, grid)`.
+# ---------------------------------------------------------------------------
+
+
+class _Algorithm(NamedTuple):
+  reduce_scatter: Callable[[jax.Array, Any, Any], jax.Array]
+  all_gather: Callable[[jax.Array, Any, Any], jax.Array]
+
+
+def _on_ring(phase: Callable[[jax.Array, _Ring], Generator]) -> Callable[..., jax.Array]:
+  return lambda x, axes, grid: _run_in_rounds(phase(x, _ring_over(axes)))[0]
+
+
+def _on_torus(phase: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
+  return lambda x, axes, grid: phase(x, *_torus_rings(axes, grid))
+
+
+_ALGORITHMS: dict[str, _Algorithm] = {
+    "psum": _Algorithm(
+        reduce_scatter=lambda x, axes, grid: lax.psum_scatter(
+            x, compat.as_tuple(axes), scatter_dimension=0
+        ),
+        all_gather=lambda x, axes, grid: lax.all_gather(x, compat.as_tuple(axes), axis=0),
+    ),
+    "ring": _Algorithm(_on_ring(_ring_reduce_scatter), _on_ring(_ring_all_gather)),
+    "torus": _Algorithm(_on_torus(_torus_reduce_scatter), _on_torus(_torus_all_gather)),
+}
+
+#: The all-reduce algorithms by name.
+ALGORITHMS = tuple(_ALGORITHMS)
+
+
+def _algorithm(name: str) -> _Algorithm:
+  if name not in _ALGORITHMS:
+    raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {name!r}.")
+  return _ALGORITHMS[name]
+
+
 def reduce_scatter_blocks(
     blocks: jax.Array, axes: Any, algorithm: str, *, grid: tuple[int, int] | None = None
 ) -> jax.Array:
@@ -282,26 +319,14 @@ def reduce_scatter_blocks(
   `k` is the linear index over `axes` in row-major order, the order that
   `PartitionSpec(axes)` uses to place shards.
   """
-  if algorithm == "psum":
-    return lax.psum_scatter(blocks, compat.as_tuple(axes), scatter_dimension=0)
-  if algorithm == "ring":
-    return _run_in_rounds(_ring_reduce_scatter(blocks, _ring_over(axes)))[0]
-  if algorithm == "torus":
-    return _torus_reduce_scatter(blocks, *_torus_rings(axes, grid))
-  raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}.")
+  return _algorithm(algorithm).reduce_scatter(blocks, axes, grid)
 
 
 def all_gather_blocks(
     chunk: jax.Array, axes: Any, algorithm: str, *, grid: tuple[int, int] | None = None
 ) -> jax.Array:
   """Inverse layout of `reduce_scatter_blocks`: (c,) per device -> (n, c)."""
-  if algorithm == "psum":
-    return lax.all_gather(chunk, compat.as_tuple(axes), axis=0)
-  if algorithm == "ring":
-    return _run_in_rounds(_ring_all_gather(chunk, _ring_over(axes)))[0]
-  if algorithm == "torus":
-    return _torus_all_gather(chunk, *_torus_rings(axes, grid))
-  raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}.")
+  return _algorithm(algorithm).all_gather(chunk, axes, grid)
 
 
 def _blockwise_all_reduce(
@@ -474,10 +499,9 @@ def all_reduce(
   References:
     Ying et al., "Image Classification at Supercomputer Scale", 2018.
   """
+  _algorithm(algorithm)  # validates the name
   if algorithm == "psum":
+    # One psum per leaf, unpacked: XLA fuses and schedules them itself.
     return psum_all_reduce(tree, axis_name)
-  if algorithm == "ring":
-    return ring_all_reduce(tree, axis_name)
-  if algorithm == "torus":
-    return torus_all_reduce(tree, axis_name, grid=grid)
-  raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}.")
+  grid = None if grid is None else tuple(grid)
+  return _reduce_tree(tree, _blockwise_all_reduce(algorithm, axis_name, grid))

@@ -22,7 +22,7 @@ Conventions (documented on `make_train_step`):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from typing import Any
 
 import jax
@@ -31,9 +31,7 @@ import numpy as np
 from jax import lax
 
 from date_optax._src import validation
-
-PyTree = Any
-LossFn = Callable[..., Any]
+from date_optax._src.types import LossFn, PyTree
 
 
 def acc_dtype(dtype: Any) -> np.dtype:

@@ -7,7 +7,7 @@ leading device axis.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -26,9 +26,7 @@ from date_optax._src.parallel.train_state import (
     apply_gradients,
     check_metrics,
 )
-
-PyTree = Any
-LossFn = Callable[..., Any]
+from date_optax._src.types import LossFn, PyTree
 
 
 class PmapTrainStep:

@@ -24,7 +24,7 @@ the parameters (`compat.to_varying`), which is local under every setting.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import jax
@@ -48,9 +48,7 @@ from date_optax._src.parallel.train_state import (
     apply_gradients,
     check_metrics,
 )
-
-PyTree = Any
-LossFn = Callable[..., Any]
+from date_optax._src.types import LossFn, PyTree
 
 
 class TrainStep:

@@ -1,6 +1,7 @@
 """ResNet-50 on ImageNet with LARS and the LEGW recipe (tpu/README.md).
 
-The recipe is LEGW for ResNet-50 (seed 002 Table 1, SPEC §7): a baseline
+The recipe is LEGW for ResNet-50 (You et al., "Large-Batch Training for LSTM and
+Beyond", 2018, Table 1): a baseline
 tuned at B0 = 1024 (LARS, peak LR 2^2.5, 0.3125 warmup epochs, poly decay of
 power 2, 90 epochs) is scaled to `batch_size` by `date_optax.scale_recipe`:
 peak LR x sqrt(B/1024), warmup epochs x B/1024. `optimizer = "date"` runs
@@ -27,7 +28,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.num_train_examples = IMAGENET_TRAIN
   config.num_eval_examples = IMAGENET_EVAL
 
-  # Global batch: 128 per TensorCore (seed 001 §4.1), here a v3-8.
+  # Global batch: 128 per TensorCore (You et al., "The Limit of the Batch
+  # Size", 2020, §4.1), here a v3-8.
   config.batch_size = 1024
   config.eval_batch_size = 1024
   # BN statistics over ghost batches of 64 inside each device's share.
