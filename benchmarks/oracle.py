@@ -454,6 +454,9 @@ def plot(done, tasks, cfg, path):
   for ax, t in zip(axes[0], tasks):
     ks = [k for k in sorted(cfg["scales"])
           if _records(done, t.name, k, "grid", seed=0)]
+    if not ks:
+      ax.set_axis_off()
+      continue
     for m in METHODS:
       gaps = []
       for k in ks:
