@@ -467,7 +467,7 @@ def plot(done, tasks, cfg, path):
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set(title=t.label[:40], xlabel="k = B / B0", ylabel="gap to oracle (points)")
-    ax.set_ylim(-6, 1.5)
+    ax.set_ylim(-12, 3)
     ax.grid(alpha=0.3)
   axes[0][0].legend(fontsize=6, loc="lower left")
   fig.tight_layout()
