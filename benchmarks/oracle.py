@@ -37,7 +37,6 @@ import platform
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
 
 import flax.linen as nn
 import jax
