@@ -66,7 +66,7 @@ def test_batch_scaling_oracle_quick_and_resume(tmp_path):
 
 
 def test_oracle_grid_points_and_methods_are_what_they_say():
-  oracle = _load("oracle")
+  oracle = _load("batch_scaling")._oracle_module()
   import date_optax
   task = oracle.TASKS[0]
   data = dict(x_train=np.zeros((16384, 40), np.float32), epochs=20)
