@@ -80,6 +80,8 @@ def parse_args(argv=None):
                  help="gaps to a retuned oracle on four tasks (benchmarks/oracle.py)")
   p.add_argument("--tasks", default=None, help="--oracle: comma-separated task names")
   p.add_argument("--scales", default=None, help="--oracle: comma-separated k values")
+  p.add_argument("--report-only", action="store_true",
+                 help="--oracle: write the table from the log, train nothing")
   p.add_argument("--seeds", type=int, default=None, help="seeds per cell")
   p.add_argument("--epochs", type=int, default=None)
   p.add_argument("--num-train", type=int, default=None)
@@ -198,10 +200,15 @@ def main(argv=None) -> int:
   return 0
 
 
-def _oracle_main(args) -> int:
+def _oracle_module():
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   import oracle  # noqa: PLC0415
 
+  return oracle
+
+
+def _oracle_main(args) -> int:
+  oracle = _oracle_module()
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   out = args.out or os.path.join(
       root, "docs", "oracle_quick" if args.quick else "oracle")

@@ -37,7 +37,6 @@ import platform
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
 
 import flax.linen as nn
 import jax
@@ -286,6 +285,8 @@ def run_study(args, root: str, out: str) -> int:
     ident = json.dumps(key, sort_keys=True)
     if ident in done:
       return done[ident]
+    if args.report_only:
+      return None
     base = baseline_of(task, lr, data)
     tx = optimizer_for(method, base, task.batch_size * k, lr_factor, wf)
     rec = dict(key=key, **train(task.model(task.batch_size), data, tx,
@@ -306,7 +307,8 @@ def run_study(args, root: str, out: str) -> int:
     if t.learning_rate is not None:
       lrs[t.name] = t.learning_rate
     elif cfg["cnn_grid"]:
-      accs = [(lr, run(t, lr, "baseline", 1, 0)["accuracy"]) for lr in cfg["cnn_grid"]]
+      recs = [(lr, run(t, lr, "baseline", 1, 0)) for lr in cfg["cnn_grid"]]
+      accs = [(lr, r["accuracy"]) for lr, r in recs if r is not None]
       lrs[t.name] = max(accs, key=lambda a: a[1])[0]
     else:
       lrs[t.name] = 0.1
@@ -328,7 +330,8 @@ def run_study(args, root: str, out: str) -> int:
   for seed in range(1, cfg["seeds"]):
     for k in head:
       for t in tasks:
-        cell(t, k, seed, [_best_point(done, t.name, k, seeds=(0,))])
+        if _records(done, t.name, k, "grid", seed=0):
+          cell(t, k, seed, [_best_point(done, t.name, k, seeds=(0,))])
   # 3. The other scales, seed 0.
   for k in cfg["scales"]:
     if k not in head:
@@ -381,7 +384,8 @@ def _oracle(done, task, k):
 
 
 def markdown(done, tasks, lrs, cfg, args) -> str:
-  cmd = "python benchmarks/batch_scaling.py" + "".join(f" {a}" for a in sys.argv[1:])
+  cmd = "python benchmarks/batch_scaling.py" + "".join(
+      f" {a}" for a in sys.argv[1:] if a != "--report-only")
   lines = [
       f"### DATE against a retuned oracle ({'quick' if args.quick else 'full'} mode)",
       "",
@@ -449,6 +453,9 @@ def plot(done, tasks, cfg, path):
   for ax, t in zip(axes[0], tasks):
     ks = [k for k in sorted(cfg["scales"])
           if _records(done, t.name, k, "grid", seed=0)]
+    if not ks:
+      ax.set_axis_off()
+      continue
     for m in METHODS:
       gaps = []
       for k in ks:
@@ -459,7 +466,7 @@ def plot(done, tasks, cfg, path):
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set(title=t.label[:40], xlabel="k = B / B0", ylabel="gap to oracle (points)")
-    ax.set_ylim(-6, 1.5)
+    ax.set_ylim(-12, 3)
     ax.grid(alpha=0.3)
   axes[0][0].legend(fontsize=6, loc="lower left")
   fig.tight_layout()

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,6 +38,45 @@ def test_batch_scaling_quick_tiny_and_resume(tmp_path):
   assert bench.main(argv) == 0
   assert len(open(out + ".jsonl").read().splitlines()) == 20
   assert {json.loads(line)["steps"] for line in lines} == {512, 128, 32, 8}
+
+
+@pytest.mark.slow
+def test_batch_scaling_oracle_quick_and_resume(tmp_path):
+  bench = _load("batch_scaling")
+  out = str(tmp_path / "oracle")
+  argv = ["--oracle", "--quick", "--out", out]
+  assert bench.main(argv) == 0
+  md = open(out + ".md").read()
+  oracle = bench._oracle_module()
+  for label in oracle.LABELS.values():
+    assert label in md
+  for task in oracle.TASKS:
+    assert f"| {task.label} | 4 |" in md
+  lines = open(out + ".jsonl").read().splitlines()
+  # 4 tasks x (3 grid points + 5 methods) at k = 4, one seed.
+  assert len(lines) == 32
+  recs = [json.loads(line) for line in lines]
+  assert {r["key"]["method"] for r in recs} == {"grid", *oracle.METHODS}
+  assert all(0.0 <= r["accuracy"] <= 100.0 for r in recs)
+  assert os.path.getsize(out + ".png") > 10_000
+  # A second call trains nothing new, and --report-only rewrites the table.
+  assert bench.main(argv + ["--report-only"]) == 0
+  assert len(open(out + ".jsonl").read().splitlines()) == 32
+  assert open(out + ".md").read().count("| MNIST-1D") == md.count("| MNIST-1D")
+
+
+def test_oracle_grid_points_and_methods_are_what_they_say():
+  oracle = _load("batch_scaling")._oracle_module()
+  import date_optax
+  task = oracle.TASKS[0]
+  data = dict(x_train=np.zeros((16384, 40), np.float32), epochs=20)
+  base = oracle.baseline_of(task, 0.05, data)
+  r = date_optax.date_recipe(base, 16 * 64)
+  assert r.total_steps == 320 and r.peak_learning_rate == pytest.approx(0.4)
+  for name in oracle.METHODS + ("grid",):
+    assert oracle.optimizer_for(name, base, 1024) is not None
+  with pytest.raises(ValueError, match="unknown"):
+    oracle.optimizer_for("sgd", base, 1024)
 
 
 @pytest.mark.slow

@@ -136,8 +136,14 @@ _baselines = st.builds(
 def test_scaling_properties(bl, log2k, warmup):
   B0, n, E, w_frac = bl
   w0 = round(w_frac * E, 4)
-  base = date_optax.Baseline(batch_size=B0, learning_rate=0.1, warmup_epochs=w0,
-                             epochs=E, num_examples=n, warmup=warmup)
+  kw = dict(batch_size=B0, learning_rate=0.1, warmup_epochs=w0, epochs=E,
+            num_examples=n, warmup=warmup)
+  if w0 > 0 and math.floor(Fraction(repr(float(w0))) * n / B0 + Fraction(1, 2)) == 0:
+    # A non-zero warmup that rounds to 0 iterations is refused, not dropped.
+    with pytest.raises(ValueError, match="warmup_epochs=.*smallest warmup_epochs"):
+      date_optax.Baseline(**kw)
+    return
+  base = date_optax.Baseline(**kw)
   B = max(1, int(round(B0 * 2.0**log2k)))
   k = Fraction(B, B0)
   e, w = Fraction(repr(float(E))), Fraction(repr(float(w0)))
