@@ -54,6 +54,10 @@ from tqdm.auto import tqdm  # noqa: E402
 
 from date_optax._src import lstm_demo  # noqa: E402
 
+# The sibling module shared by the studies (this folder is not a package).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _runlog  # noqa: E402
+
 METHODS = ("linear", "adam", "legw", "date", "date_adam")
 LABELS = {
     "linear": "(a) linear LR + 5-epoch warmup, momentum",
@@ -106,7 +110,7 @@ def main(argv=None) -> int:
       root, "docs", "batch_scaling_quick" if args.quick else "batch_scaling")
   os.makedirs(os.path.dirname(out), exist_ok=True)
   log_path = out + ".jsonl"
-  done = _load_log(log_path)
+  done = _runlog.load_runs(log_path)
 
   data = lstm_demo.load_mnist1d(cfg["num_train"], cfg["num_test"], seed=0,
                                 cache_dir=os.path.join(root, "tmp", "mnist1d_cache"))
@@ -201,7 +205,6 @@ def main(argv=None) -> int:
 
 
 def _oracle_module():
-  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   import oracle  # noqa: PLC0415
 
   return oracle
@@ -214,16 +217,6 @@ def _oracle_main(args) -> int:
       root, "docs", "oracle_quick" if args.quick else "oracle")
   os.makedirs(os.path.dirname(out), exist_ok=True)
   return oracle.run_study(args, root, out)
-
-
-def _load_log(path: str) -> dict:
-  done = {}
-  if os.path.exists(path):
-    with open(path) as f:
-      for line in f:
-        rec = json.loads(line)
-        done[rec.pop("ident")] = rec
-  return done
 
 
 def _acc(recs) -> tuple[float, float]:

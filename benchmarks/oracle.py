@@ -47,6 +47,10 @@ import optax
 import date_optax
 from date_optax import schedules
 
+# The sibling module shared by the studies (this folder is not a package).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _runlog  # noqa: E402
+
 LR_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
 WARMUP_FRACTIONS = (0.05, 0.2)
 METHODS = ("date", "date_fixed", "date_linear", "linear", "legw")
@@ -262,12 +266,7 @@ def run_study(args, root: str, out: str) -> int:
     cfg["scales"] = tuple(int(k) for k in args.scales.split(","))
   tasks = [t for t in TASKS if not args.tasks or t.name in args.tasks.split(",")]
   log_path = out + ".jsonl"
-  done = {}
-  if os.path.exists(log_path):
-    with open(log_path) as f:
-      for line in f:
-        rec = json.loads(line)
-        done[rec.pop("ident")] = rec
+  done = _runlog.load_runs(log_path)
   datasets: dict[str, dict] = {}
   counter = {"new": 0, "t0": time.perf_counter()}
 

@@ -46,6 +46,10 @@ from tqdm.auto import tqdm  # noqa: E402
 import date_optax  # noqa: E402
 from date_optax._src import lstm_demo  # noqa: E402
 
+# The sibling module shared by the studies (this folder is not a package).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _runlog  # noqa: E402
+
 SOLVERS = ("momentum", "adagrad", "rmsprop", "adam")
 SOLVER_LABELS = {
     "momentum": "SGD (momentum 0.9)",
@@ -122,12 +126,7 @@ def main(argv=None) -> int:
       root, "docs", "solver_ladder_quick" if args.quick else "solver_ladder")
   os.makedirs(os.path.dirname(out), exist_ok=True)
   log_path = out + ".jsonl"
-  done = {}
-  if os.path.exists(log_path):
-    with open(log_path) as f:
-      for line in f:
-        rec = json.loads(line)
-        done[rec.pop("ident")] = rec
+  done = _runlog.load_runs(log_path)
   data = lstm_demo.load_mnist1d(cfg["num_train"], cfg["num_test"], seed=0,
                                 cache_dir=os.path.join(root, "tmp", "mnist1d_cache"))
   total = cfg["epochs"] * (cfg["num_train"] // cfg["batch"])

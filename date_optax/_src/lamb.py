@@ -150,11 +150,7 @@ def lamb(
   validation.check_bool("normalize_grads", normalize_grads)
   validation.check_mask("weight_decay_mask", weight_decay_mask)
   validation.check_bool("decoupled_weight_decay", decoupled_weight_decay)
-  if mask is not None and weight_decay_mask is not None:
-    raise ValueError(
-        "mask is an alias of weight_decay_mask: give one of them, not both."
-    )
-  wd_mask = weight_decay_mask if mask is None else mask
+  wd_mask = validation.resolve_alias("weight_decay_mask", weight_decay_mask, "mask", mask)
   use_wd = not tr.is_static_zero(weight_decay)
 
   def init_fn(params):

@@ -462,11 +462,7 @@ def scale_by_trust_ratio(
   validation.check_mask("mask", mask)
   validation.check_mask("trust_ratio_mask", trust_ratio_mask)
   validation.check_mask("weight_decay_mask", weight_decay_mask)
-  if mask is not None and trust_ratio_mask is not None:
-    raise ValueError(
-        "mask is an alias of trust_ratio_mask: give one of them, not both."
-    )
-  trust_mask = trust_ratio_mask if mask is None else mask
+  trust_mask = validation.resolve_alias("trust_ratio_mask", trust_ratio_mask, "mask", mask)
   if inner is not None and not isinstance(inner, optax.GradientTransformation):
     raise TypeError(
         f"inner must be an optax.GradientTransformation or None, got {inner!r}."

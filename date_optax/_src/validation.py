@@ -160,6 +160,13 @@ def check_bounds(lower: Any, upper: Any) -> None:
     )
 
 
+def resolve_alias(name: str, value: Any, alias: str, alias_value: Any) -> Any:
+  """The value of a keyword that also has an older alias; both is an error."""
+  if value is not None and alias_value is not None:
+    raise ValueError(f"{alias} is an alias of {name}: give one of them, not both.")
+  return value if alias_value is None else alias_value
+
+
 def check_mask(name: str, value: Any) -> Any:
   """A mask is None, a bool, a pytree of bools, or a callable on params."""
   if value is None or isinstance(value, (bool, np.bool_)) or callable(value):

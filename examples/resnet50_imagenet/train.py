@@ -17,6 +17,7 @@ parameters.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -183,72 +184,67 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                                              train=False))(jax.random.key(config.seed))
   state = step_fn.init(variables["params"], model_state=variables["batch_stats"])
 
-  ckpt = date_optax.checkpoint.CheckpointManager(
-      os.path.join(workdir, "checkpoints"), max_to_keep=2,
-      save_interval_steps=config.checkpoint_every_steps,
-  )
-  if ckpt.latest_step() is not None:
-    state, _ = ckpt.restore(state)
-  guard = date_optax.checkpoint.PreemptionGuard()
-  # Host 0 writes (MetricWriter is a no-op elsewhere), to local or gs:// paths;
-  # rows logged after the restored checkpoint by an interrupted run are dropped.
-  writer = diagnostics.MetricWriter(workdir, tensorboard=None,
-                                    resume_step=int(state.step))
-  eval_every = max(1, round(config.eval_every_epochs * recipe.steps_per_epoch))
+  with contextlib.ExitStack() as stack:
+    ckpt = stack.enter_context(date_optax.checkpoint.CheckpointManager(
+        os.path.join(workdir, "checkpoints"), max_to_keep=2,
+        save_interval_steps=config.checkpoint_every_steps,
+    ))
+    if ckpt.latest_step() is not None:
+      state, _ = ckpt.restore(state)
+    guard = stack.enter_context(date_optax.checkpoint.PreemptionGuard())
+    # Host 0 writes (MetricWriter is a no-op elsewhere), to local or gs:// paths;
+    # rows logged after the restored checkpoint by an interrupted run are dropped.
+    writer = stack.enter_context(diagnostics.MetricWriter(
+        workdir, tensorboard=None, resume_step=int(state.step)))
+    eval_every = max(1, round(config.eval_every_epochs * recipe.steps_per_epoch))
 
-  def evaluate() -> dict[str, float]:
-    variables = {"params": state.params, "batch_stats": state.model_state}
-    correct = count = 0.0
-    for chunk in _eval_chunks(config):
-      n = len(chunk["label"])
-      out = dp.evaluate(metric_fn, variables, chunk, mesh,
-                        batch_size=config.eval_batch_size)
-      correct += out["accuracy"] * n
-      count += n
-    return {"eval_accuracy": correct / max(count, 1.0)}
+    def evaluate() -> dict[str, float]:
+      variables = {"params": state.params, "batch_stats": state.model_state}
+      correct = count = 0.0
+      for chunk in _eval_chunks(config):
+        n = len(chunk["label"])
+        out = dp.evaluate(metric_fn, variables, chunk, mesh,
+                          batch_size=config.eval_batch_size)
+        correct += out["accuracy"] * n
+        count += n
+      return {"eval_accuracy": correct / max(count, 1.0)}
 
-  step = int(state.step)
-  train_iter = dp.prefetch_to_device(_train_batches(config, local_batch, start=step),
-                                     step_fn.batch_sharding)
-  metrics: dict[str, float] = {}
-  eval_metrics: dict[str, float] = {}
-  if jax.process_index() == 0:
-    print(f"{config.model}: batch {config.batch_size} on {num_replicas} devices "
-          f"({jax.process_count()} hosts), peak lr {recipe.peak_learning_rate:.4g}, "
-          f"warmup {recipe.warmup_steps} of {recipe.total_steps} steps; "
-          f"running steps {step + 1}..{total_steps}", flush=True)
-  while step < total_steps:
-    state, m = step_fn(state, next(train_iter))
-    step += 1
-    if step % config.log_every_steps == 0 or step == total_steps:
-      metrics = {k: float(v) for k, v in m.items() if k not in ("trust_ratios", "aux")}
-      metrics["accuracy"] = float(m["aux"]["accuracy"])
-      metrics["learning_rate"] = float(recipe.schedule(step - 1))
-      writer.write_scalars(step, metrics)
-      if jax.process_index() == 0:
-        print(f"step {step}: loss {metrics['loss']:.4f} lr "
-              f"{metrics['learning_rate']:.4g} ({time.perf_counter() - start:.0f} s)",
-              flush=True)
-    if step % eval_every == 0 or step == total_steps:
-      eval_metrics = evaluate()
-      writer.write_scalars(step, eval_metrics)
-      if jax.process_index() == 0:
-        print(f"step {step}: eval accuracy {eval_metrics['eval_accuracy']:.4f}", flush=True)
-    preempted = guard.should_stop(step)  # the same answer on every host
-    ckpt.save(step, state, force=preempted)
-    if preempted:
-      ckpt.close()
-      writer.close()
-      guard.close()
-      if jax.process_index() == 0:
-        print(f"{guard.received}: saved step {step} of {total_steps} in {workdir}; "
-              "rerun the same command to resume.", flush=True)
-      return {"preempted_at_step": step}
-  if ckpt.latest_step() != step:
-    ckpt.save(step, state, force=True)
-  ckpt.close()
-  writer.close()
-  guard.close()
+    step = int(state.step)
+    train_iter = dp.prefetch_to_device(_train_batches(config, local_batch, start=step),
+                                       step_fn.batch_sharding)
+    metrics: dict[str, float] = {}
+    eval_metrics: dict[str, float] = {}
+    if jax.process_index() == 0:
+      print(f"{config.model}: batch {config.batch_size} on {num_replicas} devices "
+            f"({jax.process_count()} hosts), peak lr {recipe.peak_learning_rate:.4g}, "
+            f"warmup {recipe.warmup_steps} of {recipe.total_steps} steps; "
+            f"running steps {step + 1}..{total_steps}", flush=True)
+    while step < total_steps:
+      state, m = step_fn(state, next(train_iter))
+      step += 1
+      if step % config.log_every_steps == 0 or step == total_steps:
+        metrics = {k: float(v) for k, v in m.items() if k not in ("trust_ratios", "aux")}
+        metrics["accuracy"] = float(m["aux"]["accuracy"])
+        metrics["learning_rate"] = float(recipe.schedule(step - 1))
+        writer.write_scalars(step, metrics)
+        if jax.process_index() == 0:
+          print(f"step {step}: loss {metrics['loss']:.4f} lr "
+                f"{metrics['learning_rate']:.4g} ({time.perf_counter() - start:.0f} s)",
+                flush=True)
+      if step % eval_every == 0 or step == total_steps:
+        eval_metrics = evaluate()
+        writer.write_scalars(step, eval_metrics)
+        if jax.process_index() == 0:
+          print(f"step {step}: eval accuracy {eval_metrics['eval_accuracy']:.4f}", flush=True)
+      preempted = guard.should_stop(step)  # the same answer on every host
+      ckpt.save(step, state, force=preempted)
+      if preempted:
+        if jax.process_index() == 0:
+          print(f"{guard.received}: saved step {step} of {total_steps} in {workdir}; "
+                "rerun the same command to resume.", flush=True)
+        return {"preempted_at_step": step}
+    if ckpt.latest_step() != step:
+      ckpt.save(step, state, force=True)
   result = {**metrics, **eval_metrics, "steps": step,
             "wall_time": time.perf_counter() - start,
             "params_checksum": date_optax.checkpoint.tree_checksum(
