@@ -2,8 +2,9 @@
 
 Meshes (`data_mesh`, `torus_mesh`), all-reduce algorithms over named axes
 (`psum_all_reduce`, `ring_all_reduce`, `torus_all_reduce`) with their cost
-model, train steps for `jit` over a mesh and for `pmap` (with weight-update
-sharding and non-finite step skipping), multi-host set-up, distributed
+model, low-precision gradient payloads with Auto-Precision Scaling, train
+steps for `jit` over a mesh and for `pmap` (with weight-update sharding and
+non-finite step skipping), multi-host set-up, distributed
 evaluation and a per-host input pipeline.
 """
 
@@ -21,6 +22,7 @@ from date_optax._src.parallel.input_pipeline import (
     epoch_permutation,
     prefetch_to_device,
 )
+from date_optax._src.parallel.low_precision import COMM_DTYPES
 from date_optax._src.parallel.mesh import data_mesh, torus_mesh
 from date_optax._src.parallel.pmap_step import PmapTrainStep, make_pmap_train_step
 from date_optax._src.parallel.train_state import (
@@ -32,6 +34,7 @@ from date_optax._src.parallel.train_step import TrainStep, make_train_step
 from date_optax._src.parallel.update_sharding import bytes_per_device
 
 __all__ = [
+    "COMM_DTYPES",
     "AllReduceCost",
     "NonFiniteError",
     "PmapTrainStep",

@@ -26,6 +26,8 @@ import numpy as np
 from jax import lax
 
 from date_optax._src.parallel import compat
+from date_optax._src.parallel import low_precision as lp
+from date_optax._src.parallel.low_precision import CommFormat
 from date_optax._src.types import PyTree
 
 
@@ -171,14 +173,21 @@ def _rotate(rows: jax.Array, start: jax.Array) -> jax.Array:
   return lax.dynamic_slice_in_dim(jnp.concatenate([rows, rows]), start % n, n, 0)
 
 
-def _ring_reduce_scatter(blocks: jax.Array, ring: _Ring) -> Generator:
+def _ring_reduce_scatter(
+    blocks: jax.Array, ring: _Ring, fmt: CommFormat | None = None
+) -> Generator:
   """(n, c) per device -> (c,): the sum over the ring of row `position`.
 
   `blocks` has one row per device on the ring; the device at ring position i
   ends up owning row i (for a ring over mesh axes, the order that
-  `PartitionSpec(axes)` uses for the same axes).
+  `PartitionSpec(axes)` uses for the same axes). With a communication format
+  `fmt` the rows are rounded to it, every partial sum is rounded to it before
+  it is sent (it travels in the format's wire dtype), and the sums are taken
+  in float32 from two values of the format; the returned sum is not rounded.
   """
   n, idx = ring.size, ring.position
+  if fmt is not None:
+    blocks = fmt.round(blocks)
   if n == 1:
     return blocks[0]
   # Step s passes the partial sum of row (i - s - 1) to the right neighbour and
@@ -189,7 +198,10 @@ def _ring_reduce_scatter(blocks: jax.Array, ring: _Ring) -> Generator:
   rows = _rotate(blocks[::-1], n - idx)  # rows[j] = blocks[(i - 1 - j) % n]
   acc = rows[0]
   for s in range(n - 1):
-    got = yield acc, ring
+    if fmt is None:
+      got = yield acc, ring
+    else:
+      got = fmt.decode((yield fmt.encode(acc), ring))
     acc = rows[s + 1] + got
   return acc
 
@@ -232,20 +244,22 @@ def _torus_rings(axes: Any, grid: tuple[int, int] | None) -> tuple[_Ring, _Ring]
   return _ring_over(axes[0]), _ring_over(axes[1])
 
 
-def _torus_reduce_scatter(blocks: jax.Array, rx: _Ring, ry: _Ring) -> jax.Array:
+def _torus_reduce_scatter(
+    blocks: jax.Array, rx: _Ring, ry: _Ring, fmt: CommFormat | None = None
+) -> jax.Array:
   nx, ny = rx.size, ry.size
   c = blocks.shape[1]
   blocks = _pad_to(blocks, 2)
   h = blocks.shape[1] // 2
 
   def half_a(a):  # rows ordered (x, y): x-rings first, then y-rings
-    a = yield from _ring_reduce_scatter(a.reshape(nx, ny * h), rx)
-    return (yield from _ring_reduce_scatter(a.reshape(ny, h), ry))
+    a = yield from _ring_reduce_scatter(a.reshape(nx, ny * h), rx, fmt)
+    return (yield from _ring_reduce_scatter(a.reshape(ny, h), ry, fmt))
 
   def half_b(b):  # rows reordered to (y, x) so that the y-phase comes first
     b = b.reshape(nx, ny, h).transpose(1, 0, 2).reshape(ny, nx * h)
-    b = yield from _ring_reduce_scatter(b, ry)
-    return (yield from _ring_reduce_scatter(b.reshape(nx, h), rx))
+    b = yield from _ring_reduce_scatter(b, ry, fmt)
+    return (yield from _ring_reduce_scatter(b.reshape(nx, h), rx, fmt))
 
   a, b = _run_in_rounds(half_a(blocks[:, :h]), half_b(blocks[:, h:]))
   return jnp.concatenate([a, b])[:c]
@@ -278,23 +292,32 @@ def _torus_all_gather(chunk: jax.Array, rx: _Ring, ry: _Ring) -> jax.Array:
 
 
 class _Algorithm(NamedTuple):
-  reduce_scatter: Callable[[jax.Array, Any, Any], jax.Array]
-  all_gather: Callable[[jax.Array, Any, Any], jax.Array]
+  # reduce_scatter(blocks, axes, grid, fmt): float32 sums, not yet rounded.
+  reduce_scatter: Callable[..., jax.Array]
+  # all_gather(chunk, axes, grid): any dtype, moved exactly.
+  all_gather: Callable[..., jax.Array]
 
 
-def _on_ring(phase: Callable[[jax.Array, _Ring], Generator]) -> Callable[..., jax.Array]:
-  return lambda x, axes, grid: _run_in_rounds(phase(x, _ring_over(axes)))[0]
+def _on_ring(phase: Callable[..., Generator]) -> Callable[..., jax.Array]:
+  return lambda x, axes, grid, *fmt: _run_in_rounds(phase(x, _ring_over(axes), *fmt))[0]
 
 
 def _on_torus(phase: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
-  return lambda x, axes, grid: phase(x, *_torus_rings(axes, grid))
+  return lambda x, axes, grid, *fmt: phase(x, *_torus_rings(axes, grid), *fmt)
+
+
+def _psum_scatter(
+    x: jax.Array, axes: Any, grid: Any, fmt: CommFormat | None = None
+) -> jax.Array:
+  axes = compat.as_tuple(axes)
+  if fmt is None:
+    return lax.psum_scatter(x, axes, scatter_dimension=0)
+  return fmt.decode(lax.psum_scatter(fmt.encode(x), axes, scatter_dimension=0))
 
 
 _ALGORITHMS: dict[str, _Algorithm] = {
     "psum": _Algorithm(
-        reduce_scatter=lambda x, axes, grid: lax.psum_scatter(
-            x, compat.as_tuple(axes), scatter_dimension=0
-        ),
+        reduce_scatter=_psum_scatter,
         all_gather=lambda x, axes, grid: lax.all_gather(x, compat.as_tuple(axes), axis=0),
     ),
     "ring": _Algorithm(_on_ring(_ring_reduce_scatter), _on_ring(_ring_all_gather)),
@@ -312,34 +335,107 @@ def _algorithm(name: str) -> _Algorithm:
 
 
 def reduce_scatter_blocks(
-    blocks: jax.Array, axes: Any, algorithm: str, *, grid: tuple[int, int] | None = None
+    blocks: jax.Array,
+    axes: Any,
+    algorithm: str,
+    *,
+    grid: tuple[int, int] | None = None,
+    fmt: CommFormat | None = None,
 ) -> jax.Array:
   """Sums `blocks` (n, c) over the devices; device k keeps row k, shape (c,).
 
   `k` is the linear index over `axes` in row-major order, the order that
-  `PartitionSpec(axes)` uses to place shards.
+  `PartitionSpec(axes)` uses to place shards. With a communication format
+  `fmt` the payload travels in it (partial sums rounded at every hop for
+  "ring"/"torus"); the result is float32 and not yet rounded to `fmt`.
   """
-  return _algorithm(algorithm).reduce_scatter(blocks, axes, grid)
+  if fmt is None:
+    return _algorithm(algorithm).reduce_scatter(blocks, axes, grid)
+  return _algorithm(algorithm).reduce_scatter(blocks.astype(jnp.float32), axes, grid, fmt)
 
 
 def all_gather_blocks(
-    chunk: jax.Array, axes: Any, algorithm: str, *, grid: tuple[int, int] | None = None
+    chunk: jax.Array,
+    axes: Any,
+    algorithm: str,
+    *,
+    grid: tuple[int, int] | None = None,
+    fmt: CommFormat | None = None,
 ) -> jax.Array:
-  """Inverse layout of `reduce_scatter_blocks`: (c,) per device -> (n, c)."""
-  return _algorithm(algorithm).all_gather(chunk, axes, grid)
+  """Inverse layout of `reduce_scatter_blocks`: (c,) per device -> (n, c).
+
+  With `fmt` the chunk is rounded to the format once and travels in it, so
+  every device ends with the same (rounded) values, float32.
+  """
+  if fmt is None:
+    return _algorithm(algorithm).all_gather(chunk, axes, grid)
+  return fmt.decode(_algorithm(algorithm).all_gather(fmt.encode(chunk), axes, grid))
 
 
-def _blockwise_all_reduce(
-    algorithm: str, axes: Any, grid: tuple[int, int] | None = None
+def blockwise_all_reduce(
+    algorithm: str,
+    axes: Any,
+    grid: tuple[int, int] | None = None,
+    fmt: CommFormat | None = None,
 ) -> Callable[[jax.Array], jax.Array]:
   def flat_reduce(buf: jax.Array) -> jax.Array:
     n = compat.axis_size(axes)
     size = buf.shape[0]
     blocks = _pad_to(buf, n).reshape(n, -1)
-    chunk = reduce_scatter_blocks(blocks, axes, algorithm, grid=grid)
-    return all_gather_blocks(chunk, axes, algorithm, grid=grid).reshape(-1)[:size]
+    chunk = reduce_scatter_blocks(blocks, axes, algorithm, grid=grid, fmt=fmt)
+    return all_gather_blocks(chunk, axes, algorithm, grid=grid, fmt=fmt).reshape(-1)[:size]
 
   return flat_reduce
+
+
+def low_precision_sum(
+    xs: list[jax.Array],
+    axes: Any,
+    algorithm: str,
+    grid: tuple[int, int] | None,
+    fmt: CommFormat,
+) -> list[jax.Array]:
+  """Sums float32 arrays (already shifted) with the payload in `fmt`.
+
+  One packed buffer for "ring"/"torus" (rounded at every hop), one
+  `lax.psum` per array on the wire dtype for "psum".
+  """
+  if algorithm == "psum":
+    return [fmt.decode(lax.psum(fmt.encode(x), compat.as_tuple(axes))) for x in xs]
+  flat = blockwise_all_reduce(algorithm, axes, grid, fmt)(
+      jnp.concatenate([x.reshape(-1) for x in xs])
+  )
+  out, offset = [], 0
+  for x in xs:
+    out.append(flat[offset : offset + x.size].reshape(x.shape))
+    offset += x.size
+  return out
+
+
+def _low_precision_all_reduce(
+    tree: PyTree,
+    axes: Any,
+    algorithm: str,
+    grid: tuple[int, int] | None,
+    fmt: CommFormat,
+    aps: bool,
+) -> PyTree:
+  """`all_reduce` with the float leaves' payload in `fmt` (APS optional)."""
+  leaves, treedef = jax.tree.flatten(tree)
+  leaves = [jnp.asarray(x) for x in leaves]
+  floats, others = lp.split_floats(leaves)
+  out: list[Any] = list(leaves)
+  if others:
+    reduced = all_reduce([leaves[i] for i in others], axes, algorithm=algorithm, grid=grid)
+    for i, r in zip(others, reduced, strict=True):
+      out[i] = r
+  if floats:
+    xs = [leaves[i].astype(jnp.float32) for i in floats]
+    xs, scaling = lp.prepare(xs, compat.as_tuple(axes), compat.axis_size(axes), fmt, aps)
+    red = low_precision_sum(xs, axes, algorithm, grid, fmt)
+    for j, i in enumerate(floats):
+      out[i] = scaling.undo(j, red[j]).astype(leaves[i].dtype)
+  return jax.tree.unflatten(treedef, out)
 
 
 def psum_all_reduce(tree: PyTree, axis_name: Any) -> PyTree:
@@ -414,7 +510,7 @@ def ring_all_reduce(tree: PyTree, axis_name: Any) -> PyTree:
     of workstations", 2009; Ying et al., "Image Classification at
     Supercomputer Scale", 2018.
   """
-  return _reduce_tree(tree, _blockwise_all_reduce("ring", compat.as_tuple(axis_name)))
+  return _reduce_tree(tree, blockwise_all_reduce("ring", compat.as_tuple(axis_name)))
 
 
 def torus_all_reduce(
@@ -463,7 +559,7 @@ def torus_all_reduce(
     (two-dimensional gradient summation), https://arxiv.org/abs/1811.06992.
   """
   grid = None if grid is None else tuple(grid)
-  return _reduce_tree(tree, _blockwise_all_reduce("torus", axes, grid))
+  return _reduce_tree(tree, blockwise_all_reduce("torus", axes, grid))
 
 
 def all_reduce(
@@ -472,8 +568,29 @@ def all_reduce(
     *,
     algorithm: str = "psum",
     grid: tuple[int, int] | None = None,
+    comm_dtype: Any = None,
+    aps: bool | None = None,
 ) -> PyTree:
-  """Sums a pytree over named axes with the chosen algorithm.
+  """Sums a pytree over named axes with the chosen algorithm and payload format.
+
+  With `comm_dtype` the float leaves travel in a low-precision format
+  (bfloat16, float8_e4m3fn, float8_e5m2, int8, int4 or float4_e2m1fn):
+  they are summed in float32, rounded to the format, and for "ring" and
+  "torus" every partial sum is rounded to the format again before it is sent
+  to the next device, as hardware adding in the format would; the final sum
+  is rounded once more and gathered in the format, so all devices agree.
+  "psum" casts, calls `lax.psum` on the format and casts back (XLA on CPU
+  accumulates it wider and rounds once; other backends may differ). Integer
+  formats round to nearest and saturate at ±qmax before sending.
+
+  With `aps` (Auto-Precision Scaling, default on for formats of 8 bits or
+  fewer) each leaf is multiplied before the cast by `2^k`,
+  `k = floor(log2(fmt_max / (N · M)))` with `M` the leaf's max-abs over all
+  N replicas, so the sum cannot overflow and small layers use the whole
+  range; `M` comes from one extra `pmax` of a vector of two floats per leaf,
+  issued before the payload. A leaf that is NaN/Inf on any replica comes out
+  NaN everywhere (integer and 4-bit float formats cannot carry a NaN).
+  The rule and the error bound are in `docs/algorithms.md`.
 
   Args:
     tree: a pytree of arrays.
@@ -481,9 +598,19 @@ def all_reduce(
     algorithm: "psum" (`lax.psum`), "ring" (`ring_all_reduce`) or "torus"
       (`torus_all_reduce`).
     grid: for "torus" over a single axis, its `(X, Y)` layout.
+    comm_dtype: None or "float32" (exact, float32 accumulation), or one of
+      "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8", "int4",
+      "float4_e2m1fn" (names or dtypes).
+    aps: scale each leaf by a power of two before the cast (None: True for
+      formats of at most 8 bits, False for bfloat16). Needs a low-precision
+      `comm_dtype`.
 
   Returns:
-    The sum over all devices of the named axes.
+    The sum over all devices of the named axes, each leaf in its own dtype.
+
+  Raises:
+    ValueError: for an unknown algorithm or `comm_dtype`, or `aps=True`
+      without a low-precision `comm_dtype`.
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -495,13 +622,26 @@ def all_reduce(
     ...     in_specs=P("data"), out_specs=P("data"), check_vma=False)
     >>> bool((f(jnp.ones(mesh.size)) == mesh.size).all())
     True
+    >>> g = jax.shard_map(
+    ...     lambda t: dp.all_reduce(t, "data", algorithm="ring",
+    ...                             comm_dtype="int8"),
+    ...     mesh=mesh, in_specs=P("data"), out_specs=P("data"), check_vma=False)
+    >>> out = g(jnp.full(mesh.size, 1e-6))  # plain int8 rounding would give 0
+    >>> bool(jnp.allclose(out, mesh.size * 1e-6))
+    True
 
   References:
-    Ying et al., "Image Classification at Supercomputer Scale", 2018.
+    Ying et al., "Image Classification at Supercomputer Scale", 2018;
+    Han, Demmel and You, "Auto-Precision Scaling for Distributed Deep
+    Learning", 2020, https://arxiv.org/abs/2003.00119.
   """
   _algorithm(algorithm)  # validates the name
+  fmt = lp.comm_format(comm_dtype)
+  aps = lp.resolve_aps(fmt, aps)
+  grid = None if grid is None else tuple(grid)
+  if fmt is not None:
+    return _low_precision_all_reduce(tree, axis_name, algorithm, grid, fmt, aps)
   if algorithm == "psum":
     # One psum per leaf, unpacked: XLA fuses and schedules them itself.
     return psum_all_reduce(tree, axis_name)
-  grid = None if grid is None else tuple(grid)
-  return _reduce_tree(tree, _blockwise_all_reduce(algorithm, axis_name, grid))
+  return _reduce_tree(tree, blockwise_all_reduce(algorithm, axis_name, grid))

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from date_optax._src import validation
+from date_optax._src.parallel import low_precision
 
 COST_ALGORITHMS = ("ring", "torus")
 
@@ -39,6 +40,7 @@ def allreduce_cost(
     *,
     alpha: float,
     beta: float,
+    comm_dtype: Any = None,
 ) -> AllReduceCost:
   """Predicts latency steps, link traffic and time of one all-reduce.
 
@@ -63,6 +65,14 @@ def allreduce_cost(
     the queueing they add. On a 1×P torus this is exactly the ring over P
     devices.
 
+  *Payload dtype.* `nbytes` is the size of the buffer in float32, as the
+  gradients are stored; with `comm_dtype` the payload that moves is
+  `nbytes · bits / 32` (16 bits for bfloat16, 8 for the float8 formats and
+  int8, 4 for int4 and float4_e2m1fn, counted as 4 bits whatever container
+  an emulation uses). The latency term is unchanged. The extra `pmax` of
+  Auto-Precision Scaling (two float32 per layer) is not included: it is one
+  more all-reduce of `8 · layers` bytes, latency-bound.
+
   Args:
     algorithm: "ring" or "torus".
     mesh_shape: number of devices, or the torus shape `(X, Y)` ("torus" needs
@@ -70,6 +80,8 @@ def allreduce_cost(
     nbytes: size `M` of the buffer to sum, in bytes.
     alpha: seconds per message (latency), >= 0.
     beta: seconds per byte on one link (1 / bandwidth), >= 0.
+    comm_dtype: None or "float32" (payload = `nbytes`), or one of
+      `date_optax.parallel.COMM_DTYPES` (names or dtypes).
 
   Returns:
     An `AllReduceCost(latency_steps, bytes_per_link, seconds)`.
@@ -80,13 +92,20 @@ def allreduce_cost(
     510
     >>> dp.allreduce_cost("torus", (16, 16), 1e6, alpha=1e-6, beta=1e-9).latency_steps
     60
+    >>> full = dp.allreduce_cost("ring", 256, 1e6, alpha=0.0, beta=1e-9)
+    >>> fp8 = dp.allreduce_cost("ring", 256, 1e6, alpha=0.0, beta=1e-9,
+    ...                         comm_dtype="float8_e4m3fn")
+    >>> round(full.seconds / fp8.seconds, 6)
+    4.0
 
   References:
     Ying et al., "Image Classification at Supercomputer Scale", 2018,
     https://arxiv.org/abs/1811.06992; Patarasuk and Yuan, "Bandwidth optimal
     all-reduce algorithms for clusters of workstations", 2009;
     Thakur, Rabenseifner and Gropp, "Optimization of Collective Communication
-    Operations in MPICH", 2005 (the alpha-beta model).
+    Operations in MPICH", 2005 (the alpha-beta model); Han, Demmel and You,
+    "Auto-Precision Scaling for Distributed Deep Learning", 2020,
+    https://arxiv.org/abs/2003.00119 (low-precision payloads).
   """
   validation.check_choice("algorithm", algorithm, COST_ALGORITHMS)
   shape = (mesh_shape,) if isinstance(mesh_shape, int) else tuple(mesh_shape)
@@ -97,7 +116,8 @@ def allreduce_cost(
   validation.check_nonnegative("nbytes", nbytes)
   validation.check_nonnegative("alpha", alpha)
   validation.check_nonnegative("beta", beta)
-  m = float(nbytes)
+  fmt = low_precision.comm_format(comm_dtype)
+  m = float(nbytes) * (1.0 if fmt is None else fmt.bits / 32)
   if algorithm == "ring":
     return _ring(math.prod(shape), m, alpha, beta)
   if len(shape) != 2:

@@ -31,6 +31,7 @@ import numpy as np
 from jax import lax
 
 from date_optax._src import validation
+from date_optax._src.parallel import low_precision as lp
 from date_optax._src.types import LossFn, PyTree
 
 
@@ -305,6 +306,12 @@ def check_common(
   if max_consecutive_skips is not None:
     validation.check_int("max_consecutive_skips", max_consecutive_skips, low=0)
   return validation.check_int("microbatches", microbatches, low=1)
+
+
+def check_comm(comm_dtype: Any, aps: Any) -> tuple[str | None, bool]:
+  """Validates `comm_dtype`/`aps`: (format name or None, APS on)."""
+  fmt = lp.comm_format(comm_dtype)
+  return (None if fmt is None else fmt.name), lp.resolve_aps(fmt, aps)
 
 
 def check_batch(batch: PyTree, replicas: int, microbatches: int = 1) -> None:

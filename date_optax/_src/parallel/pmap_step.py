@@ -57,8 +57,9 @@ class PmapTrainStep:
 
   def __init__(self, loss_fn, optimizer, *, axis_name, grad_reduce, torus_shape,
                compute_dtype, donate, has_aux, max_consecutive_skips, devices,
-               microbatches=1):
+               microbatches=1, comm=(None, False)):
     self.microbatches = microbatches
+    self.comm = comm
     self.loss_fn = loss_fn
     self.optimizer = optimizer
     self.axis_name = axis_name
@@ -94,7 +95,8 @@ class PmapTrainStep:
         replica=replica,
     )
     grads = us.mean_over_replicas(
-        grads, axis, self.grad_reduce, self.num_replicas, self.torus_shape
+        grads, axis, self.grad_reduce, self.num_replicas, self.torus_shape,
+        comm=self.comm,
     )
     loss = lax.pmean(loss, axis)
     model_state = lg.replicate_model_state(model_state, axis, replica)
@@ -157,6 +159,8 @@ def make_pmap_train_step(
     max_consecutive_skips: int | None = None,
     devices: Sequence[Any] | None = None,
     microbatches: int = 1,
+    comm_dtype: Any = None,
+    aps: bool | None = None,
 ) -> PmapTrainStep:
   """Builds the same data-parallel train step with `jax.pmap` (older code).
 
@@ -182,6 +186,8 @@ def make_pmap_train_step(
       the step).
     devices: the local devices to use (default all).
     microbatches: gradient accumulation over k >= 1 microbatches per device.
+    comm_dtype: the gradient payload format, as in `make_train_step`.
+    aps: Auto-Precision Scaling, as in `make_train_step`.
 
   Returns:
     A `PmapTrainStep`: `state, metrics = step(state, global_batch)` and
@@ -203,8 +209,11 @@ def make_pmap_train_step(
 
   References:
     Goyal et al., "Accurate, Large Minibatch SGD", 2017; Ying et al., "Image
-    Classification at Supercomputer Scale", 2018.
+    Classification at Supercomputer Scale", 2018; Han, Demmel and You,
+    "Auto-Precision Scaling for Distributed Deep Learning", 2020,
+    https://arxiv.org/abs/2003.00119.
   """
+  comm = lg.check_comm(comm_dtype, aps)
   microbatches = lg.check_common(
       loss_fn, optimizer, grad_reduce, compute_dtype, max_consecutive_skips,
       microbatches, collectives.ALGORITHMS,
@@ -232,4 +241,5 @@ def make_pmap_train_step(
       max_consecutive_skips=max_consecutive_skips,
       devices=devices,
       microbatches=microbatches,
+      comm=comm,
   )

@@ -95,6 +95,7 @@ class TrainStep:
       max_consecutive_skips: int | None,
       microbatches: int = 1,
       param_layout: tuple[str, Any] | None = None,
+      comm: tuple[str | None, bool] = (None, False),
   ):
     self.loss_fn = loss_fn
     self.optimizer = optimizer
@@ -107,6 +108,7 @@ class TrainStep:
     self.max_consecutive_skips = max_consecutive_skips
     self.microbatches = microbatches
     self.param_layout = param_layout
+    self.comm = comm
     self.donate = donate
     self.num_replicas = compat.mesh_axis_sizes(mesh, data_axes)
     self.batch_spec = P(us.axes_entry(data_axes))
@@ -212,9 +214,9 @@ class TrainStep:
           model_state=model_state, rng=rng, step=step, replica=replica,
       )
       if self.shard_update:
-        grads = us.reduce_scatter_mean(grads, shapes, axes, alg, n)
+        grads = us.reduce_scatter_mean(grads, shapes, axes, alg, n, self.comm)
       else:
-        grads = us.mean_over_replicas(grads, axes, alg, n)
+        grads = us.mean_over_replicas(grads, axes, alg, n, comm=self.comm)
       return (lax.pmean(loss, axes), lg.mean_aux(aux, axes), grads,
               lg.replicate_model_state(model_state, axes, replica))
 
@@ -361,6 +363,8 @@ def make_train_step(
     max_consecutive_skips: int | None = None,
     microbatches: int = 1,
     param_sharding: Any = None,
+    comm_dtype: Any = None,
+    aps: bool | None = None,
 ) -> TrainStep:
   """Builds a synchronous data-parallel train step, `jit`-compiled over a mesh.
 
@@ -396,6 +400,21 @@ def make_train_step(
   in/out shardings): the replicas are a `vmap` over the data axes, and the
   compiler inserts the reductions, so trust-ratio norms over sharded layers
   are exact. Only `grad_reduce="psum"` applies there.
+
+  *Low-precision gradient communication.* With `comm_dtype` the gradient
+  payload of the all-reduce travels in bfloat16, float8_e4m3fn, float8_e5m2,
+  int8, int4 or float4_e2m1fn: for "ring" and "torus" every partial sum is
+  rounded to the format before it is sent (as hardware adding in the format
+  would), for "psum" the payload is cast, summed by `lax.psum` on the format
+  and cast back. With `aps` (Auto-Precision Scaling, Han, Demmel and You
+  2020; on by default for formats of 8 bits or fewer) each layer is first
+  multiplied by a power of two chosen from its max-abs over the replicas so
+  the sum fills the format's range without overflowing, and divided by it
+  after the reduction; the max-abs values travel in one extra small `pmax`
+  before the payload. A layer that is NaN/Inf on any replica arrives as NaN,
+  so the non-finite skip still sees it. With `shard_update=True` the
+  reduce-scatter carries the format and the all-gather of the new
+  parameters stays float32. Rules and error bounds: `docs/algorithms.md`.
 
   *Weight-update sharding.* With `shard_update=True` the gradients are
   reduce-scattered over the data axes instead: the optimizer state lives
@@ -438,6 +457,13 @@ def make_train_step(
       `PartitionSpec` shaped like the parameters, or a list of
       `(regex, PartitionSpec)` rules. Specs may name only non-data axes; a
       rule that matches no parameter warns at `init`.
+    comm_dtype: the gradient payload format: None or "float32" (exact,
+      float32 accumulation), "bfloat16", "float8_e4m3fn", "float8_e5m2",
+      "int8", "int4" or "float4_e2m1fn" (names or dtypes). Not with
+      `param_sharding` (the compiler places those reductions).
+    aps: Auto-Precision Scaling of each layer before the cast; None means
+      True for formats of at most 8 bits and False for bfloat16. Needs a
+      low-precision `comm_dtype`.
 
   Returns:
     A `TrainStep`: `state, metrics = step(state, batch)`, with
@@ -482,8 +508,11 @@ def make_train_step(
     Classification at Supercomputer Scale", 2018; Xu et al., "Automatic
     Cross-Replica Sharding of Weight Update in Data-Parallel Training", 2020;
     Xu et al., "GSPMD: General and Scalable Parallelization for ML Computation
-    Graphs", 2021; Ioffe and Szegedy, "Batch Normalization", 2015.
+    Graphs", 2021; Ioffe and Szegedy, "Batch Normalization", 2015; Han,
+    Demmel and You, "Auto-Precision Scaling for Distributed Deep Learning",
+    2020, https://arxiv.org/abs/2003.00119.
   """
+  comm = lg.check_comm(comm_dtype, aps)
   microbatches = lg.check_common(
       loss_fn, optimizer, grad_reduce, compute_dtype, max_consecutive_skips,
       microbatches, collectives.ALGORITHMS,
@@ -523,6 +552,12 @@ def make_train_step(
           f'param_sharding needs grad_reduce="psum" (the compiler places the '
           f"reductions of a sharded step), got {grad_reduce!r}."
       )
+    if comm[0] is not None:
+      raise ValueError(
+          f"comm_dtype={comm_dtype!r} needs replicated parameters: with "
+          "param_sharding the compiler places the gradient reductions; pass "
+          "comm_dtype=None."
+      )
   return TrainStep(
       loss_fn,
       optimizer,
@@ -536,5 +571,6 @@ def make_train_step(
       max_consecutive_skips=max_consecutive_skips,
       microbatches=microbatches,
       param_layout=layout,
+      comm=comm,
   )
 

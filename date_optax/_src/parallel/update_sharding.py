@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from date_optax._src.parallel import collectives
+from date_optax._src.parallel import collectives, compat
+from date_optax._src.parallel import low_precision as lp
 from date_optax._src.parallel.local_grads import acc_dtype
 
 
@@ -105,9 +106,16 @@ def mean_over_replicas(
     algorithm: str,
     n: int,
     grid: tuple[int, int] | None = None,
+    comm: tuple[Any, bool] = (None, False),
 ) -> Any:
-  """Mean of a gradient pytree over the replicas (inside shard_map/pmap)."""
-  total = collectives.all_reduce(scaled(grads, n), axes, algorithm=algorithm, grid=grid)
+  """Mean of a gradient pytree over the replicas (inside shard_map/pmap).
+
+  `comm` is `(comm_dtype, aps)` for a low-precision payload.
+  """
+  total = collectives.all_reduce(
+      scaled(grads, n), axes, algorithm=algorithm, grid=grid,
+      comm_dtype=comm[0], aps=comm[1] if comm[0] is not None else None,
+  )
   return jax.tree.map(lambda t, g: t.astype(g.dtype), total, grads)
 
 
@@ -123,17 +131,37 @@ def _shard_from_chunk(
 
 
 def reduce_scatter_mean(
-    grads: Any, shape_list: list[tuple[int, ...]], axes: Any, algorithm: str, n: int
+    grads: Any,
+    shape_list: list[tuple[int, ...]],
+    axes: Any,
+    algorithm: str,
+    n: int,
+    comm: tuple[Any, bool] = (None, False),
 ) -> Any:
-  """Mean over replicas; split leaves come back as this replica's shard only."""
+  """Mean over replicas; split leaves come back as this replica's shard only.
+
+  With `comm = (comm_dtype, aps)` the float payload travels in the format
+  (APS shifts from one `pmax` over all leaves, whole and split).
+  """
   leaves, treedef = jax.tree.flatten(scaled(grads, n))
   orig = jax.tree.leaves(grads)
+  fmt = lp.comm_format(comm[0])
+  scaling = None
+  if fmt is not None:
+    if any(not jnp.issubdtype(x.dtype, jnp.inexact) for x in leaves):
+      raise TypeError("a low-precision comm_dtype needs float gradients.")
+    leaves, scaling = lp.prepare(
+        [x.astype(jnp.float32) for x in leaves], compat.as_tuple(axes), n, fmt,
+        comm[1],
+    )
   dims = [shard_axis(s, n) for s in shape_list]
   out: list[Any] = [None] * len(leaves)
   whole = [i for i, d in enumerate(dims) if d is None]
   if whole:
     reduced = collectives.all_reduce(
         [leaves[i] for i in whole], axes, algorithm=algorithm
+    ) if fmt is None else collectives.low_precision_sum(
+        [leaves[i] for i in whole], axes, algorithm, None, fmt
     )
     for i, r in zip(whole, reduced, strict=True):
       out[i] = r
@@ -144,13 +172,17 @@ def reduce_scatter_mean(
   for idxs in groups.values():
     blocks = [_to_blocks(leaves[i], dims[i], n) for i in idxs]
     chunk = collectives.reduce_scatter_blocks(
-        jnp.concatenate(blocks, axis=1), axes, algorithm
+        jnp.concatenate(blocks, axis=1), axes, algorithm, fmt=fmt
     )
+    if fmt is not None:  # the shard is the final sum: rounded as it would travel
+      chunk = fmt.round(chunk)
     offset = 0
     for i, b in zip(idxs, blocks, strict=True):
       c = b.shape[1]
       out[i] = _shard_from_chunk(chunk[offset : offset + c], shape_list[i], dims[i], n)
       offset += c
+  if scaling is not None:
+    out = [scaling.undo(i, o) for i, o in enumerate(out)]
   out = [o.astype(g.dtype) for o, g in zip(out, orig, strict=True)]
   return jax.tree.unflatten(treedef, out)
 
