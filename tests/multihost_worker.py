@@ -52,6 +52,25 @@ def train_and_evaluate(mesh):
   return fetch_replicated(state.params), np.array(losses), evals
 
 
+#: The low-precision payloads the two processes run (APS on, the default).
+LOW_PRECISION = (("torus", "int8"), ("ring", "float8_e4m3fn"))
+
+
+def train_low_precision(mesh, grad_reduce, comm_dtype):
+  """3 steps of LAMB with the gradient payload in `comm_dtype` (APS on)."""
+  step = dp.make_train_step(
+      pm.loss_fn, date_optax.lamb(1e-2, weight_decay=1e-2), mesh,
+      grad_reduce=grad_reduce, comm_dtype=comm_dtype,
+  )
+  state = step.init(pm.init_params())
+  losses = []
+  data = pm.make_data(GLOBAL_BATCH * STEPS)
+  for batch in dp.epoch_batches(data, GLOBAL_BATCH, seed=0, epoch=0):
+    state, metrics = step(state, step.shard_batch(batch))
+    losses.append(float(fetch_replicated(metrics["loss"])))
+  return fetch_replicated(state.params), np.array(losses)
+
+
 # Megatron-style tensor parallelism over the "model" axis: hidden columns,
 # then output rows.
 TENSOR_PARALLEL = [
@@ -117,7 +136,12 @@ def main():
   params, losses, evals = train_and_evaluate(dp.torus_mesh(2, 4))
   sharded, sharded_losses, layout = train_sharded(cross_process_mesh())
   assert layout["spec"] == P(None, "model"), layout["spec"]
-  np.savez(args.out, losses=losses, eval_loss=evals["loss"], eval_agree=evals["agree"],
+  low = {}
+  for alg, fmt in LOW_PRECISION:
+    lp_params, lp_losses = train_low_precision(dp.torus_mesh(2, 4), alg, fmt)
+    low[f"{alg}_{fmt}_losses"] = lp_losses
+    low.update(_flat(lp_params, f"{alg}_{fmt}/"))
+  np.savez(args.out, **low, losses=losses, eval_loss=evals["loss"], eval_agree=evals["agree"],
            sharded_losses=sharded_losses, sharded_local_cols=layout["local_cols"],
            **_flat(params), **_flat(sharded, "sharded/"))
   jax.distributed.shutdown()

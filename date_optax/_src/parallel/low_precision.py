@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 from jax import lax
 
@@ -43,9 +44,11 @@ class CommFormat(NamedTuple):
     wire_dtype: the dtype that travels (native JAX/ml_dtypes type).
     bits: bits per value on the wire (cost model).
     max: the largest finite magnitude (for integers the symmetric `qmax`).
-    eps: the largest rounding error of one operation relative to `max`
-      (unit roundoff `2^-(m+1)` for a float with m mantissa bits,
-      `1 / (2 qmax)` for an integer grid).
+    eps: the error of one rounding relative to the range APS fills (the
+      sum's bound `N · M · 2^k`, which exceeds `max / 2`): for a float
+      format with m mantissa bits `2^-(m+1) + smallest_subnormal / max`
+      (relative rounding plus underflow), for an integer grid `1 / qmax`
+      (half a unit against `qmax / 2`).
     integer: True for integer grids (round to nearest, saturate at ±max).
   """
 
@@ -67,17 +70,26 @@ class CommFormat(NamedTuple):
     return w.astype(jnp.float32)
 
   def round(self, x: jax.Array) -> jax.Array:
-    """float32 -> the nearest value of the format, as float32."""
-    return self.decode(self.encode(x))
+    """float32 -> the nearest value of the format, as float32.
+
+    The optimization barrier keeps XLA from folding the two converts away
+    (it may, by default, keep excess precision across a convert pair).
+    """
+    return self.decode(lax.optimization_barrier(self.encode(x)))
+
+def _float_format(name: str, dtype: Any, unit_roundoff: float) -> CommFormat:
+  info = ml_dtypes.finfo(dtype)
+  fmax, tiny = float(info.max), float(info.smallest_subnormal)
+  return CommFormat(name, dtype, info.bits, fmax, unit_roundoff + tiny / fmax, False)
+
 
 _FORMATS: dict[str, CommFormat] = {
-    "bfloat16": CommFormat("bfloat16", jnp.bfloat16, 16, float(jnp.finfo(jnp.bfloat16).max),
-                           2.0**-8, False),
-    "float8_e4m3fn": CommFormat("float8_e4m3fn", jnp.float8_e4m3fn, 8, 448.0, 2.0**-4, False),
-    "float8_e5m2": CommFormat("float8_e5m2", jnp.float8_e5m2, 8, 57344.0, 2.0**-3, False),
-    "int8": CommFormat("int8", jnp.int8, 8, 127.0, 1.0 / 254.0, True),
-    "int4": CommFormat("int4", jnp.int4, 4, 7.0, 1.0 / 14.0, True),
-    "float4_e2m1fn": CommFormat("float4_e2m1fn", jnp.float4_e2m1fn, 4, 6.0, 2.0**-2, False),
+    "bfloat16": _float_format("bfloat16", jnp.bfloat16, 2.0**-8),
+    "float8_e4m3fn": _float_format("float8_e4m3fn", jnp.float8_e4m3fn, 2.0**-4),
+    "float8_e5m2": _float_format("float8_e5m2", jnp.float8_e5m2, 2.0**-3),
+    "int8": CommFormat("int8", jnp.int8, 8, 127.0, 1.0 / 127.0, True),
+    "int4": CommFormat("int4", jnp.int4, 4, 7.0, 1.0 / 7.0, True),
+    "float4_e2m1fn": _float_format("float4_e2m1fn", jnp.float4_e2m1fn, 2.0**-2),
 }
 
 #: The accepted `comm_dtype` values (names; the dtypes themselves work too).
@@ -129,8 +141,8 @@ def aps_exponents(maxabs: jax.Array, n: int, fmt_max: float) -> jax.Array:
   safe = jnp.where(ok, maxabs, 1.0)
   k = jnp.floor(jnp.log2(jnp.float32(fmt_max)) - jnp.log2(safe * n))
   k = jnp.clip(k, -_MAX_SHIFT, _MAX_SHIFT)
-  k = jnp.where(n * safe * jnp.exp2(k) > fmt_max, k - 1, k)
-  return jnp.where(ok, k, 0.0)
+  k = jnp.where(jnp.ldexp(n * safe, k.astype(jnp.int32)) > fmt_max, k - 1, k)
+  return jnp.where(ok, k, 0.0).astype(jnp.int32)
 
 def layer_stats(leaves: Sequence[jax.Array], axes: Any) -> tuple[jax.Array, jax.Array]:
   """(max-abs of the finite values, any non-finite) per leaf, over replicas.
@@ -145,12 +157,12 @@ def layer_stats(leaves: Sequence[jax.Array], axes: Any) -> tuple[jax.Array, jax.
 class Scaling(NamedTuple):
   """What the payload needs after the reduction: per-leaf shifts and flags."""
 
-  exponents: jax.Array  # k per leaf (0 without APS)
+  exponents: jax.Array  # int32 k per leaf (0 without APS)
   nonfinite: jax.Array  # bool per leaf: some replica had NaN/Inf there
 
   def undo(self, i: int, reduced: jax.Array) -> jax.Array:
     """Inverse shift of leaf i; NaN where any replica's leaf was non-finite."""
-    out = reduced * jnp.exp2(-self.exponents[i])
+    out = jnp.ldexp(reduced, -self.exponents[i])
     return jnp.where(self.nonfinite[i], jnp.nan, out)
 
 def prepare(
@@ -165,9 +177,9 @@ def prepare(
   maxabs, nonfinite = layer_stats(leaves, axes)
   if aps:
     k = aps_exponents(maxabs, n, fmt.max)
-    leaves = [x * jnp.exp2(k[i]) for i, x in enumerate(leaves)]
+    leaves = [jnp.ldexp(x, k[i]) for i, x in enumerate(leaves)]
   else:
-    k = jnp.zeros(len(leaves), jnp.float32)
+    k = jnp.zeros(len(leaves), jnp.int32)
   return list(leaves), Scaling(k, nonfinite)
 
 def split_floats(leaves: Sequence[Any]) -> tuple[list[int], list[int]]:
