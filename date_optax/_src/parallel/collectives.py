@@ -627,7 +627,7 @@ def all_reduce(
     ...                             comm_dtype="int8"),
     ...     mesh=mesh, in_specs=P("data"), out_specs=P("data"), check_vma=False)
     >>> out = g(jnp.full(mesh.size, 1e-6))  # plain int8 rounding would give 0
-    >>> bool(jnp.allclose(out, mesh.size * 1e-6))
+    >>> bool(jnp.allclose(out, mesh.size * 1e-6, rtol=0.1))
     True
 
   References:

@@ -1,0 +1,316 @@
+"""Accuracy of low-precision gradient all-reduces, with and without APS.
+
+Every run trains through `date_optax.parallel.make_train_step` over 8
+emulated CPU devices with an explicit all-reduce whose gradient payload is
+rounded to `comm_dtype` at every hop (`docs/algorithms.md`, "Low-precision
+all-reduce and APS"), at 64·B0 = 1024 with no retuning:
+
+  lstm_date   MNIST-1D LSTM (examples/mnist1d_lstm), `date_optax.date` of the
+              momentum baseline (B0 = 16, lr 0.05), ring all-reduce
+  lstm_lamb   the same LSTM with `date_optax.lamb`, peak lr 0.03 (the best
+              LAMB learning rate at batch 1024 in docs/solver_ladder.md), 10%
+              linear warmup then linear decay, ring all-reduce
+  cnn_gbn     the 1-D CNN with ghost batch norm of benchmarks/oracle.py
+              (ghost 16) under `date_optax.date` of its momentum baseline
+              (lr 0.05), 2x4 torus all-reduce
+
+For each: float32 (exact), bfloat16, float8_e4m3fn, int8 and the 4-bit
+float4_e2m1fn (`--formats` adds int4, float8_e5m2), each with APS (Han, Demmel and You 2020,
+https://arxiv.org/abs/2003.00119) and without, over 2 seeds. Reported: final
+test accuracy, the gap to float32, the number of skipped (non-finite) steps.
+Finished runs go to a JSON-lines log and are reused when the script is run
+again with the same log.
+
+Usage:
+  python benchmarks/low_precision.py                   # full study (~30 min)
+  python benchmarks/low_precision.py --quick --out /tmp/lp   # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+FORMATS = ("float32", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8", "int4",
+           "float4_e2m1fn")
+SHORT = {"float32": "fp32", "bfloat16": "bf16", "float8_e4m3fn": "fp8 e4m3",
+         "float8_e5m2": "fp8 e5m2",
+         "int8": "int8", "int4": "int4", "float4_e2m1fn": "fp4 e2m1"}
+TASKS = ("lstm_date", "lstm_lamb", "cnn_gbn")
+TASK_LABELS = {
+    "lstm_date": "MNIST-1D LSTM, date() of momentum B0=16 lr 0.05, ring",
+    "lstm_lamb": "MNIST-1D LSTM, LAMB peak 0.03, ring",
+    "cnn_gbn": "MNIST-1D CNN + GhostBatchNorm (ghost 16), date() of momentum, 2x4 torus",
+}
+B0, SCALE = 16, 64
+FULL = dict(num_train=8192, num_test=4096, epochs=16, seeds=(0, 1),
+            formats=("float32", "bfloat16", "float8_e4m3fn", "int8", "float4_e2m1fn"))
+QUICK = dict(num_train=1024, num_test=512, epochs=8, seeds=(0,),
+             formats=("float32", "int8"))
+
+
+def _setup_devices() -> None:
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  flag = "--xla_force_host_platform_device_count=8"
+  if flag not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
+
+
+def _variants(formats) -> list[tuple[str, bool]]:
+  out = []
+  for f in formats:
+    out += [(f, False)] if f == "float32" else [(f, True), (f, False)]
+  return out
+
+
+def _ident(task, fmt, aps, seed, cfg) -> str:
+  return (f"{task}|{fmt}|aps={int(aps)}|seed={seed}|n={cfg['num_train']}"
+          f"|E={cfg['epochs']}")
+
+
+def _optimizer(task: str, cfg: dict, batch: int):
+  import optax
+
+  import date_optax
+
+  if task == "lstm_lamb":
+    steps = cfg["epochs"] * (cfg["num_train"] // batch)
+    warm = max(1, round(0.1 * steps))
+    sched = optax.join_schedules(
+        [optax.linear_schedule(0.03 / warm, 0.03, warm - 1),
+         optax.linear_schedule(0.03, 0.0, steps - warm)], [warm - 1])
+    return date_optax.lamb(sched, weight_decay=0.0)
+  base = date_optax.Baseline(
+      batch_size=B0, learning_rate=0.05, warmup_epochs=0.1, epochs=cfg["epochs"],
+      num_examples=cfg["num_train"], optimizer="momentum",
+      optimizer_options={"momentum": 0.9})
+  return date_optax.date(base, batch)
+
+
+def _model(task: str):
+  if task == "cnn_gbn":
+    sys.path.insert(0, HERE)
+    from oracle import GhostBNCNN
+
+    return GhostBNCNN(B0)
+  from examples.mnist1d_lstm import models
+
+  return models.LSTMClassifier()
+
+
+def train_one(task: str, fmt: str, aps: bool, seed: int, data, cfg: dict) -> dict:
+  """One training run through make_train_step; final test accuracy etc."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  import optax
+
+  import date_optax.parallel as dp
+
+  batch = B0 * SCALE
+  model = _model(task)
+  cnn = task == "cnn_gbn"
+  x0 = jnp.asarray(data["x_train"][:2])
+  variables = model.init(jax.random.key(seed), x0, train=True) if cnn else model.init(
+      jax.random.key(seed), x0)
+  params = variables["params"]
+  stats = variables.get("batch_stats")
+
+  def loss_fn(p, b, model_state=None):
+    if cnn:
+      logits, upd = model.apply({"params": p, "batch_stats": model_state}, b["x"],
+                                train=True, mutable=["batch_stats"])
+    else:
+      logits, upd = model.apply({"params": p}, b["x"]), None
+    loss = optax.softmax_cross_entropy_with_integer_labels(
+        logits.astype(jnp.float32), b["y"]).mean()
+    return (loss, upd["batch_stats"]) if cnn else loss
+
+  mesh = dp.torus_mesh(2, 4) if cnn else dp.data_mesh()
+  step = dp.make_train_step(
+      loss_fn, _optimizer(task, cfg, batch), mesh,
+      grad_reduce="torus" if cnn else "ring",
+      comm_dtype=None if fmt == "float32" else fmt,
+      aps=None if fmt == "float32" else aps)
+  state = step.init(params, model_state=stats)
+
+  @jax.jit
+  def predict(p, st, x):
+    v = {"params": p} if st is None else {"params": p, "batch_stats": st}
+    out = model.apply(v, x, train=False) if cnn else model.apply(v, x)
+    return jnp.argmax(out, -1)
+
+  start = time.perf_counter()
+  n = data["x_train"].shape[0]
+  spe = n // batch
+  rng = np.random.default_rng(seed)
+  losses = []
+  metrics = None
+  for _ in range(cfg["epochs"]):
+    order = rng.permutation(n)[: spe * batch]
+    epoch_losses = []
+    for j in range(spe):
+      rows = order[j * batch : (j + 1) * batch]
+      state, metrics = step(state, {"x": data["x_train"][rows], "y": data["y_train"][rows]})
+      epoch_losses.append(metrics["loss"])
+    losses.append(float(np.mean(jax.device_get(epoch_losses))))
+  p, st = jax.device_get((state.params, state.model_state))
+  correct = sum(
+      int(np.sum(np.asarray(predict(p, st, data["x_test"][i : i + 2048]))
+                 == data["y_test"][i : i + 2048]))
+      for i in range(0, len(data["x_test"]), 2048))
+  return dict(accuracy=100.0 * correct / len(data["x_test"]), final_loss=losses[-1],
+              skipped=int(metrics["total_skips"]), steps=spe * cfg["epochs"],
+              wall=time.perf_counter() - start,
+              finite=all(math.isfinite(v) for v in losses))
+
+
+def run(cfg: dict, out: str, tasks) -> dict[str, dict]:
+  sys.path.insert(0, ROOT)
+  sys.path.insert(0, HERE)
+  import _runlog
+
+  from examples.mnist1d_lstm import input_pipeline
+
+  os.makedirs(out, exist_ok=True)
+  log = os.path.join(out, "low_precision.jsonl")
+  done = _runlog.load_runs(log)
+  data = input_pipeline.get_datasets(cfg["num_train"], cfg["num_test"], seed=0)
+  todo = [(t, f, a, s) for s in cfg["seeds"] for t in tasks
+          for f, a in _variants(cfg["formats"])]
+  from tqdm import tqdm
+
+  for task, fmt, aps, seed in tqdm(todo, desc="runs"):
+    ident = _ident(task, fmt, aps, seed, cfg)
+    if ident in done:
+      continue
+    rec = dict(task=task, fmt=fmt, aps=aps, seed=seed,
+               **train_one(task, fmt, aps, seed, data, cfg))
+    done[ident] = rec
+    with open(log, "a") as f:
+      f.write(json.dumps(dict(ident=ident, **rec)) + "\n")
+    tqdm.write(f"{task:10s} {fmt:14s} aps={int(aps)} seed={seed}: "
+               f"{rec['accuracy']:.2f}% skipped {rec['skipped']} ({rec['wall']:.0f} s)")
+  return {k: v for k, v in done.items()
+          if k in {_ident(*c, cfg) for c in todo}}
+
+
+def _cell(recs) -> tuple[float, list[float]]:
+  accs = [r["accuracy"] for r in recs]
+  return sum(accs) / len(accs), accs
+
+
+def markdown(done: dict, cfg: dict, tasks, elapsed: float, argv) -> str:
+  import jax
+
+  recs = list(done.values())
+  seeds = cfg["seeds"]
+  lines = [
+      "`python benchmarks/low_precision.py " + " ".join(argv) + "` on "
+      f"{platform.machine()} ({os.cpu_count()} CPU cores, shared, no GPU), "
+      f"jax {jax.__version__}, 8 emulated CPU devices; {len(recs)} runs, "
+      f"{elapsed / 60:.1f} min of training (compilation included).",
+      "",
+      f"MNIST-1D, {cfg['num_train']} train / {cfg['num_test']} test, batch "
+      f"{B0 * SCALE} = 64·B0, {cfg['epochs']} epochs "
+      f"({cfg['epochs'] * (cfg['num_train'] // (B0 * SCALE))} steps), seeds "
+      f"{', '.join(map(str, seeds))}. Final test accuracy (%), mean over seeds "
+      "(per seed in brackets); Δ = mean − float32 mean; `skip` = steps skipped "
+      "for non-finite gradients, summed over seeds.",
+      "",
+  ]
+  for task in tasks:
+    lines += [f"**{TASK_LABELS[task]}**", "",
+              "| payload | APS | accuracy | Δ vs fp32 | skip |",
+              "|---|---|---:|---:|---:|"]
+    base = [r for r in recs if r["task"] == task and r["fmt"] == "float32"]
+    ref = _cell(base)[0] if base else float("nan")
+    for fmt, aps in _variants(cfg["formats"]):
+      sel = [r for r in recs if r["task"] == task and r["fmt"] == fmt and r["aps"] == aps]
+      if not sel:
+        continue
+      mean, accs = _cell(sel)
+      label = "—" if fmt == "float32" else ("on" if aps else "off")
+      lines.append(
+          f"| {SHORT[fmt]} | {label} | {mean:.2f} ({', '.join(f'{a:.2f}' for a in accs)})"
+          f" | {mean - ref:+.2f} | {sum(r['skipped'] for r in sel)} |")
+    lines.append("")
+  return "\n".join(lines)
+
+
+def plot(done: dict, cfg: dict, tasks, path: str) -> None:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  recs = list(done.values())
+  fmts = [f for f in cfg["formats"]]
+  fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.6), squeeze=False)
+  for ax, task in zip(axes[0], tasks, strict=True):
+    for off, aps, color in ((-0.18, True, "tab:blue"), (0.18, False, "tab:red")):
+      xs, ys = [], []
+      for i, fmt in enumerate(fmts):
+        sel = [r for r in recs if r["task"] == task and r["fmt"] == fmt
+               and (r["aps"] == aps or fmt == "float32")]
+        for r in sel:
+          xs.append(i + (0 if fmt == "float32" else off))
+          ys.append(r["accuracy"])
+      ax.scatter(xs, ys, color=color, s=18, label="APS on" if aps else "APS off")
+    base = [r["accuracy"] for r in recs if r["task"] == task and r["fmt"] == "float32"]
+    if base:
+      ax.axhline(sum(base) / len(base), color="gray", lw=0.8, ls="--")
+    ax.set_xticks(range(len(fmts)), [SHORT[f] for f in fmts], rotation=30, fontsize=8)
+    ax.set_title(task, fontsize=9)
+    ax.set_ylabel("final test accuracy (%)")
+    ax.set_ylim(0, 100)
+  axes[0][0].legend(fontsize=7, loc="lower left")
+  fig.suptitle("Gradient all-reduce payload at 64·B0 (8 devices, rounded per hop)",
+               fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--quick", action="store_true", help="a smoke run of seconds")
+  parser.add_argument("--out", default=os.path.join(ROOT, "docs"),
+                      help="directory for the .jsonl log, .md table and .png plot")
+  parser.add_argument("--tasks", default=",".join(TASKS))
+  parser.add_argument("--epochs", type=int, default=None)
+  parser.add_argument("--formats", default=None,
+                      help=f"comma-separated, from {FORMATS} (float32 first)")
+  args = parser.parse_args(argv)
+  _setup_devices()
+  cfg = dict(QUICK if args.quick else FULL)
+  if args.epochs is not None:
+    cfg["epochs"] = args.epochs
+  if args.formats is not None:
+    cfg["formats"] = tuple(args.formats.split(","))
+    if any(f not in FORMATS for f in cfg["formats"]):
+      parser.error(f"--formats must name some of {FORMATS}, got {args.formats}")
+  tasks = tuple(args.tasks.split(","))
+  unknown = [t for t in tasks if t not in TASKS]
+  if unknown:
+    parser.error(f"--tasks must name some of {TASKS}, got {unknown}")
+  done = run(cfg, args.out, tasks)
+  name = "low_precision_quick" if args.quick else "low_precision"
+  md = markdown(done, cfg, tasks, sum(r["wall"] for r in done.values()), argv)
+  with open(os.path.join(args.out, name + ".md"), "w") as f:
+    f.write(md + "\n")
+  plot(done, cfg, tasks, os.path.join(args.out, name + ".png"))
+  print(md)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
