@@ -8,6 +8,11 @@ link, and time. Alpha and beta are inputs, not measurements: the defaults
 (5 us per neighbour exchange, 100 GB/s per link and direction) only set the
 scale; the step counts and byte counts do not depend on them.
 
+The second table adds the payload dtype (`comm_dtype` of
+`allreduce_cost`): the same all-reduces with the gradients sent as float32,
+bfloat16, 8-bit (float8 or int8) and 4-bit (int4 or float4_e2m1fn) values;
+the bandwidth term shrinks with the bits, the latency term does not.
+
 Part 2 (--measure, 8 emulated CPU devices): psum, the ppermute ring and the
 ppermute torus summing the same buffer on a 2x4 mesh, as ratios to psum
 measured in the same run, with the rounds of neighbour exchanges on the
@@ -37,6 +42,8 @@ GRADIENTS = {
     "BERT-large": 335_141_888,
 }
 PODS = [(4, 4), (8, 8), (16, 16), (32, 32)]
+PAYLOADS = (("fp32", None), ("bf16", "bfloat16"), ("8-bit", "float8_e4m3fn"),
+            ("4-bit", "float4_e2m1fn"))
 
 
 def model_table(alpha: float, beta: float) -> list[dict]:
@@ -66,6 +73,34 @@ def print_table(rows: list[dict], alpha: float, beta: float) -> None:
           f"| {ring.bytes_per_link / 1e6:.1f} | {torus.bytes_per_link / 1e6:.1f} "
           f"| {ring.seconds * 1e3:.2f} | {torus.seconds * 1e3:.2f} "
           f"| {torus.seconds / ring.seconds:.2f} |")
+
+
+def payload_rows(alpha: float, beta: float) -> list[dict]:
+  from date_optax.parallel import allreduce_cost
+
+  rows = []
+  for name, params in GRADIENTS.items():
+    for x, y in PODS:
+      for alg in ("ring", "torus"):
+        cost = {label: allreduce_cost(alg, (x, y), 4 * params, alpha=alpha, beta=beta,
+                                      comm_dtype=dt)
+                for label, dt in PAYLOADS}
+        rows.append(dict(model=name, pod=f"{x}x{y}", alg=alg, cost=cost))
+  return rows
+
+
+def print_payload_table(rows: list[dict]) -> None:
+  labels = [label for label, _ in PAYLOADS]
+  print("\nPayload dtype (time in ms; MB/link for the busiest link of float32):\n")
+  print("| gradients | pod | algorithm | steps | fp32 MB/link | "
+        + " | ".join(f"{lb} ms" for lb in labels) + " | fp32 / 4-bit |")
+  print("|---|---|---|---:|---:|" + "---:|" * len(labels) + "---:|")
+  for r in rows:
+    c = r["cost"]
+    print(f"| {r['model']} | {r['pod']} | {r['alg']} | {c['fp32'].latency_steps} "
+          f"| {c['fp32'].bytes_per_link / 1e6:.1f} | "
+          + " | ".join(f"{c[lb].seconds * 1e3:.2f}" for lb in labels)
+          + f" | {c['fp32'].seconds / c['4-bit'].seconds:.2f} |")
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -147,6 +182,7 @@ def main(argv=None) -> None:
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   rows = model_table(args.alpha, args.beta)
   print_table(rows, args.alpha, args.beta)
+  print_payload_table(payload_rows(args.alpha, args.beta))
   if args.plot:
     plot(rows, args.plot)
   if args.measure:

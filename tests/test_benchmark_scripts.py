@@ -93,3 +93,24 @@ def test_solver_ladder_quick(tmp_path):
   for name in ladder.SOLVER_LABELS.values():
     assert f"| {name} |" in md
   assert len(open(out + ".jsonl").read().splitlines()) == 12
+
+
+@pytest.mark.slow
+def test_low_precision_quick_and_resume(tmp_path):
+  """The study trains through make_train_step with int8 payloads, then resumes."""
+  study = _load("low_precision")
+  out = str(tmp_path / "lp")
+  assert study.main(["--quick", "--out", out, "--tasks", "lstm_date,cnn_gbn"]) == 0
+  log = os.path.join(out, "low_precision.jsonl")
+  recs = [json.loads(line) for line in open(log)]
+  assert len(recs) == 6  # 2 tasks x (fp32, int8 with APS, int8 without)
+  assert {(r["fmt"], r["aps"]) for r in recs} == {
+      ("float32", False), ("int8", True), ("int8", False)}
+  for r in recs:
+    assert 0.0 <= r["accuracy"] <= 100.0 and r["steps"] == 8
+  md = open(os.path.join(out, "low_precision_quick.md")).read()
+  assert "| int8 | on |" in md and "| int8 | off |" in md
+  assert os.path.exists(os.path.join(out, "low_precision_quick.png"))
+  # A second call finds every run in the log and trains nothing.
+  assert study.main(["--quick", "--out", out, "--tasks", "lstm_date,cnn_gbn"]) == 0
+  assert len(open(log).read().splitlines()) == 6
