@@ -253,23 +253,27 @@ def plot(done: dict, cfg: dict, tasks, path: str) -> None:
   import matplotlib.pyplot as plt
 
   recs = list(done.values())
-  fmts = [f for f in cfg["formats"]]
+  fmts = list(cfg["formats"])
   fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.6), squeeze=False)
   for ax, task in zip(axes[0], tasks, strict=True):
     for off, aps, color in ((-0.18, True, "tab:blue"), (0.18, False, "tab:red")):
       xs, ys = [], []
       for i, fmt in enumerate(fmts):
-        sel = [r for r in recs if r["task"] == task and r["fmt"] == fmt
-               and (r["aps"] == aps or fmt == "float32")]
-        for r in sel:
-          xs.append(i + (0 if fmt == "float32" else off))
-          ys.append(r["accuracy"])
+        if fmt == "float32":
+          continue
+        for r in recs:
+          if r["task"] == task and r["fmt"] == fmt and r["aps"] == aps:
+            xs.append(i + off)
+            ys.append(r["accuracy"])
       ax.scatter(xs, ys, color=color, s=18, label="APS on" if aps else "APS off")
+    fp32 = [r["accuracy"] for r in recs if r["task"] == task and r["fmt"] == "float32"]
+    ax.scatter([fmts.index("float32")] * len(fp32), fp32, color="black", s=18,
+               label="float32 (exact)")
     base = [r["accuracy"] for r in recs if r["task"] == task and r["fmt"] == "float32"]
     if base:
       ax.axhline(sum(base) / len(base), color="gray", lw=0.8, ls="--")
     ax.set_xticks(range(len(fmts)), [SHORT[f] for f in fmts], rotation=30, fontsize=8)
-    ax.set_title(task, fontsize=9)
+    ax.set_title(TASK_LABELS[task].replace(", ", "\n", 1), fontsize=8)
     ax.set_ylabel("final test accuracy (%)")
     ax.set_ylim(0, 100)
   axes[0][0].legend(fontsize=7, loc="lower left")
