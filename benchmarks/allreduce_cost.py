@@ -140,7 +140,6 @@ def measure(mparams: float, reps: int) -> None:
   from tqdm import tqdm
 
   import date_optax.parallel as dp
-  from date_optax._src.parallel import compat, hlo
 
   mesh = dp.torus_mesh(2, 4)
   n = int(mparams * 1e6)
@@ -150,10 +149,10 @@ def measure(mparams: float, reps: int) -> None:
         f"{os.cpu_count()} cores\n")
   times, rounds = {}, {}
   for alg in tqdm(("psum", "ring", "torus"), desc="algorithms"):
-    fn = jax.jit(compat.shard_map(
+    fn = jax.jit(jax.shard_map(
         lambda t, alg=alg: dp.all_reduce(t[0], ("x", "y"), algorithm=alg)[None],
-        mesh=mesh, in_specs=P(("x", "y")), out_specs=P(("x", "y"))))
-    permutes = hlo.collective_permute_rounds(fn.lower(x).compile().as_text())
+        mesh=mesh, in_specs=P(("x", "y")), out_specs=P(("x", "y")), check_vma=False))
+    permutes = dp.collective_permute_rounds(fn.lower(x).compile().as_text())
     rounds[alg] = (max((r for r, _ in permutes), default=0), len(permutes))
     fn(x).block_until_ready()
     samples = []

@@ -15,9 +15,10 @@ iterations):
 and, for seed 0, DATE at 64·B0 from every momentum learning rate of the B0
 grid: how much the choice among near-equal baselines matters at 64x.
 
-The model, data and training loop are date_optax's demo
-(`date_optax/_src/lstm_demo.py`): one 64-unit LSTM layer reading the
-40-sample signal in 10 steps of 4, MNIST-1D generated locally.
+The model, data, scaling methods and training loop are the MNIST-1D
+example's (`examples/mnist1d_lstm`, shared with `make demo`): one 64-unit
+LSTM layer reading the 40-sample signal in 10 steps of 4, MNIST-1D generated
+locally.
 
 Usage:
   python benchmarks/batch_scaling.py --quick          # < 3 min, 1 seed, small data
@@ -52,11 +53,16 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from date_optax._src import lstm_demo  # noqa: E402
+import date_optax  # noqa: E402
 
-# The sibling module shared by the studies (this folder is not a package).
+# The sibling module shared by the studies (this folder is not a package) and
+# the MNIST-1D example's data, model, methods and in-memory training loop.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import _runlog  # noqa: E402
+
+from examples.mnist1d_lstm import input_pipeline, methods  # noqa: E402
+from examples.mnist1d_lstm import train as lstm_train  # noqa: E402
 
 METHODS = ("linear", "adam", "legw", "date", "date_adam")
 LABELS = {
@@ -112,7 +118,7 @@ def main(argv=None) -> int:
   log_path = out + ".jsonl"
   done = _runlog.load_runs(log_path)
 
-  data = lstm_demo.load_mnist1d(cfg["num_train"], cfg["num_test"], seed=0,
+  data = input_pipeline.load_mnist1d(cfg["num_train"], cfg["num_test"], seed=0,
                                 cache_dir=os.path.join(root, "tmp", "mnist1d_cache"))
   b0 = cfg["base_batch"]
   used: dict[str, dict] = {}  # runs that enter the tables, by identity
@@ -125,7 +131,7 @@ def main(argv=None) -> int:
     if ident in done:
       used[ident] = done[ident]
       return done[ident]
-    r = lstm_demo.train(data, optimizer=tx, batch_size=batch, epochs=cfg["epochs"],
+    r = lstm_train.train(data, optimizer=tx, batch_size=batch, epochs=cfg["epochs"],
                         learning_rate=schedule, seed=seed)
     rec = dict(key=key, accuracy=r.final_accuracy, curve=r.test_accuracy,
                loss=r.train_loss, steps=r.steps, wall=r.wall_time,
@@ -136,9 +142,9 @@ def main(argv=None) -> int:
       f.write(json.dumps(dict(ident=ident, **rec)) + "\n")
     return rec
 
-  def tuned(solver: str, lr: float) -> lstm_demo.TunedBaseline:
-    return lstm_demo.TunedBaseline(
-        solver=solver, batch_size=b0, learning_rate=lr, warmup_epochs=WARMUP_EPOCHS,
+  def tuned(solver: str, lr: float) -> date_optax.Baseline:
+    return methods.make_baseline(
+        solver, batch_size=b0, learning_rate=lr, warmup_epochs=WARMUP_EPOCHS,
         epochs=cfg["epochs"], num_examples=cfg["num_train"])
 
   # 1. Tune at B0 (seed 0): the momentum and Adam baselines on their
@@ -153,11 +159,11 @@ def main(argv=None) -> int:
     todo_grid += [("adam_rc", lr) for lr in ADAM_GRID]
   for solver, lr in tqdm(todo_grid, desc="grid at B0", unit="run"):
     if solver == "adam":
-      tx, sched = lstm_demo.scaled_run("adam", tuned("adam", lr), b0)
+      tx, sched = methods.scaled_run("adam", tuned("adam", lr), b0)
       key = dict(kind="grid", solver=solver, lr=lr)
     else:
       base = tuned("adam" if solver == "adam_rc" else "momentum", lr)
-      tx, sched = lstm_demo.scaled_run("baseline", base, b0)
+      tx, sched = methods.scaled_run("baseline", base, b0)
       key = dict(kind="grid", solver=solver, lr=lr)
     rec = run(key, tx, sched, b0, 0)
     grids.setdefault(solver, []).append((lr, rec["accuracy"]))
@@ -178,7 +184,7 @@ def main(argv=None) -> int:
       base = tuned("adam", cfg["adam_rc_lr"])
     else:
       base = tuned("momentum", cfg["momentum_lr"])
-    tx, sched = lstm_demo.scaled_run(
+    tx, sched = methods.scaled_run(
         "date" if method == "date_adam" else method, base, b0 * k)
     rec = run(dict(kind="cell", method=method, lr=base.learning_rate), tx, sched,
               b0 * k, seed)
@@ -188,7 +194,7 @@ def main(argv=None) -> int:
   sensitivity = []
   if "momentum" in grids:
     for lr, acc_b0 in tqdm(grids["momentum"], desc="DATE at 64x per B0 lr", unit="run"):
-      tx, sched = lstm_demo.scaled_run("date", tuned("momentum", lr), 64 * b0)
+      tx, sched = methods.scaled_run("date", tuned("momentum", lr), 64 * b0)
       rec = run(dict(kind="cell", method="date", lr=lr), tx, sched, 64 * b0, 0)
       sensitivity.append((lr, acc_b0, rec["accuracy"]))
   # Training time of every run in the tables (runs reused from the log

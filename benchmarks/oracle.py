@@ -16,7 +16,7 @@ iterations. Every scaling method is then reported as its gap to that oracle
   linear        plain solver, peak ``η0·k``, 5-epoch warmup (Goyal et al.)
   legw          plain solver, peak ``η0·sqrt(k)``, warmup epochs x k, poly-2
 
-Tasks: the MNIST-1D LSTM of ``date_optax/_src/lstm_demo.py`` with a momentum
+Tasks: the MNIST-1D LSTM of ``examples/mnist1d_lstm`` with a momentum
 and an Adam baseline, the real-digit MNIST LSTM of ``examples/mnist_lstm``,
 and a small 1-D CNN with ``date_optax.nn.GhostBatchNorm`` on MNIST-1D.
 
@@ -42,14 +42,18 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 import date_optax
 from date_optax import schedules
 
-# The sibling module shared by the studies (this folder is not a package).
+# The sibling module shared by the studies (this folder is not a package) and
+# the MNIST-1D example's data, model and in-memory training loop.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import _runlog  # noqa: E402
+
+from examples.mnist1d_lstm import input_pipeline, models  # noqa: E402
+from examples.mnist1d_lstm import train as lstm_train  # noqa: E402
 
 LR_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
 WARMUP_FRACTIONS = (0.05, 0.2)
@@ -73,19 +77,6 @@ QUICK = dict(scales=(4,), seeds=1, num_train=1024, num_test=512, epochs=2,
 
 # ---------------------------------------------------------------------------
 # Models.
-
-
-class SignalLSTM(nn.Module):
-  """One 64-unit LSTM over ``(N, steps * chunk)`` signals, then a linear head."""
-
-  chunk: int = 4
-
-  @nn.compact
-  def __call__(self, x, train: bool = False):
-    del train
-    x = x.reshape(x.shape[0], -1, self.chunk)
-    h = nn.RNN(nn.OptimizedLSTMCell(64), name="lstm")(x)
-    return nn.Dense(10, name="head")(h[:, -1])
 
 
 class GhostBNCNN(nn.Module):
@@ -129,11 +120,11 @@ class Task:
 
 TASKS = (
     Task("mnist1d_lstm_momentum", "MNIST-1D LSTM, momentum 0.9", "mnist1d",
-         lambda b0: SignalLSTM(4), "momentum", 16, 0.05),
+         lambda b0: models.LSTMClassifier(chunk=4), "momentum", 16, 0.05),
     Task("mnist1d_lstm_adam", "MNIST-1D LSTM, Adam", "mnist1d",
-         lambda b0: SignalLSTM(4), "adam", 16, 8e-3),
+         lambda b0: models.LSTMClassifier(chunk=4), "adam", 16, 8e-3),
     Task("mnist_lstm_momentum", "real-digit MNIST LSTM (examples/mnist_lstm), "
-         "momentum 0.9", "mnist", lambda b0: SignalLSTM(28), "momentum", 16, 0.2),
+         "momentum 0.9", "mnist", lambda b0: models.LSTMClassifier(chunk=28), "momentum", 16, 0.2),
     Task("mnist1d_cnn_gbn_momentum", "MNIST-1D CNN + GhostBatchNorm (ghost 16), "
          "momentum 0.9", "mnist1d", lambda b0: GhostBNCNN(b0), "momentum", 16, None),
 )
@@ -141,19 +132,17 @@ TASKS = (
 
 def load_data(kind: str, cfg: dict, root: str) -> dict[str, np.ndarray]:
   if kind == "mnist1d":
-    from date_optax._src import lstm_demo  # noqa: PLC0415
-
-    d = lstm_demo.load_mnist1d(cfg["num_train"], cfg["num_test"], seed=0,
-                               cache_dir=os.path.join(root, "tmp", "mnist1d_cache"))
+    d = input_pipeline.load_mnist1d(
+        cfg["num_train"], cfg["num_test"], seed=0,
+        cache_dir=os.path.join(root, "tmp", "mnist1d_cache"))
     return dict(x_train=d.x_train, y_train=d.y_train, x_test=d.x_test,
                 y_test=d.y_test, epochs=cfg["epochs"])
-  sys.path.insert(0, root)
-  from examples.mnist_lstm import input_pipeline  # noqa: PLC0415
+  from examples.mnist_lstm import input_pipeline as digits  # noqa: PLC0415
 
-  d = input_pipeline.get_datasets(num_train=cfg["mnist_train"])
-  return dict(x_train=d["x_train"].reshape(len(d["x_train"]), -1),
-              y_train=d["y_train"], x_test=d["x_test"].reshape(len(d["x_test"]), -1),
-              y_test=d["y_test"], epochs=cfg["mnist_epochs"])
+  d = digits.get_datasets(num_train=cfg["mnist_train"])
+  return dict(x_train=d.x_train.reshape(len(d.x_train), -1), y_train=d.y_train,
+              x_test=d.x_test.reshape(len(d.x_test), -1), y_test=d.y_test,
+              epochs=cfg["mnist_epochs"])
 
 
 def baseline_of(task: Task, lr: float, data: dict) -> date_optax.Baseline:
@@ -199,59 +188,16 @@ def optimizer_for(method: str, base: date_optax.Baseline, batch: int,
 
 def train(model: nn.Module, data: dict, tx, batch: int, seed: int) -> dict:
   """Trains for data['epochs'] epochs; returns final test accuracy and loss."""
-  x_tr, y_tr = data["x_train"], data["y_train"]
-  n = len(x_tr)
-  spe = n // batch
-  start = time.perf_counter()
-  variables = model.init(jax.random.key(seed), jnp.asarray(x_tr[:2]), train=True)
-  params = variables["params"]
-  stats = variables.get("batch_stats")
-  opt_state = tx.init(params)
-
-  def loss_fn(p, st, x, y):
-    if st is None:
-      logits, new_st = model.apply({"params": p}, x, train=True), None
-    else:
-      logits, upd = model.apply({"params": p, "batch_stats": st}, x, train=True,
-                                mutable=["batch_stats"])
-      new_st = upd["batch_stats"]
-    loss = optax.softmax_cross_entropy_with_integer_labels(
-        logits.astype(jnp.float32), y).mean()
-    return loss, new_st
-
-  @jax.jit
-  def epoch(p, st, s, xs, ys):
-    def body(carry, b):
-      p, st, s = carry
-      (loss, st), g = jax.value_and_grad(loss_fn, has_aux=True)(p, st, *b)
-      u, s = tx.update(g, s, p)
-      return (optax.apply_updates(p, u), st, s), loss
-    (p, st, s), losses = jax.lax.scan(body, (p, st, s), (xs, ys))
-    return p, st, s, jnp.mean(losses)
-
-  @jax.jit
-  def predict(p, st, x):
-    v = {"params": p} if st is None else {"params": p, "batch_stats": st}
-    return jnp.argmax(model.apply(v, x, train=False), -1)
-
-  rng = np.random.default_rng(seed)
-  losses = []
-  for _ in range(data["epochs"]):
-    order = rng.permutation(n)[: spe * batch]
-    xs = x_tr[order].reshape(spe, batch, -1)
-    ys = y_tr[order].reshape(spe, batch)
-    params, stats, opt_state, loss = epoch(params, stats, opt_state, xs, ys)
-    losses.append(float(loss))
-  correct = 0
-  for i in range(0, len(data["x_test"]), 2048):
-    pred = predict(params, stats, data["x_test"][i:i + 2048])
-    correct += int(np.sum(np.asarray(pred) == data["y_test"][i:i + 2048]))
-  acc = 100.0 * correct / len(data["x_test"])
-  if not all(math.isfinite(v) for v in losses):
-    acc = min(acc, 100.0 * np.mean(data["y_test"] == 0))  # diverged: count it
-  return dict(accuracy=acc, loss=losses[-1], steps=spe * data["epochs"],
-              wall=time.perf_counter() - start,
-              diverged=not all(math.isfinite(v) for v in losses))
+  r = lstm_train.train(
+      input_pipeline.Dataset(data["x_train"], data["y_train"], data["x_test"],
+                             data["y_test"]),
+      optimizer=tx, batch_size=batch, epochs=data["epochs"], model=model,
+      seed=seed, eval_every_epoch=False, eval_batch_size=2048)
+  acc = r.final_accuracy
+  if r.diverged:  # count a diverged run as chance, whatever it predicts
+    acc = min(acc, 100.0 * np.mean(data["y_test"] == 0))
+  return dict(accuracy=acc, loss=r.train_loss[-1], steps=r.steps, wall=r.wall_time,
+              diverged=r.diverged)
 
 
 # ---------------------------------------------------------------------------

@@ -44,11 +44,15 @@ import optax  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 import date_optax  # noqa: E402
-from date_optax._src import lstm_demo  # noqa: E402
 
-# The sibling module shared by the studies (this folder is not a package).
+# The sibling module shared by the studies (this folder is not a package) and
+# the MNIST-1D example's data, model, methods and in-memory training loop.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import _runlog  # noqa: E402
+
+from examples.mnist1d_lstm import input_pipeline  # noqa: E402
+from examples.mnist1d_lstm import train as lstm_train  # noqa: E402
 
 SOLVERS = ("momentum", "adagrad", "rmsprop", "adam")
 SOLVER_LABELS = {
@@ -127,7 +131,7 @@ def main(argv=None) -> int:
   os.makedirs(os.path.dirname(out), exist_ok=True)
   log_path = out + ".jsonl"
   done = _runlog.load_runs(log_path)
-  data = lstm_demo.load_mnist1d(cfg["num_train"], cfg["num_test"], seed=0,
+  data = input_pipeline.load_mnist1d(cfg["num_train"], cfg["num_test"], seed=0,
                                 cache_dir=os.path.join(root, "tmp", "mnist1d_cache"))
   total = cfg["epochs"] * (cfg["num_train"] // cfg["batch"])
   jobs = [(s, v, lr) for s in SOLVERS for v in VARIANTS
@@ -140,7 +144,7 @@ def main(argv=None) -> int:
                        sort_keys=True)
     if ident not in done:
       sched = warmup_linear_decay(lr, total)
-      r = lstm_demo.train(data, optimizer=optimizer(solver, variant, sched),
+      r = lstm_train.train(data, optimizer=optimizer(solver, variant, sched),
                           batch_size=cfg["batch"], epochs=cfg["epochs"],
                           learning_rate=sched, seed=0)
       done[ident] = dict(solver=solver, variant=variant, lr=lr,

@@ -50,7 +50,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import date_optax  # noqa: E402
 import date_optax.parallel as dp  # noqa: E402
-from date_optax._src.parallel import param_sharding as ps  # noqa: E402
 
 FSDP = [(r".*/kernel", P("model", None))]
 
@@ -77,13 +76,17 @@ def loss_fn(params, batch):
   return jnp.mean(jnp.sum((out - batch["y"]) ** 2, axis=-1))
 
 
-def plain_step(mesh, opt, params, specs, data_axes):
-  """The baseline: one jit'd GSPMD step, no skipping, no metrics beyond loss."""
+def plain_step(mesh, opt, params, specs, data_axes, opt_shardings):
+  """The baseline: one jit'd GSPMD step, no skipping, no metrics beyond loss.
+
+  The optimizer state is laid out as the library step laid it out
+  (`opt_shardings`, read from its initial state), so both steps move the
+  same bytes.
+  """
   named = lambda s: NamedSharding(mesh, s)
   p_sh = jax.tree.map(named, specs, is_leaf=lambda x: isinstance(x, P))
+  s_sh = opt_shardings
   state = opt.init(params)
-  s_sh = jax.tree.map(named, ps.state_specs(state, params, specs, lambda _: P()),
-                      is_leaf=lambda x: isinstance(x, P))
   b_sh = named(P(data_axes))
 
   def step(params, opt_state, batch):
@@ -128,7 +131,8 @@ def compare(mesh_name: str, args) -> dict:
   specs = step.param_specs(params)
   state = step.init(params)
   gbatch = step.shard_batch(batch)
-  jitted, p, s, b_sh = plain_step(mesh, opt, params, specs, data_axes)
+  jitted, p, s, b_sh = plain_step(mesh, opt, params, specs, data_axes,
+                                  jax.tree.map(lambda x: x.sharding, state.opt_state))
   pbatch = jax.device_put(batch, b_sh)
   box = {"lib": state, "p": p, "s": s}
 

@@ -65,7 +65,7 @@ STATES = {"lars": 1, "lamb": 2}  # float32 arrays of optimizer state per paramet
 
 
 def analytic() -> None:
-  from date_optax._src.parallel.update_sharding import shard_axis
+  from date_optax.parallel import update_shard_axis
 
   print("Optimizer-state MB per device (float32; LARS keeps 1 array per "
         "parameter, LAMB 2):\n")
@@ -77,7 +77,7 @@ def analytic() -> None:
     total = sum(math.prod(s) for s in shapes)
     for opt, k in STATES.items():
       for n in (8, 32, 256):
-        split = sum(math.prod(s) // (n if shard_axis(s, n) is not None else 1)
+        split = sum(math.prod(s) // (n if update_shard_axis(s, n) is not None else 1)
                     for s in shapes)
         print(f"| {tree} | {total / 1e6:.1f} | {opt} | {n} | {4 * k * total / 1e6:.1f} "
               f"| {4 * k * split / 1e6:.2f} | {split / total:.4f} | {1 / n:.4f} |")

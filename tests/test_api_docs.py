@@ -79,3 +79,27 @@ def test_every_public_callable_has_an_example():
       and ">>>" not in (inspect.getdoc(o) or "")
   ]
   assert not missing, f"no doctest example: {missing}"
+
+
+def test_code_outside_the_library_uses_public_names_only():
+  # Examples, benchmarks, the TPU scripts and the demo build on the public
+  # API, as code outside this repository must. Tests are white-box (they
+  # check private helpers such as the HLO round reader against references),
+  # so tests/ is the one place allowed to import date_optax._src.
+  import ast
+  import pathlib
+
+  root = pathlib.Path(__file__).resolve().parent.parent
+  offenders = []
+  for folder in ("examples", "benchmarks", "tpu"):
+    for path in sorted((root / folder).rglob("*.py")):
+      for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = []
+        if isinstance(node, ast.Import):
+          names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+          names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        if any(n == "date_optax._src" or n.startswith("date_optax._src.") for n in names):
+          offenders.append(f"{path.relative_to(root)}:{node.lineno}")
+  assert offenders == [], offenders
+  assert not (root / "date_optax" / "_src" / "lstm_demo.py").exists()

@@ -1,16 +1,29 @@
-"""`date-optax demo` and its training library (date_optax/_src/lstm_demo.py)."""
+"""`make demo` (examples/mnist1d_lstm/demo.py) and the MNIST-1D code it shares
+with the example and the benchmarks: data, scaling methods, training loop."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import sys
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from date_optax._src import cli, cli_demo, lstm_demo
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+
+from examples.mnist1d_lstm import demo, input_pipeline, methods, models  # noqa: E402
+from examples.mnist1d_lstm import train as lstm_train  # noqa: E402
+
+
+def _momentum_baseline(b0, lr, warmup_epochs, epochs, n):
+  return methods.make_baseline("momentum", batch_size=b0, learning_rate=lr,
+                               warmup_epochs=warmup_epochs, epochs=epochs,
+                               num_examples=n)
 
 
 def _reference_lr(method, lr0, b0, warmup_epochs, epochs, n, batch):
@@ -35,25 +48,30 @@ def _reference_lr(method, lr0, b0, warmup_epochs, epochs, n, batch):
 @pytest.mark.parametrize("method", ["baseline", "linear", "adam", "legw", "date"])
 @pytest.mark.parametrize("k", [1, 4, 64])
 def test_scaled_run_schedules_follow_spec(method, k):
-  tuned = lstm_demo.TunedBaseline("momentum", 16, 0.2, 0.1, 30, 32768)
-  _, schedule = lstm_demo.scaled_run(method, tuned, 16 * k)
+  tuned = _momentum_baseline(16, 0.2, 0.1, 30, 32768)
+  _, schedule = methods.scaled_run(method, tuned, 16 * k)
   ref = _reference_lr(method, 0.2, 16, 0.1, 30, 32768, 16 * k)
   got = np.asarray(schedule(jnp.arange(len(ref))))
   np.testing.assert_allclose(got, ref, rtol=2e-6, atol=1e-9)
 
 
 def test_scaled_run_rejects_unknown_method():
-  tuned = lstm_demo.TunedBaseline("momentum", 16, 0.2, 0.1, 30, 32768)
+  tuned = _momentum_baseline(16, 0.2, 0.1, 30, 32768)
   with pytest.raises(ValueError, match="method must be one of"):
-    lstm_demo.scaled_run("sgd", tuned, 64)
+    methods.scaled_run("sgd", tuned, 64)
+  with pytest.raises(ValueError, match="method='date' only"):
+    methods.scaled_run("linear", tuned, 64, lower=0.1)
 
 
-def test_date_run_bounds_its_ratios():
-  # The DATE run clips every layer's ratio ||w||/||g|| to [0.01, 1].
-  tuned = lstm_demo.TunedBaseline("momentum", 4, 0.1, 0.1, 1, 64)
-  data = lstm_demo.load_mnist1d(64, 16, seed=3)
-  tx, _ = lstm_demo.scaled_run("date", tuned, 16)
-  model = lstm_demo.LSTMClassifier(hidden_size=8)
+@pytest.mark.parametrize("options,bounds", [({}, (0.5, 1.0)),
+                                            ({"lower": 0.01, "upper": 1.0}, (0.01, 1.0))])
+def test_date_run_bounds_its_ratios(options, bounds):
+  # The DATE run clips every layer's ratio ||w||/||g||: by default to
+  # [1/sqrt(k), 1] (k = 4 here), or to the bounds it is given.
+  tuned = _momentum_baseline(4, 0.1, 0.1, 1, 64)
+  data = input_pipeline.load_mnist1d(64, 16, seed=3)
+  tx, _ = methods.scaled_run("date", tuned, 16, **options)
+  model = models.LSTMClassifier(hidden_size=8)
   import jax
 
   import date_optax
@@ -63,32 +81,33 @@ def test_date_run_bounds_its_ratios():
   grads = jax.grad(lambda p: jnp.sum(model.apply(p, data.x_train[:16]) ** 2))(params)
   _, state = tx.update(grads, state, params)
   ratios = np.concatenate([np.ravel(r) for r in jax.tree.leaves(date_optax.trust_ratios(state))])
-  assert ratios.min() >= 0.01 - 1e-8 and ratios.max() <= 1.0 + 1e-7
+  assert ratios.min() >= bounds[0] - 1e-7 and ratios.max() <= bounds[1] + 1e-7
+  assert ratios.min() < bounds[1]  # some layer is actually adapted
 
 
 def test_load_mnist1d_is_deterministic_cached_and_leaves_global_rng(tmp_path):
   np.random.seed(123)
   expected_next = np.random.rand()
   np.random.seed(123)
-  data = lstm_demo.load_mnist1d(100, 30, seed=1, cache_dir=str(tmp_path))
+  data = input_pipeline.load_mnist1d(100, 30, seed=1, cache_dir=str(tmp_path))
   assert np.random.rand() == expected_next  # global stream untouched
   assert data.x_train.shape == (100, 40) and data.x_test.shape == (30, 40)
   assert data.x_train.dtype == np.float32 and data.y_train.dtype == np.int32
   assert set(np.unique(data.y_train)) <= set(range(10))
   assert os.listdir(tmp_path) == ["mnist1d_100_30_seed1.npz"]
-  again = lstm_demo.load_mnist1d(100, 30, seed=1, cache_dir=str(tmp_path))
+  again = input_pipeline.load_mnist1d(100, 30, seed=1, cache_dir=str(tmp_path))
   np.testing.assert_array_equal(again.x_train, data.x_train)
-  fresh = lstm_demo.load_mnist1d(100, 30, seed=1)
+  fresh = input_pipeline.load_mnist1d(100, 30, seed=1)
   np.testing.assert_array_equal(fresh.x_test, data.x_test)
 
 
 def test_demo_end_to_end_small(tmp_path, capsys, monkeypatch):
   # The demo sets XLA_FLAGS for its process; keep other tests' env as it was.
   monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
-  argv = ["demo", "--workdir", str(tmp_path), "--num-train", "512", "--num-test",
+  argv = ["--workdir", str(tmp_path), "--num-train", "512", "--num-test",
           "128", "--epochs", "6", "--base-batch", "8", "--scale", "8",
           "--devices", "8", "--no-progress"]
-  assert cli.main(argv) == 0
+  assert demo.main(argv) == 0
   out = capsys.readouterr().out
   assert "| method | batch | iterations | test accuracy (%) | wall time (s) |" in out
   results = json.load(open(tmp_path / "results.json"))
@@ -103,7 +122,7 @@ def test_demo_end_to_end_small(tmp_path, capsys, monkeypatch):
   np.testing.assert_allclose(
       date_lrs[0], 8e-3 * math.sqrt(8) * (1 - (8 - 6) / (48 - 6)), rtol=1e-5)
   np.testing.assert_allclose(runs["linear"]["learning_rate"][4], 8e-3 * 8, rtol=1e-5)
-  assert results["settings"]["learning_rate"] == cli_demo.TUNED_LEARNING_RATES["adam"]
+  assert results["settings"]["learning_rate"] == demo.TUNED_LEARNING_RATES["adam"]
   assert os.path.getsize(tmp_path / "demo.png") > 10_000
   assert (tmp_path / "results.md").read_text().count("\n| ") == 4
 
@@ -116,11 +135,42 @@ def test_demo_end_to_end_small(tmp_path, capsys, monkeypatch):
 ])
 def test_demo_rejects_bad_arguments(tmp_path, capsys, monkeypatch, extra, message):
   monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
-  assert cli.main(["demo", "--workdir", str(tmp_path), *extra]) == 2
+  assert demo.main(["--workdir", str(tmp_path), *extra]) == 2
   assert message in capsys.readouterr().err
 
 
 def test_set_host_device_count_replaces_an_existing_flag(monkeypatch):
   monkeypatch.setenv("XLA_FLAGS", "--foo=1 --xla_force_host_platform_device_count=2")
-  cli_demo.set_host_device_count(8)
+  demo.set_host_device_count(8)
   assert os.environ["XLA_FLAGS"] == "--foo=1 --xla_force_host_platform_device_count=8"
+
+
+def test_train_threads_batch_stats_and_evaluates_once_when_asked():
+  # A model with batch norm: the loop trains with train=True and mutable
+  # batch_stats, and evaluates with the running averages.
+  import flax.linen as nn
+  import optax
+
+  class BNNet(nn.Module):
+    @nn.compact
+    def __call__(self, x, train=False):
+      x = nn.Dense(16)(x)
+      x = nn.BatchNorm(use_running_average=not train, momentum=0.5)(x)
+      return nn.Dense(10)(nn.relu(x))
+
+  data = input_pipeline.load_mnist1d(256, 64, seed=2)
+  r = lstm_train.train(data, optimizer=optax.sgd(0.1), batch_size=32, epochs=3,
+                       model=BNNet(), eval_every_epoch=False, learning_rate=0.1)
+  assert r.steps == 3 * 8 and r.epochs == [3] and len(r.test_accuracy) == 1
+  assert len(r.train_loss) == 3 and not r.diverged
+  assert r.train_loss[-1] < r.train_loss[0]
+  np.testing.assert_allclose(r.learning_rate, [0.1] * 3)
+  # The same seed gives the same run; the LSTM default evaluates every epoch.
+  again = lstm_train.train(data, optimizer=optax.sgd(0.1), batch_size=32, epochs=3,
+                           model=BNNet(), eval_every_epoch=False)
+  np.testing.assert_array_equal(again.train_loss, r.train_loss)
+  lstm = lstm_train.train(data, optimizer=optax.adam(1e-2), batch_size=64, epochs=2,
+                          model=models.LSTMClassifier(hidden_size=8))
+  assert lstm.epochs == [1, 2] and len(lstm.test_accuracy) == 2
+  with pytest.raises(ValueError, match="batch_size=512 exceeds"):
+    lstm_train.train(data, optimizer=optax.sgd(0.1), batch_size=512, epochs=1)

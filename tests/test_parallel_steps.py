@@ -145,7 +145,7 @@ def test_shard_update_equals_unsharded(opt_name, mesh_name, grad_reduce, unshard
     assert leaf.sharding.is_fully_replicated
   n = 8
   expected_bytes = sum(
-      x.nbytes // (n if us.shard_axis(x.shape, n) is not None else 1)
+      x.nbytes // (n if us.update_shard_axis(x.shape, n) is not None else 1)
       for x in jax.tree.leaves(expected.opt_state)
   )
   assert dp.bytes_per_device(state.opt_state) == expected_bytes

@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from date_optax._src import cli_demo, cli_recipe
+from date_optax._src import cli_recipe
 
 #: Modules whose ``register(subparsers)`` adds one subcommand each.
-SUBCOMMANDS = [cli_recipe, cli_demo]
+SUBCOMMANDS = [cli_recipe]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,6 +17,7 @@ from date_optax._src.parallel.collectives import (
 from date_optax._src.parallel.cost_model import AllReduceCost, allreduce_cost
 from date_optax._src.parallel.distributed import host_local_to_global, initialize
 from date_optax._src.parallel.evaluation import evaluate, pad_batch
+from date_optax._src.parallel.hlo import collective_permute_rounds
 from date_optax._src.parallel.input_pipeline import (
     epoch_batches,
     epoch_permutation,
@@ -31,7 +32,10 @@ from date_optax._src.parallel.train_state import (
     check_metrics,
 )
 from date_optax._src.parallel.train_step import TrainStep, make_train_step
-from date_optax._src.parallel.update_sharding import bytes_per_device
+from date_optax._src.parallel.update_sharding import (
+    bytes_per_device,
+    update_shard_axis,
+)
 
 __all__ = [
     "COMM_DTYPES",
@@ -44,6 +48,7 @@ __all__ = [
     "allreduce_cost",
     "bytes_per_device",
     "check_metrics",
+    "collective_permute_rounds",
     "data_mesh",
     "epoch_batches",
     "epoch_permutation",
@@ -58,4 +63,5 @@ __all__ = [
     "ring_all_reduce",
     "torus_all_reduce",
     "torus_mesh",
+    "update_shard_axis",
 ]

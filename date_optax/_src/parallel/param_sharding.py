@@ -199,7 +199,7 @@ def with_data_axes(
   """
   entries = list(spec) + [None] * (len(shape) - len(spec))
   local = [s // _ways(mesh, e) for s, e in zip(shape, entries, strict=True)]
-  d = us.shard_axis(local, num_replicas)
+  d = us.update_shard_axis(local, num_replicas)
   if d is None:
     return P(*entries) if any(e is not None for e in entries) else P()
   e = entries[d]

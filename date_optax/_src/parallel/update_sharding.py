@@ -24,13 +24,33 @@ from date_optax._src.parallel import low_precision as lp
 from date_optax._src.parallel.local_grads import acc_dtype
 
 
-def shard_axis(shape: Sequence[int], num_shards: int) -> int | None:
-  """The axis to split `num_shards` ways, or None to keep the array whole.
+def update_shard_axis(shape: Sequence[int], num_shards: int) -> int | None:
+  """The axis along which ``shard_update=True`` splits an array of `shape`.
 
   The largest axis that `num_shards` divides (the first one on ties). Arrays
   with no such axis (biases of odd width, scalars such as step counts) stay
   replicated: they are small, and padding them would change the shapes the
   optimizer sees (masks such as `exclude_bias_and_norm` look at shapes).
+  With it, the optimizer-state bytes per device of a model on a pod can be
+  planned from its parameter shapes alone, without the devices.
+
+  Args:
+    shape: the parameter's (or optimizer-state leaf's) shape.
+    num_shards: the number of data-parallel replicas the update is split over.
+
+  Returns:
+    The axis index, or None when the array stays whole on every replica.
+
+  Examples:
+    >>> import date_optax.parallel as dp
+    >>> dp.update_shard_axis((1000, 4096), 256)
+    1
+    >>> dp.update_shard_axis((1000,), 256) is None
+    True
+
+  References:
+    Xu et al., "Automatic Cross-Replica Sharding of Weight Update in
+    Data-Parallel Training", 2020, https://arxiv.org/abs/2004.13336.
   """
   if num_shards <= 1:
     return None
@@ -48,7 +68,7 @@ def axes_entry(axes: Sequence[Hashable]) -> Any:
 
 
 def sharded_spec(shape: Sequence[int], axes: Sequence[Hashable], num_shards: int) -> P:
-  d = shard_axis(shape, num_shards)
+  d = update_shard_axis(shape, num_shards)
   if d is None:
     return P()
   return P(*([None] * d), axes_entry(axes))
@@ -154,7 +174,7 @@ def reduce_scatter_mean(
         [x.astype(jnp.float32) for x in leaves], compat.as_tuple(axes), n, fmt,
         comm[1],
     )
-  dims = [shard_axis(s, n) for s in shape_list]
+  dims = [update_shard_axis(s, n) for s in shape_list]
   out: list[Any] = [None] * len(leaves)
   whole = [i for i, d in enumerate(dims) if d is None]
   if whole:
@@ -192,7 +212,7 @@ def all_gather_params(
 ) -> Any:
   """Inverse of the split: every replica gets every parameter in full."""
   leaves, treedef = jax.tree.flatten(params)
-  dims = [shard_axis(s, n) for s in shape_list]
+  dims = [update_shard_axis(s, n) for s in shape_list]
   out = list(leaves)
   groups: dict[Any, list[int]] = {}
   for i, d in enumerate(dims):

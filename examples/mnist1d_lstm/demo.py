@@ -1,4 +1,4 @@
-"""``date-optax demo``: constant accuracy from B0 to 64·B0 without retuning.
+"""The demo (``make demo``): constant accuracy from B0 to 64·B0 without retuning.
 
 Trains an LSTM on MNIST-1D (generated locally by the ``mnist1d`` package) on
 the CPU, three times with the same number of epochs:
@@ -14,6 +14,11 @@ The large-batch runs are data-parallel over emulated CPU devices (the
 It prints a table (test accuracy, iterations, wall time) and writes
 ``demo.png`` (accuracy and learning rate against the epoch), ``results.md``
 and ``results.json`` into ``--workdir``.
+
+Run from the repository root: ``python -m examples.mnist1d_lstm.demo --help``
+(``make demo`` runs it with the defaults). The data, model, scaling methods
+and training loop are this example's (`input_pipeline`, `models`, `methods`,
+`train.train`), shared with the studies in ``benchmarks/``.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from collections.abc import Sequence
 
 #: Peak learning rates tuned at B0 = 16 (0.1-epoch warmup, roller-coaster
 #: decay): the best of benchmarks/batch_scaling.py's grids (seed 0;
@@ -45,11 +50,10 @@ DEFAULTS = dict(
 )
 
 
-def register(subparsers: Any) -> None:
-  """Adds the ``demo`` subcommand to `subparsers`."""
-  p = subparsers.add_parser(
-      "demo",
-      help="train an LSTM on MNIST-1D at B0 and 64*B0 (DATE vs linear scaling)",
+def build_parser() -> argparse.ArgumentParser:
+  """The demo's flags."""
+  p = argparse.ArgumentParser(
+      prog="python -m examples.mnist1d_lstm.demo",
       description=__doc__.split("\n\n", 1)[1],
       formatter_class=argparse.RawDescriptionHelpFormatter,
   )
@@ -84,7 +88,12 @@ def register(subparsers: Any) -> None:
                  help="a smoke run of a few seconds: 2048 examples, 6 epochs, "
                  "scale 8 (the accuracies mean nothing)")
   p.add_argument("--no-progress", action="store_true", help="no progress bars")
-  p.set_defaults(func=run)
+  return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """Runs the demo with `argv` (default: ``sys.argv[1:]``); returns the exit code."""
+  return run(build_parser().parse_args(argv))
 
 
 def set_host_device_count(n: int) -> None:
@@ -103,22 +112,22 @@ def run(args: argparse.Namespace) -> int:
     args.num_train, args.num_test, args.epochs, args.scale = 2048, 512, 6, 8
   for name in ("base_batch", "scale", "epochs", "num_train", "num_test", "devices"):
     if getattr(args, name) < 1:
-      print(f"date-optax demo: --{name.replace('_', '-')} must be >= 1, "
+      print(f"demo: --{name.replace('_', '-')} must be >= 1, "
             f"got {getattr(args, name)}", file=sys.stderr)
       return 2
   if args.learning_rate is None:
     args.learning_rate = TUNED_LEARNING_RATES[args.solver]
   elif args.learning_rate <= 0:
-    print(f"date-optax demo: --learning-rate must be > 0, got {args.learning_rate}",
+    print(f"demo: --learning-rate must be > 0, got {args.learning_rate}",
           file=sys.stderr)
     return 2
   big = args.base_batch * args.scale
   if big > args.num_train:
-    print(f"date-optax demo: --base-batch * --scale = {big} exceeds --num-train="
+    print(f"demo: --base-batch * --scale = {big} exceeds --num-train="
           f"{args.num_train}", file=sys.stderr)
     return 2
   if big % args.devices:
-    print(f"date-optax demo: the large batch {big} must divide evenly over "
+    print(f"demo: the large batch {big} must divide evenly over "
           f"--devices={args.devices}", file=sys.stderr)
     return 2
   set_host_device_count(args.devices)
@@ -126,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
   import jax  # noqa: PLC0415  (after XLA_FLAGS)
 
   import date_optax.parallel as dp  # noqa: PLC0415
-  from date_optax._src import lstm_demo  # noqa: PLC0415
+  from examples.mnist1d_lstm import input_pipeline, methods, train  # noqa: PLC0415
 
   if jax.device_count() < args.devices:
     print(f"note: JAX had already started with {jax.device_count()} device(s); "
@@ -135,10 +144,11 @@ def run(args: argparse.Namespace) -> int:
   t0 = time.perf_counter()
   print(f"Generating MNIST-1D ({args.num_train} train / {args.num_test} test) ...",
         flush=True)
-  data = lstm_demo.load_mnist1d(args.num_train, args.num_test, seed=args.seed,
-                                cache_dir=os.path.join(args.workdir, "data"))
-  tuned = lstm_demo.TunedBaseline(
-      solver=args.solver, batch_size=args.base_batch,
+  data = input_pipeline.load_mnist1d(
+      args.num_train, args.num_test, seed=args.seed,
+      cache_dir=os.path.join(args.workdir, "data"))
+  tuned = methods.make_baseline(
+      args.solver, batch_size=args.base_batch,
       learning_rate=args.learning_rate, warmup_epochs=args.warmup_epochs,
       epochs=args.epochs, num_examples=args.num_train,
   )
@@ -151,16 +161,16 @@ def run(args: argparse.Namespace) -> int:
   ]
   results = []
   for method, short, label, batch, run_mesh in runs:
-    tx, schedule = lstm_demo.scaled_run(method, tuned, batch)
+    tx, schedule = methods.scaled_run(method, tuned, batch)
     results.append(_train_with_progress(
-        lstm_demo, data, tx, schedule, batch, args, run_mesh, label, short))
+        train.train, data, tx, schedule, batch, args, run_mesh, label, short))
   out = _write_outputs(results, args, tuned, time.perf_counter() - t0)
   print(out["table"])
   print(f"\nWrote {out['png']}, {out['md']} and {out['json']}.")
   return 0
 
 
-def _train_with_progress(lstm_demo, data, tx, schedule, batch, args, mesh, label,
+def _train_with_progress(train_fn, data, tx, schedule, batch, args, mesh, label,
                          short):
   bar = None
   if not args.no_progress:
@@ -175,7 +185,7 @@ def _train_with_progress(lstm_demo, data, tx, schedule, batch, args, mesh, label
       bar.update(1)
 
   try:
-    return lstm_demo.train(
+    return train_fn(
         data, optimizer=tx, batch_size=batch, epochs=args.epochs,
         learning_rate=schedule, seed=args.seed, mesh=mesh, name=label,
         progress=progress,
@@ -225,7 +235,7 @@ def _write_outputs(results, args, tuned, total_time) -> dict[str, str]:
 
   header = (
       f"LSTM (64 units) on MNIST-1D, {args.num_train} train / {args.num_test} "
-      f"test examples, {args.epochs} epochs; baseline {tuned.solver} "
+      f"test examples, {args.epochs} epochs; baseline {args.solver} "
       f"lr {tuned.learning_rate:g} with {tuned.warmup_epochs:g}-epoch warmup at "
       f"B0={tuned.batch_size}; large batch {args.base_batch * args.scale} on "
       f"{args.devices} emulated CPU devices; total {total_time:.0f} s."
@@ -237,7 +247,7 @@ def _write_outputs(results, args, tuned, total_time) -> dict[str, str]:
   with open(js, "w") as f:
     json.dump(
         dict(
-            settings={k: v for k, v in vars(args).items() if k != "func"},
+            settings=vars(args),
             runs=[
                 dict(method=r.name, batch_size=r.batch_size, iterations=r.steps,
                      test_accuracy=r.test_accuracy, train_loss=r.train_loss,
@@ -248,3 +258,7 @@ def _write_outputs(results, args, tuned, total_time) -> dict[str, str]:
         f, indent=1,
     )
   return dict(table=header + "\n\n" + table, png=png, md=md, json=js)
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
