@@ -80,6 +80,7 @@ def _optimizer(task: str, cfg: dict, batch: int):
   import optax
 
   import date_optax
+  from examples.mnist1d_lstm import methods
 
   if task == "lstm_lamb":
     steps = cfg["epochs"] * (cfg["num_train"] // batch)
@@ -88,11 +89,10 @@ def _optimizer(task: str, cfg: dict, batch: int):
         [optax.linear_schedule(0.03 / warm, 0.03, warm - 1),
          optax.linear_schedule(0.03, 0.0, steps - warm)], [warm - 1])
     return date_optax.lamb(sched, weight_decay=0.0)
-  base = date_optax.Baseline(
-      batch_size=B0, learning_rate=0.05, warmup_epochs=0.1, epochs=cfg["epochs"],
-      num_examples=cfg["num_train"], optimizer="momentum",
-      optimizer_options={"momentum": 0.9})
-  return date_optax.date(base, batch)
+  base = methods.make_baseline("momentum", batch_size=B0, learning_rate=0.05,
+                               warmup_epochs=0.1, epochs=cfg["epochs"],
+                               num_examples=cfg["num_train"])
+  return methods.scaled_run("date", base, batch)[0]
 
 
 def _model(task: str):
@@ -118,7 +118,7 @@ def train_one(task: str, fmt: str, aps: bool, seed: int, data, cfg: dict) -> dic
   batch = B0 * SCALE
   model = _model(task)
   cnn = task == "cnn_gbn"
-  x0 = jnp.asarray(data["x_train"][:2])
+  x0 = jnp.asarray(data.x_train[:2])
   variables = model.init(jax.random.key(seed), x0, train=True) if cnn else model.init(
       jax.random.key(seed), x0)
   params = variables["params"]
@@ -149,7 +149,7 @@ def train_one(task: str, fmt: str, aps: bool, seed: int, data, cfg: dict) -> dic
     return jnp.argmax(out, -1)
 
   start = time.perf_counter()
-  n = data["x_train"].shape[0]
+  n = data.x_train.shape[0]
   spe = n // batch
   rng = np.random.default_rng(seed)
   losses = []
@@ -159,15 +159,15 @@ def train_one(task: str, fmt: str, aps: bool, seed: int, data, cfg: dict) -> dic
     epoch_losses = []
     for j in range(spe):
       rows = order[j * batch : (j + 1) * batch]
-      state, metrics = step(state, {"x": data["x_train"][rows], "y": data["y_train"][rows]})
+      state, metrics = step(state, {"x": data.x_train[rows], "y": data.y_train[rows]})
       epoch_losses.append(metrics["loss"])
     losses.append(float(np.mean(jax.device_get(epoch_losses))))
   p, st = jax.device_get((state.params, state.model_state))
   correct = sum(
-      int(np.sum(np.asarray(predict(p, st, data["x_test"][i : i + 2048]))
-                 == data["y_test"][i : i + 2048]))
-      for i in range(0, len(data["x_test"]), 2048))
-  return dict(accuracy=100.0 * correct / len(data["x_test"]), final_loss=losses[-1],
+      int(np.sum(np.asarray(predict(p, st, data.x_test[i : i + 2048]))
+                 == data.y_test[i : i + 2048]))
+      for i in range(0, len(data.x_test), 2048))
+  return dict(accuracy=100.0 * correct / len(data.x_test), final_loss=losses[-1],
               skipped=int(metrics["total_skips"]), steps=spe * cfg["epochs"],
               wall=time.perf_counter() - start,
               finite=all(math.isfinite(v) for v in losses))
@@ -183,7 +183,9 @@ def run(cfg: dict, out: str, tasks) -> dict[str, dict]:
   os.makedirs(out, exist_ok=True)
   log = os.path.join(out, "low_precision.jsonl")
   done = _runlog.load_runs(log)
-  data = input_pipeline.get_datasets(cfg["num_train"], cfg["num_test"], seed=0)
+  data = input_pipeline.load_mnist1d(
+      cfg["num_train"], cfg["num_test"], seed=0,
+      cache_dir=os.path.join(ROOT, "tmp", "mnist1d_cache"))
   todo = [(t, f, a, s) for s in cfg["seeds"] for t in tasks
           for f, a in _variants(cfg["formats"])]
   from tqdm import tqdm
