@@ -36,6 +36,7 @@ from jax import lax
 # float32 (layers with max-abs below ~1e-30 are shifted by 2^100 only).
 _MAX_SHIFT = 100
 
+
 class CommFormat(NamedTuple):
   """A gradient payload format.
 
@@ -77,6 +78,7 @@ class CommFormat(NamedTuple):
     """
     return self.decode(lax.optimization_barrier(self.encode(x)))
 
+
 def _float_format(name: str, dtype: Any, unit_roundoff: float) -> CommFormat:
   info = ml_dtypes.finfo(dtype)
   fmax, tiny = float(info.max), float(info.smallest_subnormal)
@@ -94,6 +96,7 @@ _FORMATS: dict[str, CommFormat] = {
 
 #: The accepted `comm_dtype` values (names; the dtypes themselves work too).
 COMM_DTYPES = ("float32",) + tuple(_FORMATS)
+
 
 def comm_format(comm_dtype: Any) -> CommFormat | None:
   """The `CommFormat` of `comm_dtype`; None for the exact float32 path.
@@ -116,6 +119,7 @@ def comm_format(comm_dtype: Any) -> CommFormat | None:
     )
   return _FORMATS[name]
 
+
 def resolve_aps(fmt: CommFormat | None, aps: bool | None) -> bool:
   """The APS default (on for formats of 8 bits or fewer) and its validation."""
   if aps is not None and not isinstance(aps, (bool, np.bool_)):
@@ -128,6 +132,7 @@ def resolve_aps(fmt: CommFormat | None, aps: bool | None) -> bool:
       )
     return False
   return fmt.bits <= 8 if aps is None else bool(aps)
+
 
 def aps_exponents(maxabs: jax.Array, n: int, fmt_max: float) -> jax.Array:
   """Per-layer shift exponents `k = floor(log2(fmt_max / (n · maxabs)))`.
@@ -144,6 +149,7 @@ def aps_exponents(maxabs: jax.Array, n: int, fmt_max: float) -> jax.Array:
   k = jnp.where(jnp.ldexp(n * safe, k.astype(jnp.int32)) > fmt_max, k - 1, k)
   return jnp.where(ok, k, 0.0).astype(jnp.int32)
 
+
 def layer_stats(leaves: Sequence[jax.Array], axes: Any) -> tuple[jax.Array, jax.Array]:
   """(max-abs of the finite values, any non-finite) per leaf, over replicas.
 
@@ -153,6 +159,7 @@ def layer_stats(leaves: Sequence[jax.Array], axes: Any) -> tuple[jax.Array, jax.
   bad = [jnp.any(~jnp.isfinite(x)).astype(jnp.float32) for x in leaves]
   s = lax.pmax(jnp.stack(m + bad), axes)
   return s[: len(leaves)], s[len(leaves) :] > 0
+
 
 class Scaling(NamedTuple):
   """What the payload needs after the reduction: per-leaf shifts and flags."""
@@ -164,6 +171,7 @@ class Scaling(NamedTuple):
     """Inverse shift of leaf i; NaN where any replica's leaf was non-finite."""
     out = jnp.ldexp(reduced, -self.exponents[i])
     return jnp.where(self.nonfinite[i], jnp.nan, out)
+
 
 def prepare(
     leaves: Sequence[jax.Array], axes: Any, n: int, fmt: CommFormat, aps: bool
@@ -181,6 +189,7 @@ def prepare(
   else:
     k = jnp.zeros(len(leaves), jnp.int32)
   return list(leaves), Scaling(k, nonfinite)
+
 
 def split_floats(leaves: Sequence[Any]) -> tuple[list[int], list[int]]:
   """Indices of the inexact leaves and of the others."""
