@@ -16,10 +16,14 @@ all-reduce and APS"), at 64·B0 = 1024 with no retuning:
 
 For each: float32 (exact), bfloat16, float8_e4m3fn, int8 and the 4-bit
 float4_e2m1fn (`--formats` adds int4, float8_e5m2), each with APS (Han, Demmel and You 2020,
-https://arxiv.org/abs/2003.00119) and without, over 2 seeds. Reported: final
+https://arxiv.org/abs/2003.00119) and without, over 2 seeds; with
+`--rounding nearest,stochastic` the formats of at most 8 bits also run with
+APS and stochastic rounding (Gupta et al. 2015,
+https://arxiv.org/abs/1502.02551). Reported: final
 test accuracy, the gap to float32, the number of skipped (non-finite) steps.
 Finished runs go to a JSON-lines log and are reused when the script is run
-again with the same log.
+again with the same log (a run's key names its rounding only when it is
+stochastic, so the round-to-nearest runs logged before stay valid).
 
 Usage:
   python benchmarks/low_precision.py                   # full study (~30 min)
@@ -52,9 +56,12 @@ TASK_LABELS = {
 }
 B0, SCALE = 16, 64
 FULL = dict(num_train=8192, num_test=4096, epochs=16, seeds=(0, 1),
-            formats=("float32", "bfloat16", "float8_e4m3fn", "int8", "float4_e2m1fn"))
+            formats=("float32", "bfloat16", "float8_e4m3fn", "int8", "float4_e2m1fn"),
+            roundings=("nearest",))
 QUICK = dict(num_train=1024, num_test=512, epochs=8, seeds=(0,),
-             formats=("float32", "int8"))
+             formats=("float32", "int8"), roundings=("nearest",))
+ROUNDINGS = ("nearest", "stochastic")
+_BITS = {"float32": 32, "bfloat16": 16}  # the others have at most 8
 
 
 def _setup_devices() -> None:
@@ -64,16 +71,28 @@ def _setup_devices() -> None:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
 
 
-def _variants(formats) -> list[tuple[str, bool]]:
+def _variants(formats, roundings=("nearest",)) -> list[tuple[str, bool, str]]:
+  """(format, APS, rounding); stochastic rounding with APS, formats <= 8 bits."""
   out = []
   for f in formats:
-    out += [(f, False)] if f == "float32" else [(f, True), (f, False)]
+    if f == "float32":
+      out.append((f, False, "nearest"))
+      continue
+    if "nearest" in roundings:
+      out += [(f, True, "nearest"), (f, False, "nearest")]
+    if "stochastic" in roundings and _BITS.get(f, 8) <= 8:
+      out.append((f, True, "stochastic"))
   return out
 
 
-def _ident(task, fmt, aps, seed, cfg) -> str:
-  return (f"{task}|{fmt}|aps={int(aps)}|seed={seed}|n={cfg['num_train']}"
+def _ident(task, fmt, aps, rounding, seed, cfg) -> str:
+  sr = "|rounding=stochastic" if rounding == "stochastic" else ""
+  return (f"{task}|{fmt}|aps={int(aps)}{sr}|seed={seed}|n={cfg['num_train']}"
           f"|E={cfg['epochs']}")
+
+
+def _rounding(rec: dict) -> str:
+  return rec.get("rounding", "nearest")
 
 
 def _optimizer(task: str, cfg: dict, batch: int):
@@ -106,7 +125,8 @@ def _model(task: str):
   return models.LSTMClassifier()
 
 
-def train_one(task: str, fmt: str, aps: bool, seed: int, data, cfg: dict) -> dict:
+def train_one(task: str, fmt: str, aps: bool, rounding: str, seed: int, data,
+              cfg: dict) -> dict:
   """One training run through make_train_step; final test accuracy etc."""
   import jax
   import jax.numpy as jnp
@@ -139,7 +159,7 @@ def train_one(task: str, fmt: str, aps: bool, seed: int, data, cfg: dict) -> dic
       loss_fn, _optimizer(task, cfg, batch), mesh,
       grad_reduce="torus" if cnn else "ring",
       comm_dtype=None if fmt == "float32" else fmt,
-      aps=None if fmt == "float32" else aps)
+      aps=None if fmt == "float32" else aps, rounding=rounding)
   state = step.init(params, model_state=stats)
 
   @jax.jit
@@ -186,20 +206,21 @@ def run(cfg: dict, out: str, tasks) -> dict[str, dict]:
   data = input_pipeline.load_mnist1d(
       cfg["num_train"], cfg["num_test"], seed=0,
       cache_dir=os.path.join(ROOT, "tmp", "mnist1d_cache"))
-  todo = [(t, f, a, s) for s in cfg["seeds"] for t in tasks
-          for f, a in _variants(cfg["formats"])]
+  todo = [(t, f, a, r, s) for s in cfg["seeds"] for t in tasks
+          for f, a, r in _variants(cfg["formats"], cfg["roundings"])]
   from tqdm import tqdm
 
-  for task, fmt, aps, seed in tqdm(todo, desc="runs"):
-    ident = _ident(task, fmt, aps, seed, cfg)
+  for task, fmt, aps, rounding, seed in tqdm(todo, desc="runs"):
+    ident = _ident(task, fmt, aps, rounding, seed, cfg)
     if ident in done:
       continue
     rec = dict(task=task, fmt=fmt, aps=aps, seed=seed,
-               **train_one(task, fmt, aps, seed, data, cfg))
+               **({"rounding": rounding} if rounding != "nearest" else {}),
+               **train_one(task, fmt, aps, rounding, seed, data, cfg))
     done[ident] = rec
     with open(log, "a") as f:
       f.write(json.dumps(dict(ident=ident, **rec)) + "\n")
-    tqdm.write(f"{task:10s} {fmt:14s} aps={int(aps)} seed={seed}: "
+    tqdm.write(f"{task:10s} {fmt:14s} aps={int(aps)} {rounding} seed={seed}: "
                f"{rec['accuracy']:.2f}% skipped {rec['skipped']} ({rec['wall']:.0f} s)")
   return {k: v for k, v in done.items()
           if k in {_ident(*c, cfg) for c in todo}}
@@ -231,18 +252,21 @@ def markdown(done: dict, cfg: dict, tasks, elapsed: float, argv) -> str:
   ]
   for task in tasks:
     lines += [f"**{TASK_LABELS[task]}**", "",
-              "| payload | APS | accuracy | Δ vs fp32 | skip |",
-              "|---|---|---:|---:|---:|"]
+              "| payload | APS | rounding | accuracy | Δ vs fp32 | skip |",
+              "|---|---|---|---:|---:|---:|"]
     base = [r for r in recs if r["task"] == task and r["fmt"] == "float32"]
     ref = _cell(base)[0] if base else float("nan")
-    for fmt, aps in _variants(cfg["formats"]):
-      sel = [r for r in recs if r["task"] == task and r["fmt"] == fmt and r["aps"] == aps]
+    for fmt, aps, rounding in _variants(cfg["formats"], cfg["roundings"]):
+      sel = [r for r in recs if r["task"] == task and r["fmt"] == fmt and r["aps"] == aps
+             and _rounding(r) == rounding]
       if not sel:
         continue
       mean, accs = _cell(sel)
       label = "—" if fmt == "float32" else ("on" if aps else "off")
+      rlabel = "—" if fmt == "float32" else rounding
       lines.append(
-          f"| {SHORT[fmt]} | {label} | {mean:.2f} ({', '.join(f'{a:.2f}' for a in accs)})"
+          f"| {SHORT[fmt]} | {label} | {rlabel} | {mean:.2f} "
+          f"({', '.join(f'{a:.2f}' for a in accs)})"
           f" | {mean - ref:+.2f} | {sum(r['skipped'] for r in sel)} |")
     lines.append("")
   return "\n".join(lines)
@@ -258,16 +282,22 @@ def plot(done: dict, cfg: dict, tasks, path: str) -> None:
   fmts = list(cfg["formats"])
   fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.6), squeeze=False)
   for ax, task in zip(axes[0], tasks, strict=True):
-    for off, aps, color in ((-0.18, True, "tab:blue"), (0.18, False, "tab:red")):
+    for off, aps, rounding, color, label in (
+        (-0.25, True, "nearest", "tab:blue", "APS on"),
+        (0.0, True, "stochastic", "tab:green", "APS on, stochastic rounding"),
+        (0.25, False, "nearest", "tab:red", "APS off")):
+      if rounding not in cfg["roundings"]:
+        continue
       xs, ys = [], []
       for i, fmt in enumerate(fmts):
         if fmt == "float32":
           continue
         for r in recs:
-          if r["task"] == task and r["fmt"] == fmt and r["aps"] == aps:
+          if (r["task"] == task and r["fmt"] == fmt and r["aps"] == aps
+              and _rounding(r) == rounding):
             xs.append(i + off)
             ys.append(r["accuracy"])
-      ax.scatter(xs, ys, color=color, s=18, label="APS on" if aps else "APS off")
+      ax.scatter(xs, ys, color=color, s=18, label=label)
     fp32 = [r["accuracy"] for r in recs if r["task"] == task and r["fmt"] == "float32"]
     ax.scatter([fmts.index("float32")] * len(fp32), fp32, color="black", s=18,
                label="float32 (exact)")
@@ -295,6 +325,8 @@ def main(argv=None) -> int:
   parser.add_argument("--epochs", type=int, default=None)
   parser.add_argument("--formats", default=None,
                       help=f"comma-separated, from {FORMATS} (float32 first)")
+  parser.add_argument("--rounding", default=None,
+                      help=f"comma-separated, from {ROUNDINGS} (default nearest)")
   args = parser.parse_args(argv)
   _setup_devices()
   cfg = dict(QUICK if args.quick else FULL)
@@ -304,6 +336,10 @@ def main(argv=None) -> int:
     cfg["formats"] = tuple(args.formats.split(","))
     if any(f not in FORMATS for f in cfg["formats"]):
       parser.error(f"--formats must name some of {FORMATS}, got {args.formats}")
+  if args.rounding is not None:
+    cfg["roundings"] = tuple(args.rounding.split(","))
+    if any(r not in ROUNDINGS for r in cfg["roundings"]):
+      parser.error(f"--rounding must name some of {ROUNDINGS}, got {args.rounding}")
   tasks = tuple(args.tasks.split(","))
   unknown = [t for t in tasks if t not in TASKS]
   if unknown:

@@ -419,8 +419,12 @@ def _low_precision_all_reduce(
     grid: tuple[int, int] | None,
     fmt: CommFormat,
     aps: bool,
+    key: Any = None,
 ) -> PyTree:
-  """`all_reduce` with the float leaves' payload in `fmt` (APS optional)."""
+  """`all_reduce` with the float leaves' payload in `fmt` (APS optional).
+
+  With a `key` the payload is rounded stochastically (`lp.device_format`).
+  """
   leaves, treedef = jax.tree.flatten(tree)
   leaves = [jnp.asarray(x) for x in leaves]
   floats, others = lp.split_floats(leaves)
@@ -432,7 +436,7 @@ def _low_precision_all_reduce(
   if floats:
     xs = [leaves[i].astype(jnp.float32) for i in floats]
     xs, scaling = lp.prepare(xs, compat.as_tuple(axes), compat.axis_size(axes), fmt, aps)
-    red = low_precision_sum(xs, axes, algorithm, grid, fmt)
+    red = low_precision_sum(xs, axes, algorithm, grid, lp.device_format(fmt, axes, key))
     for j, i in enumerate(floats):
       out[i] = scaling.undo(j, red[j]).astype(leaves[i].dtype)
   return jax.tree.unflatten(treedef, out)
@@ -570,6 +574,8 @@ def all_reduce(
     grid: tuple[int, int] | None = None,
     comm_dtype: Any = None,
     aps: bool | None = None,
+    rounding: str = "nearest",
+    key: Any = None,
 ) -> PyTree:
   """Sums a pytree over named axes with the chosen algorithm and payload format.
 
@@ -590,7 +596,17 @@ def all_reduce(
   range; `M` comes from one extra `pmax` of a vector of two floats per leaf,
   issued before the payload. A leaf that is NaN/Inf on any replica comes out
   NaN everywhere (integer and 4-bit float formats cannot carry a NaN).
-  The rule and the error bound are in `docs/algorithms.md`.
+
+  With `rounding="stochastic"` every rounding (each device's first cast,
+  each partial sum it sends, the final sum) goes to one of the two
+  neighbouring values of the format, the upper with probability equal to
+  the distance from the lower in grid steps: unbiased, `E[round(x)] = x`
+  inside the range (Gupta et al. 2015). Each rounding draws from
+  `fold_in(fold_in(key, d), i)`, `d` the device's row-major index over
+  `axis_name` and `i` the rounding's rank in the program, so `key` may be
+  the same on every device; pass a new key per step. One rounding errs by
+  less than one grid step (nearest: half), so the per-layer bound doubles.
+  The rules and the error bounds are in `docs/algorithms.md`.
 
   Args:
     tree: a pytree of arrays.
@@ -604,13 +620,19 @@ def all_reduce(
     aps: scale each leaf by a power of two before the cast (None: True for
       formats of at most 8 bits, False for bfloat16). Needs a low-precision
       `comm_dtype`.
+    rounding: "nearest" (default) or "stochastic" (needs a low-precision
+      `comm_dtype` and a `key`).
+    key: a PRNG key (`jax.random.key` or a raw `PRNGKey`) for
+      `rounding="stochastic"`; not used otherwise.
 
   Returns:
     The sum over all devices of the named axes, each leaf in its own dtype.
 
   Raises:
-    ValueError: for an unknown algorithm or `comm_dtype`, or `aps=True`
-      without a low-precision `comm_dtype`.
+    ValueError: for an unknown algorithm, `comm_dtype` or `rounding`,
+      `aps=True` or `rounding="stochastic"` without a low-precision
+      `comm_dtype`, a stochastic rounding without `key`, or a `key` with
+      `rounding="nearest"`.
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -630,17 +652,39 @@ def all_reduce(
     >>> bool(jnp.allclose(out, mesh.size * 1e-6, rtol=0.1))
     True
 
+    Stochastic rounding: 0.3 on every device rounds to 0 in int4 without
+    APS, but stochastically to 1 with probability 0.3, so the mean over keys
+    of the sum approaches 0.3 per device.
+
+    >>> h = jax.jit(jax.shard_map(
+    ...     lambda t, k: dp.all_reduce(t, "data", algorithm="ring",
+    ...                                comm_dtype="int4", aps=False,
+    ...                                rounding="stochastic", key=k),
+    ...     mesh=mesh, in_specs=(P("data"), P()), out_specs=P("data"),
+    ...     check_vma=False))
+    >>> x = jnp.full(mesh.size, 0.3)
+    >>> sums = jnp.stack([h(x, jax.random.key(i))[0] for i in range(200)])
+    >>> bool(abs(float(sums.mean()) / mesh.size - 0.3) < 0.05)
+    True
+
   References:
     Ying et al., "Image Classification at Supercomputer Scale", 2018;
     Han, Demmel and You, "Auto-Precision Scaling for Distributed Deep
-    Learning", 2020, https://arxiv.org/abs/2003.00119.
+    Learning", 2020, https://arxiv.org/abs/2003.00119; Gupta et al., "Deep
+    Learning with Limited Numerical Precision", ICML 2015,
+    https://arxiv.org/abs/1502.02551.
   """
   _algorithm(algorithm)  # validates the name
   fmt = lp.comm_format(comm_dtype)
   aps = lp.resolve_aps(fmt, aps)
+  rounding = lp.resolve_rounding(fmt, rounding)
+  if rounding == "stochastic" and key is None:
+    raise ValueError('rounding="stochastic" needs a PRNG key: pass key=.')
+  if rounding == "nearest" and key is not None:
+    raise ValueError('key is only used with rounding="stochastic"; pass key=None.')
   grid = None if grid is None else tuple(grid)
   if fmt is not None:
-    return _low_precision_all_reduce(tree, axis_name, algorithm, grid, fmt, aps)
+    return _low_precision_all_reduce(tree, axis_name, algorithm, grid, fmt, aps, key)
   if algorithm == "psum":
     # One psum per leaf, unpacked: XLA fuses and schedules them itself.
     return psum_all_reduce(tree, axis_name)

@@ -308,10 +308,20 @@ def check_common(
   return validation.check_int("microbatches", microbatches, low=1)
 
 
-def check_comm(comm_dtype: Any, aps: Any) -> tuple[str | None, bool]:
-  """Validates `comm_dtype`/`aps`: (format name or None, APS on)."""
+def check_comm(
+    comm_dtype: Any, aps: Any, rounding: Any = "nearest"
+) -> tuple[str | None, bool, str]:
+  """Validates `comm_dtype`/`aps`/`rounding`: (format name or None, APS on,
+  rounding)."""
   fmt = lp.comm_format(comm_dtype)
-  return (None if fmt is None else fmt.name), lp.resolve_aps(fmt, aps)
+  return ((None if fmt is None else fmt.name), lp.resolve_aps(fmt, aps),
+          lp.resolve_rounding(fmt, rounding))
+
+
+def comm_key(comm: tuple[Any, bool, str], rng: Any, step: jax.Array) -> Any:
+  """The step's stochastic-rounding key (`low_precision.rounding_key`), or
+  None for round-to-nearest."""
+  return lp.rounding_key(rng, step) if comm[2] == "stochastic" else None
 
 
 def check_batch(batch: PyTree, replicas: int, microbatches: int = 1) -> None:

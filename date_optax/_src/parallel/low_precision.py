@@ -19,6 +19,12 @@ without overflowing:
 and divides by `2^k_l` after the reduction. `M_l` comes from one small
 `pmax` over the replicas of a vector with two entries per layer (its max-abs
 and a non-finite flag), taken before the payload.
+
+Rounding is to nearest by default. `StochasticRounding` rounds each value
+instead to one of its two neighbouring grid points, the upper with
+probability equal to the distance from the lower in units of the grid step,
+so the rounding is unbiased (Gupta et al., "Deep Learning with Limited
+Numerical Precision", ICML 2015, https://arxiv.org/abs/1502.02551).
 """
 
 from __future__ import annotations
@@ -51,6 +57,9 @@ class CommFormat(NamedTuple):
       (relative rounding plus underflow), for an integer grid `1 / qmax`
       (half a unit against `qmax / 2`).
     integer: True for integer grids (round to nearest, saturate at ±max).
+    mant_bits: mantissa bits of a float format (0 for integers).
+    min_exp: exponent of the smallest normal of a float format (0 for
+      integers); below `2^min_exp` the grid step is the subnormal step.
   """
 
   name: str
@@ -59,6 +68,8 @@ class CommFormat(NamedTuple):
   max: float
   eps: float
   integer: bool
+  mant_bits: int = 0
+  min_exp: int = 0
 
   def encode(self, x: jax.Array) -> jax.Array:
     """float32 -> wire dtype, rounding to nearest (integers saturate)."""
@@ -82,7 +93,8 @@ class CommFormat(NamedTuple):
 def _float_format(name: str, dtype: Any, unit_roundoff: float) -> CommFormat:
   info = ml_dtypes.finfo(dtype)
   fmax, tiny = float(info.max), float(info.smallest_subnormal)
-  return CommFormat(name, dtype, info.bits, fmax, unit_roundoff + tiny / fmax, False)
+  return CommFormat(name, dtype, info.bits, fmax, unit_roundoff + tiny / fmax, False,
+                    int(info.nmant), int(info.minexp))
 
 
 _FORMATS: dict[str, CommFormat] = {
@@ -96,6 +108,15 @@ _FORMATS: dict[str, CommFormat] = {
 
 #: The accepted `comm_dtype` values (names; the dtypes themselves work too).
 COMM_DTYPES = ("float32",) + tuple(_FORMATS)
+
+#: The accepted `rounding` values.
+ROUNDINGS = ("nearest", "stochastic")
+
+# The rounding key of a train step whose state has no key is
+# fold_in(fold_in(PRNGKey(ROUNDING_SEED), _ROUNDING_STREAM), step); with a
+# key, the state's key replaces PRNGKey(ROUNDING_SEED).
+ROUNDING_SEED = 0
+_ROUNDING_STREAM = 0x5352  # "SR": keeps the rounding keys off the dropout keys
 
 
 def comm_format(comm_dtype: Any) -> CommFormat | None:
@@ -132,6 +153,118 @@ def resolve_aps(fmt: CommFormat | None, aps: bool | None) -> bool:
       )
     return False
   return fmt.bits <= 8 if aps is None else bool(aps)
+
+
+def resolve_rounding(fmt: CommFormat | None, rounding: Any) -> str:
+  """Validates `rounding` against the format: "stochastic" needs one."""
+  if not isinstance(rounding, str) or rounding not in ROUNDINGS:
+    raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}.")
+  if rounding == "stochastic" and fmt is None:
+    raise ValueError(
+        'rounding="stochastic" needs a low-precision comm_dtype (float32 is '
+        'exact, there is nothing to round); pass comm_dtype or rounding="nearest".'
+    )
+  return rounding
+
+
+def stochastic_round(fmt: CommFormat, x: jax.Array, key: jax.Array) -> jax.Array:
+  """float32 -> a neighbouring value of the format, as float32, unbiased.
+
+  With `lo <= x < hi` the two grid points around x (`hi - lo` the grid step
+  at x: 1 for integers; `2^(max(e, min_exp) - mant_bits)` for a float with
+  `2^e <= |x| < 2^(e+1)`, the subnormal step below the normals), the result
+  is `hi` with probability `(x - lo) / (hi - lo)` and `lo` otherwise, so
+  `E[result] = x`; grid values come back unchanged. Values outside
+  `[-max, max]`, NaN and values whose grid step is below float32's smallest
+  normal (bfloat16 under 2^-119) are rounded to nearest, as `fmt.round`
+  does. Integers saturate at ±qmax.
+
+  Args:
+    fmt: the format.
+    x: the values (float32).
+    key: a PRNG key; one uniform draw per element.
+
+  Returns:
+    float32 values of the format's grid, shaped like `x`.
+  """
+  x = x.astype(jnp.float32)
+  u = jax.random.uniform(key, x.shape, jnp.float32)
+  if fmt.integer:
+    lo = jnp.floor(x)
+    return jnp.clip(lo + (u < x - lo).astype(jnp.float32), -fmt.max, fmt.max)
+  a = jnp.abs(x)
+  _, e = jnp.frexp(a)  # a = f · 2^e with 1/2 <= f < 1: floor(log2 a) = e - 1
+  e = jnp.maximum(e - 1, fmt.min_exp) - fmt.mant_bits
+  # Multiplying by powers of two is exact: lo, hi and p carry no rounding.
+  lo = jnp.floor(jnp.ldexp(a, -e))
+  p = jnp.ldexp(a, -e) - lo
+  out = jnp.ldexp(lo + (u < p).astype(jnp.float32), e)
+  inside = a <= fmt.max
+  if fmt.min_exp - fmt.mant_bits < -126:  # grid step below float32's normals
+    inside &= e >= -126
+  return jnp.where(inside, jnp.copysign(out, x), fmt.round(x))
+
+
+class StochasticRounding:
+  """A `CommFormat` whose `round`/`encode` round stochastically.
+
+  Every call draws from its own key, `fold_in(key, i)` for the i-th call:
+  the calls of one all-reduce (a device's first rounding, each partial sum
+  it sends, the final sum) are made in the same order on every device while
+  the program is traced, so they differ from each other, and the device's
+  index folded into `key` makes them differ between devices.
+
+  Args:
+    fmt: the format.
+    key: a PRNG key for this device.
+  """
+
+  def __init__(self, fmt: CommFormat, key: jax.Array):
+    self.fmt = fmt
+    self._key = key
+    self._calls = 0
+
+  def __getattr__(self, name: str) -> Any:  # name, wire_dtype, bits, max, ...
+    return getattr(self.fmt, name)
+
+  def _next_key(self) -> jax.Array:
+    key = jax.random.fold_in(self._key, self._calls)
+    self._calls += 1
+    return key
+
+  def round(self, x: jax.Array) -> jax.Array:
+    """float32 -> a neighbouring value of the format, as float32."""
+    return stochastic_round(self.fmt, x, self._next_key())
+
+  def encode(self, x: jax.Array) -> jax.Array:
+    """float32 -> wire dtype, stochastically rounded (the cast is exact)."""
+    return self.fmt.encode(self.round(x))
+
+  def decode(self, w: jax.Array) -> jax.Array:
+    """wire dtype -> float32 (exact)."""
+    return self.fmt.decode(w)
+
+
+def rounding_key(rng: Any, step: jax.Array) -> jax.Array:
+  """The stochastic-rounding key of a train step (before the device index).
+
+  `fold_in(fold_in(base, 0x5352), step)` with `base` the state's key, or
+  `jax.random.PRNGKey(ROUNDING_SEED)` (seed 0) when the state has none. The
+  all-reduce folds in the replica's index over the data axes, so the keys
+  depend on (step, replica) only, whatever the process layout.
+  """
+  base = jax.random.PRNGKey(ROUNDING_SEED) if rng is None else rng
+  return jax.random.fold_in(jax.random.fold_in(base, _ROUNDING_STREAM), step)
+
+
+def device_format(fmt: CommFormat, axes: Any, key: Any) -> Any:
+  """`fmt` itself without a key; with one, stochastic rounding whose key has
+  this device's row-major index over `axes` folded in."""
+  if key is None:
+    return fmt
+  axes = tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
+  index = lax.axis_index(axes if len(axes) > 1 else axes[0])
+  return StochasticRounding(fmt, jax.random.fold_in(key, index))
 
 
 def aps_exponents(maxabs: jax.Array, n: int, fmt_max: float) -> jax.Array:

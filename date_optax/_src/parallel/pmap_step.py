@@ -57,7 +57,7 @@ class PmapTrainStep:
 
   def __init__(self, loss_fn, optimizer, *, axis_name, grad_reduce, torus_shape,
                compute_dtype, donate, has_aux, max_consecutive_skips, devices,
-               microbatches=1, comm=(None, False)):
+               microbatches=1, comm=(None, False, "nearest")):
     self.microbatches = microbatches
     self.comm = comm
     self.loss_fn = loss_fn
@@ -96,7 +96,7 @@ class PmapTrainStep:
     )
     grads = us.mean_over_replicas(
         grads, axis, self.grad_reduce, self.num_replicas, self.torus_shape,
-        comm=self.comm,
+        comm=self.comm, key=lg.comm_key(self.comm, state.rng, state.step),
     )
     loss = lax.pmean(loss, axis)
     model_state = lg.replicate_model_state(model_state, axis, replica)
@@ -161,6 +161,7 @@ def make_pmap_train_step(
     microbatches: int = 1,
     comm_dtype: Any = None,
     aps: bool | None = None,
+    rounding: str = "nearest",
 ) -> PmapTrainStep:
   """Builds the same data-parallel train step with `jax.pmap` (older code).
 
@@ -188,6 +189,8 @@ def make_pmap_train_step(
     microbatches: gradient accumulation over k >= 1 microbatches per device.
     comm_dtype: the gradient payload format, as in `make_train_step`.
     aps: Auto-Precision Scaling, as in `make_train_step`.
+    rounding: "nearest" or "stochastic", as in `make_train_step` (same keys:
+      the pmap index is the replica index).
 
   Returns:
     A `PmapTrainStep`: `state, metrics = step(state, global_batch)` and
@@ -206,14 +209,20 @@ def make_pmap_train_step(
     >>> state, metrics = step(state, batch)
     >>> float(metrics["loss"])
     1.0
+    >>> sr = dp.make_pmap_train_step(loss_fn, date_optax.lars(0.1), grad_reduce="ring",
+    ...                              comm_dtype="int8", rounding="stochastic")
+    >>> state, metrics = sr(sr.init({"w": np.zeros((3, 1), np.float32)}), batch)
+    >>> float(metrics["loss"])
+    1.0
 
   References:
     Goyal et al., "Accurate, Large Minibatch SGD", 2017; Ying et al., "Image
     Classification at Supercomputer Scale", 2018; Han, Demmel and You,
     "Auto-Precision Scaling for Distributed Deep Learning", 2020,
-    https://arxiv.org/abs/2003.00119.
+    https://arxiv.org/abs/2003.00119; Gupta et al., "Deep Learning with
+    Limited Numerical Precision", ICML 2015, https://arxiv.org/abs/1502.02551.
   """
-  comm = lg.check_comm(comm_dtype, aps)
+  comm = lg.check_comm(comm_dtype, aps, rounding)
   microbatches = lg.check_common(
       loss_fn, optimizer, grad_reduce, compute_dtype, max_consecutive_skips,
       microbatches, collectives.ALGORITHMS,

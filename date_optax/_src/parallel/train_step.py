@@ -95,7 +95,7 @@ class TrainStep:
       max_consecutive_skips: int | None,
       microbatches: int = 1,
       param_layout: tuple[str, Any] | None = None,
-      comm: tuple[str | None, bool] = (None, False),
+      comm: tuple[str | None, bool, str] = (None, False, "nearest"),
   ):
     self.loss_fn = loss_fn
     self.optimizer = optimizer
@@ -213,10 +213,11 @@ class TrainStep:
           microbatches=self.microbatches, params=params, batch=batch,
           model_state=model_state, rng=rng, step=step, replica=replica,
       )
+      key = lg.comm_key(self.comm, rng, step)
       if self.shard_update:
-        grads = us.reduce_scatter_mean(grads, shapes, axes, alg, n, self.comm)
+        grads = us.reduce_scatter_mean(grads, shapes, axes, alg, n, self.comm, key)
       else:
-        grads = us.mean_over_replicas(grads, axes, alg, n, comm=self.comm)
+        grads = us.mean_over_replicas(grads, axes, alg, n, comm=self.comm, key=key)
       return (lax.pmean(loss, axes), lg.mean_aux(aux, axes), grads,
               lg.replicate_model_state(model_state, axes, replica))
 
@@ -365,6 +366,7 @@ def make_train_step(
     param_sharding: Any = None,
     comm_dtype: Any = None,
     aps: bool | None = None,
+    rounding: str = "nearest",
 ) -> TrainStep:
   """Builds a synchronous data-parallel train step, `jit`-compiled over a mesh.
 
@@ -464,6 +466,12 @@ def make_train_step(
     aps: Auto-Precision Scaling of each layer before the cast; None means
       True for formats of at most 8 bits and False for bfloat16. Needs a
       low-precision `comm_dtype`.
+    rounding: how the payload is rounded to `comm_dtype` at every hop:
+      "nearest" (default) or "stochastic" (unbiased; needs a low-precision
+      `comm_dtype`). The key of step s is `fold_in(fold_in(rng, 0x5352), s)`
+      with the state's `rng`, or with `jax.random.PRNGKey(0)` when the state
+      has none; the all-reduce folds in the replica index, so the keys
+      depend on (step, replica) only, whatever the process layout.
 
   Returns:
     A `TrainStep`: `state, metrics = step(state, batch)`, with
@@ -503,6 +511,15 @@ def make_train_step(
     >>> int(state.step), float(metrics["loss"])
     (1, 1.0)
 
+    The same step with an int8 payload, stochastically rounded:
+
+    >>> step = dp.make_train_step(loss_fn, date_optax.lamb(1e-2), mesh,
+    ...                           grad_reduce="ring", comm_dtype="int8",
+    ...                           rounding="stochastic")
+    >>> state, metrics = step(step.init({"w": np.zeros((3, 1), np.float32)}), batch)
+    >>> int(state.step), float(metrics["loss"])
+    (1, 1.0)
+
   References:
     Goyal et al., "Accurate, Large Minibatch SGD", 2017; Ying et al., "Image
     Classification at Supercomputer Scale", 2018; Xu et al., "Automatic
@@ -510,9 +527,11 @@ def make_train_step(
     Xu et al., "GSPMD: General and Scalable Parallelization for ML Computation
     Graphs", 2021; Ioffe and Szegedy, "Batch Normalization", 2015; Han,
     Demmel and You, "Auto-Precision Scaling for Distributed Deep Learning",
-    2020, https://arxiv.org/abs/2003.00119.
+    2020, https://arxiv.org/abs/2003.00119; Gupta et al., "Deep Learning
+    with Limited Numerical Precision", ICML 2015,
+    https://arxiv.org/abs/1502.02551.
   """
-  comm = lg.check_comm(comm_dtype, aps)
+  comm = lg.check_comm(comm_dtype, aps, rounding)
   microbatches = lg.check_common(
       loss_fn, optimizer, grad_reduce, compute_dtype, max_consecutive_skips,
       microbatches, collectives.ALGORITHMS,

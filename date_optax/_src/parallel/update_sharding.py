@@ -126,15 +126,18 @@ def mean_over_replicas(
     algorithm: str,
     n: int,
     grid: tuple[int, int] | None = None,
-    comm: tuple[Any, bool] = (None, False),
+    comm: tuple[Any, bool, str] = (None, False, "nearest"),
+    key: Any = None,
 ) -> Any:
   """Mean of a gradient pytree over the replicas (inside shard_map/pmap).
 
-  `comm` is `(comm_dtype, aps)` for a low-precision payload.
+  `comm` is `(comm_dtype, aps, rounding)` for a low-precision payload; `key`
+  the step's rounding key for `rounding="stochastic"`.
   """
   total = collectives.all_reduce(
       scaled(grads, n), axes, algorithm=algorithm, grid=grid,
       comm_dtype=comm[0], aps=comm[1] if comm[0] is not None else None,
+      rounding=comm[2], key=key,
   )
   return jax.tree.map(lambda t, g: t.astype(g.dtype), total, grads)
 
@@ -156,12 +159,14 @@ def reduce_scatter_mean(
     axes: Any,
     algorithm: str,
     n: int,
-    comm: tuple[Any, bool] = (None, False),
+    comm: tuple[Any, bool, str] = (None, False, "nearest"),
+    key: Any = None,
 ) -> Any:
   """Mean over replicas; split leaves come back as this replica's shard only.
 
-  With `comm = (comm_dtype, aps)` the float payload travels in the format
-  (APS shifts from one `pmax` over all leaves, whole and split).
+  With `comm = (comm_dtype, aps, rounding)` the float payload travels in the
+  format (APS shifts from one `pmax` over all leaves, whole and split);
+  `key` is the step's rounding key for `rounding="stochastic"`.
   """
   leaves, treedef = jax.tree.flatten(scaled(grads, n))
   orig = jax.tree.leaves(grads)
@@ -174,6 +179,7 @@ def reduce_scatter_mean(
         [x.astype(jnp.float32) for x in leaves], compat.as_tuple(axes), n, fmt,
         comm[1],
     )
+    fmt = lp.device_format(fmt, axes, key if comm[2] == "stochastic" else None)
   dims = [update_shard_axis(s, n) for s in shape_list]
   out: list[Any] = [None] * len(leaves)
   whole = [i for i, d in enumerate(dims) if d is None]
