@@ -52,15 +52,23 @@ def train_and_evaluate(mesh):
   return fetch_replicated(state.params), np.array(losses), evals
 
 
-#: The low-precision payloads the two processes run (APS on, the default).
-LOW_PRECISION = (("torus", "int8"), ("ring", "float8_e4m3fn"))
+#: The low-precision payloads the two processes run (APS on, the default):
+#: (grad_reduce, comm_dtype, rounding).
+LOW_PRECISION = (("torus", "int8", "nearest"), ("ring", "float8_e4m3fn", "nearest"),
+                 ("torus", "int4", "stochastic"))
 
 
-def train_low_precision(mesh, grad_reduce, comm_dtype):
+def low_precision_name(grad_reduce, comm_dtype, rounding):
+  sr = "_stochastic" if rounding == "stochastic" else ""
+  return f"{grad_reduce}_{comm_dtype}{sr}"
+
+
+def train_low_precision(mesh, grad_reduce, comm_dtype, rounding="nearest"):
   """3 steps of LAMB with the gradient payload in `comm_dtype` (APS on)."""
   step = dp.make_train_step(
       pm.loss_fn, date_optax.lamb(1e-2, weight_decay=1e-2), mesh,
       grad_reduce=grad_reduce, comm_dtype=comm_dtype,
+      rounding=rounding if comm_dtype is not None else "nearest",
   )
   state = step.init(pm.init_params())
   losses = []
@@ -137,10 +145,11 @@ def main():
   sharded, sharded_losses, layout = train_sharded(cross_process_mesh())
   assert layout["spec"] == P(None, "model"), layout["spec"]
   low = {}
-  for alg, fmt in LOW_PRECISION:
-    lp_params, lp_losses = train_low_precision(dp.torus_mesh(2, 4), alg, fmt)
-    low[f"{alg}_{fmt}_losses"] = lp_losses
-    low.update(_flat(lp_params, f"{alg}_{fmt}/"))
+  for alg, fmt, rounding in LOW_PRECISION:
+    lp_params, lp_losses = train_low_precision(dp.torus_mesh(2, 4), alg, fmt, rounding)
+    name = low_precision_name(alg, fmt, rounding)
+    low[f"{name}_losses"] = lp_losses
+    low.update(_flat(lp_params, f"{name}/"))
   np.savez(args.out, **low, losses=losses, eval_loss=evals["loss"], eval_agree=evals["agree"],
            sharded_losses=sharded_losses, sharded_local_cols=layout["local_cols"],
            **_flat(params), **_flat(sharded, "sharded/"))

@@ -123,26 +123,28 @@ def test_params_sharded_across_two_processes_match_one_process(worker_results):
   assert not np.allclose(params["hidden"]["kernel"], pm.init_params()["hidden"]["kernel"])
 
 
-@pytest.mark.parametrize("grad_reduce,comm_dtype", [
-    ("torus", "int8"), ("ring", "float8_e4m3fn"),
+@pytest.mark.parametrize("grad_reduce,comm_dtype,rounding", [
+    ("torus", "int8", "nearest"), ("ring", "float8_e4m3fn", "nearest"),
+    ("torus", "int4", "stochastic"),
 ])
 def test_low_precision_payload_two_processes_match_one_process(
-    worker_results, grad_reduce, comm_dtype
+    worker_results, grad_reduce, comm_dtype, rounding
 ):
-  """APS and the rounded hops give the same result when the ring spans processes."""
+  """APS and the rounded hops give the same result when the ring spans processes;
+  stochastic rounding's keys depend on (step, replica) only, not on the process."""
   import multihost_worker as worker
 
-  assert (grad_reduce, comm_dtype) in worker.LOW_PRECISION
-  params, losses = worker.train_low_precision(dp.torus_mesh(2, 4), grad_reduce, comm_dtype)
+  assert (grad_reduce, comm_dtype, rounding) in worker.LOW_PRECISION
+  params, losses = worker.train_low_precision(dp.torus_mesh(2, 4), grad_reduce,
+                                              comm_dtype, rounding)
   exact, exact_losses = worker.train_low_precision(dp.torus_mesh(2, 4), grad_reduce, None)
+  key = worker.low_precision_name(grad_reduce, comm_dtype, rounding)
   for res in worker_results:
-    np.testing.assert_allclose(res[f"{grad_reduce}_{comm_dtype}_losses"], losses,
-                               rtol=1e-6)
+    np.testing.assert_allclose(res[f"{key}_losses"], losses, rtol=1e-6)
     for layer in ("hidden", "out"):
       for name in ("kernel", "bias"):
         np.testing.assert_allclose(
-            res[f"{grad_reduce}_{comm_dtype}/{layer}/{name}"], params[layer][name],
-            rtol=1e-6, atol=1e-7,
+            res[f"{key}/{layer}/{name}"], params[layer][name], rtol=1e-6, atol=1e-7,
         )
   # The low-precision run trained, and differs from the float32 one only a little.
   np.testing.assert_allclose(losses, exact_losses, rtol=0.05)

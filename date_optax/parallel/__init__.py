@@ -23,7 +23,7 @@ from date_optax._src.parallel.input_pipeline import (
     epoch_permutation,
     prefetch_to_device,
 )
-from date_optax._src.parallel.low_precision import COMM_DTYPES
+from date_optax._src.parallel.low_precision import COMM_DTYPES, ROUNDINGS
 from date_optax._src.parallel.mesh import data_mesh, torus_mesh
 from date_optax._src.parallel.pmap_step import PmapTrainStep, make_pmap_train_step
 from date_optax._src.parallel.train_state import (
@@ -39,6 +39,7 @@ from date_optax._src.parallel.update_sharding import (
 
 __all__ = [
     "COMM_DTYPES",
+    "ROUNDINGS",
     "AllReduceCost",
     "NonFiniteError",
     "PmapTrainStep",
