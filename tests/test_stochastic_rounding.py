@@ -159,8 +159,7 @@ def _hops(alg: str) -> int:
 
 
 @pytest.mark.parametrize("fmt,alg", _cases(
-    [("int8", "ring"), ("float4_e2m1fn", "ring"), ("float8_e4m3fn", "ring"),
-     ("int4", "psum")],
+    [("int8", "ring"), ("float4_e2m1fn", "ring")],
     [(f, a) for a in ("ring", "torus", "psum") for f in LOW]))
 def test_stochastic_error_bound_per_layer(fmt, alg):
   x = _layers(2)
