@@ -50,10 +50,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import _runlog  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-import _runlog  # noqa: E402
 from examples.bert_lamb import train  # noqa: E402
 from examples.bert_lamb.configs import default  # noqa: E402
 

@@ -103,7 +103,7 @@ def module_docstrings(name: str, lib: str | None = None) -> str:
   return "\n\n".join(d for d in docs if d)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def corpus() -> dict[str, object]:
   """The training and evaluation text as byte ids, with its hash.
 

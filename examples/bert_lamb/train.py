@@ -31,7 +31,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 import optax
 from etils import epath
 from jax.sharding import PartitionSpec as P
