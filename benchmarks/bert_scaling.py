@@ -67,8 +67,8 @@ SCALES = (1, 4, 16, 64)
 LAMB_WARMUP_RATIO = 1 / 320  # LAMB's BERT table at its base batch
 ADAMW_WARMUP_RATIO = 1 / 20  # fixed: 1/320 would round to no warmup at 16x
 
-FULL = dict(base_batch=4, seq_len=32, base_steps=2400, seeds=2,
-            lamb_grid=(5e-3, 1e-2, 2e-2), adamw_grid=(1e-3, 2e-3, 4e-3))
+FULL = dict(base_batch=4, seq_len=32, base_steps=7200, seeds=2,
+            lamb_grid=(2.5e-3, 5e-3, 1e-2), adamw_grid=(1e-3, 2e-3, 4e-3))
 # Quick mode has no grid: one learning rate each, 4x fewer tokens.
 QUICK = dict(base_batch=4, seq_len=32, base_steps=640, seeds=1,
              lamb_grid=(1e-2,), adamw_grid=(2e-3,))
@@ -184,22 +184,24 @@ def main(argv=None) -> int:
     res = [(r, lr) for r, lr in res if r is not None]
     if res:
       best[solver] = min(res, key=lambda x: x[0]["eval_loss"])[1]
-  # 2. Every method at every scale and seed, from its B0 baseline.
+  # 2. Every method at every scale and seed, from its B0 baseline (seed by
+  # seed, so an interrupted study has whole seeds).
   table = {}
-  for method in METHODS:
-    lr = best.get("lamb" if method == "lamb" else "adamw")
-    if lr is None:
-      continue
-    for k in SCALES:
-      for seed in range(cfg["seeds"]):
+  for seed in range(cfg["seeds"]):
+    for method in METHODS:
+      lr = best.get("lamb" if method == "lamb" else "adamw")
+      if lr is None:
+        continue
+      for k in SCALES:
         r = run(method, lr, k * b0, seed)
         if r is not None:
           table.setdefault((method, k), []).append(r)
-  _report(out, cfg, best, table, grids, done, args.quick)
+  command = " ".join(["python benchmarks/bert_scaling.py", *(argv or sys.argv[1:])])
+  _report(out, cfg, best, table, grids, done, args.quick, command)
   return 0
 
 
-def _report(out, cfg, best, table, grids, done, quick):
+def _report(out, cfg, best, table, grids, done, quick, command):
   b0 = cfg["base_batch"]
   tokens = cfg["base_steps"] * b0 * cfg["seq_len"]
   lines = [
@@ -207,7 +209,7 @@ def _report(out, cfg, best, table, grids, done, quick):
       f"Machine: {platform.machine()} CPU, {os.cpu_count()} cores (shared), "
       f"{len(jax.devices())} JAX device, jax {jax.__version__}, Python "
       f"{platform.python_version()}.",
-      f"Command: `python benchmarks/bert_scaling.py{' --quick' if quick else ''}`.",
+      f"Command: `{command}`.",
       f"Model: {MODEL['num_layers']} pre-LN layers, width {MODEL['d_model']}, "
       f"{MODEL['num_heads']} heads, MLP {MODEL['mlp_dim']}, byte vocabulary; sequences of "
       f"{cfg['seq_len']} bytes; {tokens:,} training tokens per run; B0 = {b0} sequences; "
