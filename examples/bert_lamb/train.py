@@ -244,7 +244,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       state, m = step_fn(state, batch)
       step = i + 1
       bar.update(1)
-      if step % config.log_every_steps == 0 or step == total_steps or step in boundaries:
+      logged = step % config.log_every_steps == 0 or step == total_steps or step in boundaries
+      if logged:
         metrics = {k: float(v) for k, v in m.items() if k not in ("trust_ratios", "aux")}
         metrics["accuracy"] = float(m["aux"]["accuracy"])
         metrics["learning_rate"] = float(recipe.schedule(step - 1))
@@ -254,8 +255,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         bar.set_postfix(loss=f"{metrics['loss']:.3f}", lr=f"{metrics['learning_rate']:.3g}")
       if step % config.eval_every_steps == 0 or step == total_steps or step in boundaries:
         eval_metrics = evaluate()
-        writer.write_scalars(step, {**eval_metrics,
-                                    "tokens": float(_tokens_seen(stages, recipe, step))})
+        # "tokens" once per step: the train metrics already carry it when logged.
+        extra = {} if logged else {"tokens": float(_tokens_seen(stages, recipe, step))}
+        writer.write_scalars(step, {**eval_metrics, **extra})
       preempted = guard.should_stop(step)
       if ckpt is not None:
         # The stage boundary is always saved: stage 2 starts from it.
