@@ -66,10 +66,16 @@ EXAMPLES = {
     "resnet50_imagenet": ("examples.resnet50_imagenet.train",
                           "examples.resnet50_imagenet.configs.smoke", 3,
                           "date_optax.checkpoint"),
+    "bert_lamb": ("examples.bert_lamb.train", "examples.bert_lamb.configs.smoke", 12,
+                  "examples.bert_lamb.train"),
 }
+# Three smoke runs of bert_lamb take minutes (8-device compiles of two stages).
+SLOW_IN_PROCESS = {"bert_lamb"}
 
 
-@pytest.mark.parametrize("name", sorted(EXAMPLES))
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.slow) if n in SLOW_IN_PROCESS else n
+    for n in sorted(EXAMPLES)])
 def test_stopped_and_resumed_run_equals_the_uninterrupted_one(name, tmp_path, monkeypatch):
   import importlib
 
@@ -98,7 +104,7 @@ def _cli(name, workdir, devices):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,devices", [
-    ("mnist1d_lstm", 4), ("mnist_lstm", 2), ("resnet50_imagenet", 8)])
+    ("mnist1d_lstm", 4), ("mnist_lstm", 2), ("resnet50_imagenet", 8), ("bert_lamb", 8)])
 def test_sigterm_mid_run_then_rerun_equals_uninterrupted(name, devices, tmp_path):
   reference, resumed = tmp_path / "reference", tmp_path / "resumed"
   cmd, env = _cli(name, reference, devices)

@@ -1,0 +1,99 @@
+"""A small BERT on standard-library docstrings: LAMB, two stages, 8 CPU devices.
+
+The learning-rate recipe is LAMB's BERT table (You et al., "Large Batch
+Optimization for Deep Learning: Training BERT in 76 minutes", ICLR 2020,
+https://arxiv.org/abs/1904.00962; the table as in Yang You's slides
+"Large-Scale Optimization for Distributed AI", 2023, Table 1): at batch
+512·2^j the peak LR is 5/(2^(3.0−0.5j)·10^3) and the warmup ratio
+1/320·2^j, i.e. the j = 0 column scaled with `date_optax.scale_recipe`
+(LR × sqrt(k), warmup ratio × k, k = B/512). `BERT_TABLE` lists it; the
+same numbers are `date-optax recipe --preset lamb-bert`.
+
+Training has two stages (`date_optax.multi_stage`), as LAMB's BERT runs:
+stage 1 at sequence length `seq_len` and batch `batch_size` for
+`num_train_tokens` tokens, stage 2 at `stage2.seq_len = 4·seq_len` and its
+own batch for `stage2.num_train_tokens`, the learning rate re-warming from 0
+at the boundary (each stage is its own LAMB-table recipe at its batch).
+
+The step is `date_optax.parallel.make_train_step` on a 2-D mesh
+(`model_parallel` devices on the "model" axis, the rest "data"): the
+attention and MLP kernels are split over "model" (`param_sharding`), the
+optimizer state also over "data" (`shard_update`), each replica's slice runs
+as `microbatches` accumulated microbatches, dropout keys come from the step,
+and the forward and backward passes run in bfloat16.
+"""
+
+import ml_collections
+
+#: LAMB's BERT table: batch -> (peak learning rate, warmup ratio), j = 0..6.
+BERT_TABLE = {
+    512 * 2**j: (5 / (2 ** (3.0 - 0.5 * j) * 10**3), 2**j / 320) for j in range(7)
+}
+#: The table's baseline column (j = 0).
+BERT_BASE_BATCH = 512
+BERT_BASE_LR, BERT_BASE_WARMUP_RATIO = BERT_TABLE[BERT_BASE_BATCH]
+
+# Attention and MLP kernels of the stacked (scanned) blocks split over "model":
+# leading axis = layer, then the kernel's own axes.
+PARAM_SHARDING = (
+    (r"layers/attention/(query|key|value)/kernel", (None, None, "model", None)),
+    (r"layers/attention/out/kernel", (None, "model", None, None)),
+    (r"layers/mlp_in/kernel", (None, None, "model")),
+    (r"layers/mlp_out/kernel", (None, "model", None)),
+)
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  # Model: a 4-layer pre-LN encoder on UTF-8 bytes.
+  config.model = ml_collections.ConfigDict(dict(
+      d_model=96, num_layers=3, num_heads=4, mlp_dim=384, dropout_rate=0.1))
+  config.mask_rate = 0.15
+
+  # Stage 1.
+  config.seq_len = 64
+  config.batch_size = 64
+  config.num_train_tokens = 64 * 64 * 400  # 400 steps
+  # Stage 2: 4x longer sequences at its own batch (the same tokens per
+  # step), re-warming from 0.
+  config.two_stage = True
+  config.stage2 = ml_collections.ConfigDict(dict(
+      seq_len=256, batch_size=16, num_train_tokens=16 * 256 * 160))
+
+  # Optimizer and recipe: the LAMB BERT table's rule (LR x sqrt(k), warmup
+  # ratio x k from 1/320 at the base batch, linear decay), applied to a
+  # baseline for this model at B0 = 4 sequences: the table's own LR
+  # (5/(2^3·10^3) at 512, `configs/lamb_bert.py`) is tuned for 1M-iteration
+  # runs and barely moves a run of a few hundred steps.
+  config.optimizer = "lamb"  # "lamb" or "adamw"
+  config.base_batch_size = 4
+  config.base_learning_rate = 5e-3
+  config.base_warmup_ratio = BERT_BASE_WARMUP_RATIO
+  config.lr_scaling = "sqrt"  # "sqrt", "linear" or "none"
+  config.warmup_scaling = "linear"  # "linear" (warmup ratio x k), "sqrt" or "none"
+  config.decay_power = 1.0
+  config.b1 = 0.9
+  config.b2 = 0.999
+  config.eps = 1e-6
+  config.weight_decay = 0.01
+
+  # Parallelism and precision.
+  config.model_parallel = 2  # devices on the "model" mesh axis (others: "data")
+  config.param_sharding = PARAM_SHARDING
+  config.shard_update = True
+  config.microbatches = 2
+  config.half_precision = True
+  config.cpu_devices = 8  # main.py emulates this many devices on a CPU host (0: off)
+
+  # Evaluation, logging, checkpoints.
+  config.eval_batch_size = 64
+  config.eval_max_sequences = -1  # -1: every held-out window
+  config.eval_seed = 0  # the one fixed mask of the held-out set
+  config.eval_every_steps = 100
+  config.log_every_steps = 10
+  config.checkpoint_every_steps = 100
+  config.save_checkpoints = True
+  config.progress_bar = True
+  config.num_train_steps = -1  # -1: both stages to the end; > 0 stops early
+  config.seed = 0
+  return config

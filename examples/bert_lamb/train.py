@@ -1,0 +1,314 @@
+"""Masked-language-model pretraining of a small BERT with LAMB, in two stages.
+
+The model (`models.BertMLM`) has its transformer blocks under `nn.scan`, so
+each block parameter is a stacked leaf with the layer as its leading axis;
+`date_optax.lamb(..., layer_axes=layer_axes)` takes one trust ratio per
+layer of such a leaf, as unstacked layers would get. Biases and layer-norm
+parameters take neither weight decay nor a trust ratio (the BERT/LAMB
+reference's exclusions).
+
+The schedule is `date_optax.multi_stage` of one recipe per stage
+(`date_optax.scale_recipe` of the LAMB-table baseline to the stage's batch):
+stage 2 runs 4x longer sequences at its own batch and its learning rate
+re-warms from 0. The step is `date_optax.parallel.make_train_step` on a
+("data", "model") mesh with `param_sharding`, `shard_update`,
+`microbatches`, bf16 compute and dropout keys; evaluation is
+`date_optax.parallel.evaluate` (exact over the held-out set). Checkpoints
+(orbax) and `PreemptionGuard` make it resumable; the stage boundary is
+always checkpointed, and stage 2 starts from that checkpoint when run
+separately.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from etils import epath
+from jax.sharding import PartitionSpec as P
+
+import date_optax
+import date_optax.parallel as dp
+from date_optax import diagnostics
+from date_optax.checkpoint import CheckpointManager, PreemptionGuard, tree_checksum
+from examples.bert_lamb import input_pipeline, models
+
+#: Parameters without weight decay or trust ratio: biases, layer norms and
+#: the output bias (BERT's `exclude_from_weight_decay`).
+NO_DECAY = date_optax.path_mask(exclude=(r"bias$", r"norm", r"head_bias$"))
+
+
+def layer_axes(params: Any) -> Any:
+  """Axis 0 for the leaves of the scanned blocks (one trust ratio per layer), else None.
+
+  Args:
+    params: the model's parameters (``{"layers": ..., ...}``).
+
+  Returns:
+    A pytree like `params` with ``0`` on every leaf under ``layers`` and
+    ``None`` elsewhere, for `date_optax.lamb`'s `layer_axes`.
+  """
+  return {k: jax.tree.map(lambda _: 0, v) if k == "layers" else jax.tree.map(lambda _: None, v)
+          for k, v in params.items()}
+
+
+def stage_configs(config: ml_collections.ConfigDict) -> list[dict[str, int]]:
+  """The stages to run: ``[{"seq_len", "batch_size", "num_train_tokens"}, ...]``."""
+  stages = [dict(seq_len=config.seq_len, batch_size=config.batch_size,
+                 num_train_tokens=config.num_train_tokens)]
+  if config.two_stage:
+    s2 = config.stage2
+    stages.append(dict(seq_len=s2.seq_len, batch_size=s2.batch_size,
+                       num_train_tokens=s2.num_train_tokens))
+  return stages
+
+
+def make_recipe(config: ml_collections.ConfigDict) -> date_optax.MultiStageRecipe:
+  """One LAMB-table recipe per stage, joined by `date_optax.multi_stage`.
+
+  Stage `s` is the baseline (`base_batch_size`, `base_learning_rate`,
+  `base_warmup_ratio`, one pass over the stage's `num_train_tokens /
+  seq_len` sequences, poly decay) scaled to the stage's batch with
+  `date_optax.scale_recipe` (`lr_scaling`, `warmup_scaling`).
+  """
+  recipes = []
+  for stage in stage_configs(config):
+    baseline = date_optax.Baseline(
+        batch_size=config.base_batch_size,
+        learning_rate=config.base_learning_rate,
+        warmup_ratio=config.base_warmup_ratio,
+        epochs=1,
+        num_examples=stage["num_train_tokens"] // stage["seq_len"],
+        decay=date_optax.schedules.Poly(power=config.decay_power),
+    )
+    recipes.append(date_optax.scale_recipe(
+        baseline, stage["batch_size"], lr_scaling=config.lr_scaling,
+        warmup_scaling=config.warmup_scaling))
+  return date_optax.multi_stage(recipes)
+
+
+def make_optimizer(
+    config: ml_collections.ConfigDict,
+) -> tuple[optax.GradientTransformation, date_optax.MultiStageRecipe]:
+  """LAMB (or AdamW, for comparison) on the multi-stage schedule."""
+  recipe = make_recipe(config)
+  if config.optimizer == "lamb":
+    tx = date_optax.lamb(
+        recipe.schedule, b1=config.b1, b2=config.b2, eps=config.eps,
+        weight_decay=config.weight_decay, mask=NO_DECAY, layer_axes=layer_axes)
+  elif config.optimizer == "adamw":
+    tx = optax.adamw(recipe.schedule, b1=config.b1, b2=config.b2, eps=config.eps,
+                     weight_decay=config.weight_decay, mask=NO_DECAY)
+  else:
+    raise ValueError(f"config.optimizer must be 'lamb' or 'adamw', got {config.optimizer!r}.")
+  return tx, recipe
+
+
+def create_model(config: ml_collections.ConfigDict) -> models.BertMLM:
+  """The encoder; its position table covers the longest stage."""
+  max_len = max(s["seq_len"] for s in stage_configs(config))
+  return models.BertMLM(vocab_size=input_pipeline.VOCAB_SIZE, max_len=max_len,
+                        pad_id=input_pipeline.PAD, **config.model)
+
+
+def make_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
+  """A ("data", "model") mesh over all devices, `model_parallel` on "model".
+
+  When the device count is not a multiple of `model_parallel` the "model"
+  axis gets the largest common divisor (1 on a single device).
+  """
+  n = jax.device_count()
+  mp = math.gcd(int(config.model_parallel), n)
+  return jax.make_mesh((n // mp, mp), ("data", "model"))
+
+
+def mlm_sums(logits: jax.Array, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """Per-sequence sums over the chosen positions: loss, correct, count.
+
+  Args:
+    logits: float32 ``[batch, length, vocab]``.
+    batch: ``{"targets", "weights"}`` int ``[batch, length]``.
+
+  Returns:
+    ``{"nll", "correct", "count"}``, each ``[batch]`` float32.
+  """
+  w = batch["weights"].astype(jnp.float32)
+  nll = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
+  correct = (jnp.argmax(logits, -1) == batch["targets"]).astype(jnp.float32)
+  return {"nll": (nll * w).sum(-1), "correct": (correct * w).sum(-1), "count": w.sum(-1)}
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Trains both stages and evaluates; checkpoints to and resumes from `workdir`.
+
+  Args:
+    config: the hyperparameters (configs/*.py).
+    workdir: checkpoints (`workdir/checkpoints`), `metrics.csv` (and
+      TensorBoard files) and `results.json`.
+
+  Returns:
+    The final eval MLM loss (`eval_loss`, mean cross-entropy per masked
+    token) and masked-token accuracy (`eval_accuracy`), the last train
+    metrics, the steps, the stage boundaries, the corpus hash and the
+    checksum of the final parameters; or `{"preempted_at_step": s}` after a
+    signal (rerun the same call to resume).
+  """
+  start = time.perf_counter()
+  data = input_pipeline.corpus()
+  mesh = make_mesh(config)
+  model = create_model(config)
+  tx, recipe = make_optimizer(config)
+  stages = stage_configs(config)
+  total_steps = recipe.total_steps if config.num_train_steps <= 0 else min(
+      config.num_train_steps, recipe.total_steps)
+  compute_dtype = jnp.bfloat16 if config.half_precision else None
+
+  def loss_fn(params, batch, rng):
+    logits = model.apply({"params": params}, batch["inputs"], train=True,
+                         rngs={"dropout": rng})
+    sums = mlm_sums(logits, batch)
+    count = jnp.maximum(sums["count"].sum(), 1.0)
+    return sums["nll"].sum() / count, {"accuracy": sums["correct"].sum() / count}
+
+  def metric_fn(params, batch):
+    return mlm_sums(model.apply({"params": params}, batch["inputs"], train=False), batch)
+
+  rules = [(regex, P(*spec)) for regex, spec in config.param_sharding]
+  step_fn = dp.make_train_step(
+      loss_fn, tx, mesh, has_aux=True, compute_dtype=compute_dtype,
+      shard_update=config.shard_update, microbatches=config.microbatches,
+      param_sharding=rules or None)
+  tokens = jnp.zeros((1, stages[0]["seq_len"]), jnp.int32)
+  params = jax.jit(lambda key: model.init(key, tokens, train=False)["params"])(
+      jax.random.key(config.seed))
+  state = step_fn.init(params, rng=jax.random.key(config.seed + 1))
+
+  eval_len = stages[-1]["seq_len"]
+  eval_data = input_pipeline.eval_set(
+      eval_len, seed=config.eval_seed, mask_rate=config.mask_rate,
+      max_sequences=None if config.eval_max_sequences <= 0 else config.eval_max_sequences)
+  num_eval = len(eval_data["inputs"])
+
+  def evaluate() -> dict[str, float]:
+    # Exact: per-sequence sums averaged over every held-out window by
+    # dp.evaluate, times the number of windows, give the corpus totals.
+    out = dp.evaluate(metric_fn, state.params, eval_data, mesh,
+                      batch_size=config.eval_batch_size, data_axes=("data",))
+    count = out["count"] * num_eval
+    return {"eval_loss": out["nll"] * num_eval / count,
+            "eval_accuracy": out["correct"] * num_eval / count}
+
+  def batches_from(step: int):
+    """The training batches from global step `step` on, stage by stage."""
+    while step < total_steps:
+      s = recipe.stage_of(step)
+      end = min(total_steps, recipe.boundaries[s] + recipe.stages[s].total_steps)
+      cfg = stages[s]
+      yield from zip(range(step, end), input_pipeline.train_batches(
+          cfg["batch_size"], cfg["seq_len"], seed=config.seed, start=step,
+          mask_rate=config.mask_rate))
+      step = end
+
+  with contextlib.ExitStack() as stack:
+    ckpt = None
+    if config.save_checkpoints:
+      ckpt = stack.enter_context(CheckpointManager(
+          os.path.join(workdir, "checkpoints"), max_to_keep=3,
+          save_interval_steps=config.checkpoint_every_steps))
+      if ckpt.latest_step() is not None:
+        state, _ = ckpt.restore(state)
+    guard = stack.enter_context(PreemptionGuard())
+    writer = stack.enter_context(diagnostics.MetricWriter(
+        workdir, tensorboard=None, resume_step=int(state.step)))
+    step = int(state.step)
+    boundaries = set(recipe.boundaries[1:])
+    if jax.process_index() == 0:
+      desc = "; ".join(
+          f"stage {i + 1}: L={c['seq_len']} B={c['batch_size']} "
+          f"{r.total_steps} steps, peak lr {r.peak_learning_rate:.4g}, warmup {r.warmup_steps}"
+          for i, (c, r) in enumerate(zip(stages, recipe.stages)))
+      print(f"{config.optimizer} on {jax.device_count()} devices, mesh "
+            f"{dict(mesh.shape)}; {desc}; running steps {step + 1}..{total_steps}", flush=True)
+    metrics: dict[str, float] = {}
+    eval_metrics: dict[str, float] = {}
+    bar = stack.enter_context(_progress(config, total_steps, step))
+    for i, batch in batches_from(step):
+      state, m = step_fn(state, batch)
+      step = i + 1
+      bar.update(1)
+      logged = step % config.log_every_steps == 0 or step == total_steps or step in boundaries
+      if logged:
+        metrics = {k: float(v) for k, v in m.items() if k not in ("trust_ratios", "aux")}
+        metrics["accuracy"] = float(m["aux"]["accuracy"])
+        metrics["learning_rate"] = float(recipe.schedule(step - 1))
+        metrics["stage"] = float(recipe.stage_of(step - 1) + 1)
+        metrics["tokens"] = float(_tokens_seen(stages, recipe, step))
+        writer.write_scalars(step, metrics)
+        bar.set_postfix(loss=f"{metrics['loss']:.3f}", lr=f"{metrics['learning_rate']:.3g}")
+      if step % config.eval_every_steps == 0 or step == total_steps or step in boundaries:
+        eval_metrics = evaluate()
+        # "tokens" once per step: the train metrics already carry it when logged.
+        extra = {} if logged else {"tokens": float(_tokens_seen(stages, recipe, step))}
+        writer.write_scalars(step, {**eval_metrics, **extra})
+      preempted = guard.should_stop(step)
+      if ckpt is not None:
+        # The stage boundary is always saved: stage 2 starts from it.
+        ckpt.save(step, state, force=preempted or step in boundaries)
+      if preempted:
+        if jax.process_index() == 0:
+          print(f"{guard.received}: saved step {step} of {total_steps} in {workdir}; "
+                "rerun the same command to resume.", flush=True)
+        return {"preempted_at_step": step}
+    if not eval_metrics or step != total_steps:
+      eval_metrics = evaluate()
+    if ckpt is not None and ckpt.latest_step() != step:
+      ckpt.save(step, state, force=True)
+  result = {
+      **metrics, **eval_metrics, "steps": step,
+      "stage_boundaries": list(recipe.boundaries),
+      "tokens": _tokens_seen(stages, recipe, step),
+      "eval_sequences": num_eval, "eval_seq_len": eval_len,
+      "corpus_sha256": data["sha256"], "python": data["python"],
+      "wall_time": time.perf_counter() - start,
+      "params_checksum": tree_checksum(state.params),
+  }
+  if jax.process_index() == 0:
+    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+    epath.Path(workdir, "results.json").write_text(json.dumps(result, indent=1))
+  return result
+
+
+def _tokens_seen(stages, recipe, step: int) -> int:
+  """Training tokens consumed by the first `step` steps."""
+  total = 0
+  for cfg, begin, r in zip(stages, recipe.boundaries, recipe.stages):
+    n = min(max(step - begin, 0), r.total_steps)
+    total += n * cfg["batch_size"] * cfg["seq_len"]
+  return total
+
+
+def _progress(config, total: int, initial: int):
+  if not config.progress_bar or jax.process_index() != 0:
+    return _NoBar()
+  from tqdm.auto import tqdm  # noqa: PLC0415  (an `examples` extra)
+
+  return tqdm(total=total, initial=initial, unit="step", mininterval=2.0)
+
+
+class _NoBar(contextlib.AbstractContextManager):
+  def __exit__(self, *exc):
+    return None
+
+  def update(self, n):
+    del n
+
+  def set_postfix(self, **kwargs):
+    del kwargs

@@ -1,0 +1,231 @@
+"""examples/bert_lamb: the LAMB BERT table, two-stage recipe, per-layer ratios,
+masking, and a one-step smoke run (the full smoke run and the study are slow).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+
+import date_optax  # noqa: E402
+from examples.bert_lamb import input_pipeline, train  # noqa: E402
+from examples.bert_lamb.configs import default, lamb_bert, smoke  # noqa: E402
+
+
+def _read_metrics(path):
+  out = {}
+  with open(path) as f:
+    for row in csv.DictReader(f):
+      out.setdefault(row["name"], {})[int(row["step"])] = float(row["value"])
+  return out
+
+
+def test_bert_table_is_the_papers_and_the_cli_preset():
+  from date_optax._src import cli_recipe
+
+  # Yang You's slides, Table 1: 512·2^j, LR 5/(2^(3-0.5j)·10^3), warmup 1/320·2^j.
+  table = {512: (5e-3 / 8, 1 / 320), 1024: (5e-3 / 2**2.5, 1 / 160),
+           2048: (5e-3 / 4, 1 / 80), 4096: (5e-3 / 2**1.5, 1 / 40),
+           8192: (5e-3 / 2, 1 / 20), 16384: (5e-3 / 2**0.5, 1 / 10),
+           32768: (5e-3, 1 / 5)}
+  assert sorted(default.BERT_TABLE) == sorted(table)
+  preset = cli_recipe.PRESETS["lamb-bert"]
+  assert preset["base_batch"] == default.BERT_BASE_BATCH
+  assert cli_recipe.parse_number(preset["lr"]) == pytest.approx(default.BERT_BASE_LR)
+  assert cli_recipe.parse_number(preset["warmup_ratio"]) == default.BERT_BASE_WARMUP_RATIO
+  for batch, (lr, ratio) in table.items():
+    np.testing.assert_allclose(default.BERT_TABLE[batch], (lr, ratio), rtol=1e-12)
+    # The example's recipe reproduces each column from the j = 0 one.
+    config = lamb_bert.get_config(batch)
+    recipe = train.make_recipe(config)
+    np.testing.assert_allclose(recipe.stages[0].peak_learning_rate, lr, rtol=1e-12)
+    np.testing.assert_allclose(recipe.stages[0].warmup_ratio, ratio, rtol=1e-12)
+  with pytest.raises(ValueError, match="batch_size must be one of"):
+    lamb_bert.get_config(1000)
+
+
+def test_two_stage_recipe_rewarms_from_zero():
+  config = default.get_config()
+  recipe = train.make_recipe(config)
+  s1, s2 = recipe.stages
+  n1 = config.num_train_tokens // config.seq_len
+  n2 = config.stage2.num_train_tokens // config.stage2.seq_len
+  assert config.stage2.seq_len == 4 * config.seq_len
+  assert (s1.total_steps, s2.total_steps) == (n1 // config.batch_size,
+                                              n2 // config.stage2.batch_size)
+  assert recipe.boundaries == (0, s1.total_steps)
+  assert s1.total_steps > 2 * s2.total_steps  # stage 1 has most of the steps
+  assert s2.warmup_steps >= 2
+  for stage, batch, n in ((s1, config.batch_size, n1), (s2, config.stage2.batch_size, n2)):
+    k = batch / config.base_batch_size
+    np.testing.assert_allclose(stage.peak_learning_rate, config.base_learning_rate * math.sqrt(k))
+    w = config.base_warmup_ratio * k * n / batch
+    assert stage.warmup_steps == math.floor(w + 0.5)
+  # BERT's schedule at update i (1-based j = i + 1 within its stage): linear
+  # warmup peak·j/W from 0, then peak·(1 - j/T) (unshifted), to 0 at the end.
+  b = recipe.boundaries[1]
+  for i in (0, 1, s1.warmup_steps, b - 2, b - 1, b, b + 1, b + s2.warmup_steps + 3):
+    stage, start = (s1, 0) if i < b else (s2, b)
+    j = i - start + 1
+    peak, w, t = stage.peak_learning_rate, stage.warmup_steps, stage.total_steps
+    want = peak * j / w if j <= w else peak * (1 - j / t)
+    np.testing.assert_allclose(float(recipe.schedule(i)), want, rtol=1e-5, atol=1e-9)
+  # Stage 1 ends at 0 and stage 2 climbs again from its first warmup step.
+  assert float(recipe.schedule(b - 1)) == 0.0
+  assert float(recipe.schedule(b)) < float(recipe.schedule(b + s2.warmup_steps - 1))
+
+
+def test_each_scanned_layer_gets_its_own_trust_ratio():
+  config = smoke.get_config()
+  model = train.create_model(config)
+  params = jax.jit(lambda k: model.init(k, jnp.zeros((2, 8), jnp.int32), train=False))(
+      jax.random.key(0))["params"]
+  kernel = params["layers"]["mlp_in"]["kernel"]
+  assert kernel.shape[0] == config.model.num_layers == 2
+  # Make the layers differ by a known factor: layer 1's weights x 5.
+  params["layers"]["mlp_in"]["kernel"] = kernel.at[1].multiply(5.0)
+  grads = jax.tree.map(lambda p: jnp.cos(jnp.arange(p.size, dtype=jnp.float32)
+                                         ).reshape(p.shape) * 1e-2, params)
+  wd, eps = 0.01, 1e-6
+  tx = date_optax.lamb(1e-3, weight_decay=wd, eps=eps, mask=train.NO_DECAY,
+                       layer_axes=train.layer_axes)
+  state = tx.init(params)
+  _, state = jax.jit(tx.update)(grads, state, params)
+  ratios = date_optax.trust_ratios(state)
+  got = np.asarray(ratios["layers"]["mlp_in"]["kernel"])
+  assert got.shape == (2,)
+  # First LAMB step: m̂ = g, v̂ = g², u = g / (|g| + eps) + wd·w, r = ‖w‖/‖u‖ per layer.
+  w = np.asarray(params["layers"]["mlp_in"]["kernel"], np.float64)
+  g = np.asarray(grads["layers"]["mlp_in"]["kernel"], np.float64)
+  u = g / (np.abs(g) + eps) + wd * w
+  want = [np.linalg.norm(w[i]) / np.linalg.norm(u[i]) for i in range(2)]
+  np.testing.assert_allclose(got, want, rtol=1e-4)
+  assert got[1] > 3 * got[0]
+  # Biases and norms: no trust ratio (1) and no decay.
+  np.testing.assert_array_equal(np.asarray(ratios["layers"]["mlp_in"]["bias"]), [1.0, 1.0])
+  assert float(ratios["final_norm"]["scale"]) == 1.0
+  # Unstacked leaves keep one ratio.
+  assert np.shape(ratios["token_embed"]["embedding"]) == ()
+
+
+def test_bert_masking_and_corpus():
+  data = input_pipeline.corpus()
+  assert len(data["sha256"]) == 64 and data["pinned"] == (
+      data["python"] in input_pipeline.PINNED_SHA256)
+  assert len(data["train"]) > 10 * len(data["eval"]) > 0
+  tokens = np.random.default_rng(0).integers(0, 256, (400, 250))
+  tokens[:, -10:] = input_pipeline.PAD
+  b = input_pipeline.mask_tokens(tokens, np.random.default_rng(1))
+  chosen = b["weights"] == 1
+  assert not chosen[:, -10:].any()
+  np.testing.assert_allclose(chosen[:, :-10].mean(), 0.15, atol=0.005)
+  masked = b["inputs"][chosen] == input_pipeline.MASK
+  kept = b["inputs"][chosen] == tokens[chosen]
+  np.testing.assert_allclose(masked.mean(), 0.8, atol=0.01)
+  # 10 % unchanged, plus the random replacements that drew the same byte.
+  np.testing.assert_allclose(kept.mean(), 0.1 + 0.1 / 256, atol=0.01)
+  np.testing.assert_array_equal(b["inputs"][~chosen], tokens[~chosen])
+  np.testing.assert_array_equal(b["targets"], tokens)
+  e1, e2 = input_pipeline.eval_set(64), input_pipeline.eval_set(64)
+  np.testing.assert_array_equal(e1["inputs"], e2["inputs"])
+  assert len(e1["inputs"]) == len(data["eval"]) // 64
+  with pytest.raises(ValueError, match="mask_rate"):
+    input_pipeline.mask_tokens(tokens, np.random.default_rng(0), 1.5)
+
+
+def test_bert_one_step_smoke(tmp_path):
+  config = smoke.get_config()
+  config.num_train_steps = 1
+  config.eval_max_sequences = 16
+  config.eval_batch_size = 16
+  assert jax.device_count() == 8  # tests/conftest.py
+  result = train.train_and_evaluate(config, str(tmp_path))
+  assert result["steps"] == 1 and result["tokens"] == config.batch_size * config.seq_len
+  saved = json.load(open(tmp_path / "results.json"))
+  assert saved["params_checksum"] == result["params_checksum"]
+  assert np.isfinite(result["eval_loss"]) and 0.0 <= result["eval_accuracy"] <= 1.0
+  # Before training the model predicts near-uniformly over the vocabulary.
+  assert abs(result["eval_loss"] - math.log(input_pipeline.VOCAB_SIZE)) < 0.5
+  metrics = _read_metrics(tmp_path / "metrics.csv")
+  recipe = train.make_recipe(config)
+  np.testing.assert_allclose(metrics["learning_rate"][1],
+                             recipe.stages[0].peak_learning_rate / recipe.stages[0].warmup_steps,
+                             rtol=1e-6)
+  assert metrics["skipped"][1] == 0.0 and "trust_ratio/median" in metrics
+
+
+@pytest.mark.slow
+def test_bert_stage2_starts_from_stage1_checkpoint(tmp_path):
+  config = smoke.get_config()
+  boundary = train.make_recipe(config).boundaries[1]
+  config.num_train_steps = boundary  # stage 1 only
+  stage1 = train.train_and_evaluate(config, str(tmp_path))
+  assert stage1["steps"] == boundary
+  assert str(boundary) in os.listdir(tmp_path / "checkpoints")
+  config.num_train_steps = -1
+  both = train.train_and_evaluate(config, str(tmp_path))
+  assert both["steps"] == train.make_recipe(config).total_steps
+  metrics = _read_metrics(tmp_path / "metrics.csv")
+  s2 = train.make_recipe(config).stages[1]
+  np.testing.assert_allclose(metrics["learning_rate"][boundary + 1],
+                             s2.peak_learning_rate / s2.warmup_steps, rtol=1e-6)
+  assert sorted(metrics["stage"]) == list(range(1, both["steps"] + 1))
+
+
+@pytest.mark.slow
+def test_bert_smoke_cli_writes_results(tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)  # main.py emulates config.cpu_devices = 8
+  subprocess.run([sys.executable, "-m", "examples.bert_lamb.main",
+                  "--config=examples/bert_lamb/configs/smoke.py", f"--workdir={tmp_path}"],
+                 env=env, cwd=ROOT, check=True, timeout=300, capture_output=True)
+  result = json.load(open(tmp_path / "results.json"))
+  assert result["steps"] == 32 and result["stage_boundaries"] == [0, 24]
+  assert np.isfinite(result["eval_loss"]) and 0.0 <= result["eval_accuracy"] <= 1.0
+  assert result["eval_seq_len"] == 128
+
+
+@pytest.mark.slow
+def test_bert_scaling_quick_and_resume(tmp_path):
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location(
+      "bert_scaling", os.path.join(ROOT, "benchmarks", "bert_scaling.py"))
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  out = str(tmp_path / "bs")
+  argv = ["--quick", "--out", out]
+  # The study runs on one CPU device (B0 = 4 does not split over the test's 8).
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1",
+             JAX_PLATFORMS="cpu")
+
+  def study():
+    subprocess.run([sys.executable, "benchmarks/bert_scaling.py", *argv], env=env,
+                   cwd=ROOT, check=True, timeout=900, capture_output=True)
+
+  study()
+  md = open(out + ".md").read()
+  for label in bench.LABELS.values():
+    assert label in md
+  assert "| iterations | 640 | 160 | 40 | 10 |" in md
+  lines = open(out + ".jsonl").read().splitlines()
+  # 2 B0 runs (LAMB, AdamW shared by both rules) + 3 scales x 3 methods.
+  assert len(lines) == 11
+  assert os.path.getsize(out + ".png") > 10_000
+  study()  # everything from the log
+  assert len(open(out + ".jsonl").read().splitlines()) == 11
+  recs = [json.loads(line) for line in lines]
+  assert {r["tokens"] for r in recs} == {640 * 4 * 32}
