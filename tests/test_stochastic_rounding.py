@@ -24,6 +24,9 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
+# The adversarial layers and hop counts of the nearest-rounding tests.
+from test_low_precision import _hops, _layers
+
 import date_optax.parallel as dp
 from date_optax._src.parallel import compat, hlo
 from date_optax._src.parallel import low_precision as lp
@@ -142,20 +145,6 @@ def _reducer(alg, **kw):
       lambda t, key: jax.tree.map(lambda v: v[None], dp.all_reduce(
           jax.tree.map(lambda v: v[0], t), axes, algorithm=alg, key=key, **kw)),
       mesh=mesh, in_specs=(spec, P()), out_specs=spec))
-
-
-def _layers(seed=0):
-  rng = np.random.default_rng(seed)
-  return {
-      "tiny": (rng.normal(size=(N, 3, 5)) * 1e-8).astype(np.float32),
-      "mid": (rng.normal(size=(N, 41)) * 1e-2).astype(np.float32),
-      "huge": (rng.normal(size=(N, 7)) * 1e4).astype(np.float32),
-      "zero": np.zeros((N, 4), np.float32),
-  }
-
-
-def _hops(alg: str) -> int:
-  return {"ring": N - 1, "torus": (2 - 1) + (4 - 1), "psum": N - 1}[alg]
 
 
 @pytest.mark.parametrize("fmt,alg", _cases(
