@@ -53,15 +53,17 @@ def test_batch_scaling_oracle_quick_and_resume(tmp_path):
   for task in oracle.TASKS:
     assert f"| {task.label} | 4 |" in md
   lines = open(out + ".jsonl").read().splitlines()
-  # 4 tasks x (3 grid points + 5 methods) at k = 4, one seed.
-  assert len(lines) == 32
+  # 4 tasks x (3 grid points + 5 methods + 2 variants) at k = 4 (the only
+  # scale, so the headline one), one seed.
+  assert len(lines) == 40
   recs = [json.loads(line) for line in lines]
-  assert {r["key"]["method"] for r in recs} == {"grid", *oracle.METHODS}
+  assert {r["key"]["method"] for r in recs} == {
+      "grid", *oracle.METHODS, *oracle.VARIANTS}
   assert all(0.0 <= r["accuracy"] <= 100.0 for r in recs)
   assert os.path.getsize(out + ".png") > 10_000
   # A second call trains nothing new, and --report-only rewrites the table.
   assert bench.main(argv + ["--report-only"]) == 0
-  assert len(open(out + ".jsonl").read().splitlines()) == 32
+  assert len(open(out + ".jsonl").read().splitlines()) == 40
   assert open(out + ".md").read().count("| MNIST-1D") == md.count("| MNIST-1D")
 
 
@@ -73,7 +75,7 @@ def test_oracle_grid_points_and_methods_are_what_they_say():
   base = oracle.baseline_of(task, 0.05, data)
   r = date_optax.date_recipe(base, 16 * 64)
   assert r.total_steps == 320 and r.peak_learning_rate == pytest.approx(0.4)
-  for name in oracle.METHODS + ("grid",):
+  for name in oracle.METHODS + oracle.VARIANTS + ("grid",):
     assert oracle.optimizer_for(name, base, 1024) is not None
   with pytest.raises(ValueError, match="unknown"):
     oracle.optimizer_for("sgd", base, 1024)

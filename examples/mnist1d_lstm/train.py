@@ -259,11 +259,13 @@ def train(
     progress: Callable[[int, float], None] | None = None,
     eval_every_epoch: bool = True,
     eval_batch_size: int = 4096,
+    steps_per_call: int | None = None,
 ) -> RunResult:
   """Trains `model` on `data` with `optimizer` for `epochs` epochs, in memory.
 
   Each epoch visits ``floor(n / batch_size)`` batches of a fresh permutation
-  (the remainder is dropped) in one jitted ``lax.scan``. A model with a
+  (the remainder is dropped) in one jitted ``lax.scan``, or in jitted calls
+  of `steps_per_call` steps written out one after the other. A model with a
   ``batch_stats`` collection (batch norm) is called with ``train=True``
   while training and ``train=False`` for the test set, its statistics
   threaded through the scan. With a `mesh`, each epoch's batches are split
@@ -285,6 +287,13 @@ def train(
       evaluation.
     eval_every_epoch: evaluate after every epoch (else after the last only).
     eval_batch_size: batch size of the test-set evaluation.
+    steps_per_call: ``None`` (default) runs each epoch as one ``lax.scan``;
+      an integer ``n >= 1`` runs it as jitted calls of ``n`` unrolled steps
+      (the last call takes the remainder), with no loop inside the compiled
+      program. Use it for convolutions: XLA's CPU backend runs a convolution
+      inside a loop body about 20x slower than outside one (measured on the
+      MNIST-1D CNN of ``benchmarks/oracle.py``: 0.9 s against 0.04 s per step
+      at batch 1024). The arithmetic is the same either way.
 
   Returns:
     A `RunResult`.
@@ -294,6 +303,11 @@ def train(
   steps_per_epoch = n // batch_size
   if steps_per_epoch < 1:
     raise ValueError(f"batch_size={batch_size} exceeds the {n} training examples.")
+  if steps_per_call is not None and (
+      isinstance(steps_per_call, bool) or not isinstance(steps_per_call, int)
+      or steps_per_call < 1):
+    raise ValueError(f"steps_per_call must be None or an integer >= 1, got "
+                     f"{steps_per_call!r}.")
   start = time.perf_counter()
   variables = model.init(jax.random.key(seed), jnp.asarray(data.x_train[:2]), train=True)
   params, stats = variables["params"], variables.get("batch_stats")
@@ -318,8 +332,10 @@ def train(
       u, s = optimizer.update(g, s, p)
       return (optax.apply_updates(p, u), st, s), loss
 
-    (p, st, s), losses = jax.lax.scan(body, (p, st, s), (xs, ys))
-    return p, st, s, jnp.mean(losses)
+    # unroll=True writes the steps out: no while loop in the program.
+    (p, st, s), losses = jax.lax.scan(body, (p, st, s), (xs, ys),
+                                      unroll=steps_per_call is not None)
+    return p, st, s, jnp.sum(losses)
 
   def predict(p, st, x):
     v = {"params": p} if st is None else {"params": p, "batch_stats": st}
@@ -350,8 +366,13 @@ def train(
     ys = data.y_train[order].reshape(steps_per_epoch, batch_size)
     if batch_sharding is not None:
       xs, ys = jax.device_put((xs, ys), batch_sharding)
-    params, stats, opt_state, loss = train_epoch(params, stats, opt_state, xs, ys)
-    losses.append(float(loss))
+    chunk = steps_per_call or steps_per_epoch
+    loss = 0.0
+    for i in range(0, steps_per_epoch, chunk):
+      params, stats, opt_state, part = train_epoch(
+          params, stats, opt_state, xs[i : i + chunk], ys[i : i + chunk])
+      loss += part
+    losses.append(float(loss) / steps_per_epoch)
     lrs.append(_lr_at(learning_rate, epoch * steps_per_epoch - 1))
     if eval_every_epoch or epoch == epochs:
       evaluated.append(epoch)
