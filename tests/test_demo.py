@@ -174,3 +174,14 @@ def test_train_threads_batch_stats_and_evaluates_once_when_asked():
   assert lstm.epochs == [1, 2] and len(lstm.test_accuracy) == 2
   with pytest.raises(ValueError, match="batch_size=512 exceeds"):
     lstm_train.train(data, optimizer=optax.sgd(0.1), batch_size=512, epochs=1)
+  # Unrolled calls of 3 steps (8 steps an epoch: calls of 3, 3 and 2) train
+  # the same run as the scanned epoch, batch statistics included.
+  unrolled = lstm_train.train(data, optimizer=optax.sgd(0.1), batch_size=32,
+                              epochs=3, model=BNNet(), eval_every_epoch=False,
+                              steps_per_call=3)
+  np.testing.assert_allclose(unrolled.train_loss, r.train_loss, rtol=1e-5)
+  np.testing.assert_allclose(unrolled.test_accuracy, r.test_accuracy)
+  for bad in (0, -1, 2.0, True):
+    with pytest.raises(ValueError, match="steps_per_call must be None or an integer"):
+      lstm_train.train(data, optimizer=optax.sgd(0.1), batch_size=32, epochs=1,
+                       steps_per_call=bad)
