@@ -430,33 +430,54 @@ def markdown(done, tasks, lrs, cfg, args) -> str:
 
 
 def plot(done, tasks, cfg, path):
+  import textwrap  # noqa: PLC0415
+
   import matplotlib  # noqa: PLC0415
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # noqa: PLC0415
 
-  fig, axes = plt.subplots(1, len(tasks), figsize=(4 * len(tasks), 3.6),
+  ncol = 2 if len(tasks) == 4 else len(tasks)
+  nrow = -(-len(tasks) // ncol)
+  fig, axes = plt.subplots(nrow, ncol, figsize=(5.2 * ncol, 3.4 * nrow + 0.6),
                            squeeze=False)
-  for ax, t in zip(axes[0], tasks):
+  lo, hi = -12.0, 3.0
+  for ax, t in zip(axes.flat, tasks):
     ks = [k for k in sorted(cfg["scales"])
           if _records(done, t.name, k, "grid", seed=0)]
     if not ks:
       ax.set_axis_off()
       continue
+    # The goal: within 0.5 points at 16·B0 and 1.0 at 64·B0.
+    goal = [(k, -0.5 if k <= 16 else -1.0) for k in ks if k >= 16]
+    if goal:
+      gk, gv = zip(*goal)
+      ax.plot(gk, gv, ls=":", color="0.4", marker="_", ms=14, label="goal")
     for m in METHODS + VARIANTS:
       gaps = []
       for k in ks:
         recs = _records(done, t.name, k, m)
         gaps.append(np.mean([r["accuracy"] for r in recs]) - _oracle(done, t.name, k)[1]
                     if recs else np.nan)
-      ax.plot(ks, gaps, marker="o", label=LABELS[m])
+      main = m == "date"
+      line, = ax.plot(ks, np.clip(gaps, lo, None), marker="o", label=LABELS[m],
+                      lw=2.6 if main else 1.2, ls="--" if m in VARIANTS else "-",
+                      zorder=3 if main else 2, ms=6 if main else 4)
+      for k, g in zip(ks, gaps):
+        if np.isfinite(g) and g < lo:  # off the axis: print the value
+          ax.annotate(f"{g:.0f}", (k, lo), textcoords="offset points",
+                      xytext=(3, 4), fontsize=7, color=line.get_color())
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xscale("log", base=2)
+    ax.set_xticks(ks, [str(k) for k in ks])
     ax.set_xlim(min(ks) / 1.5, max(ks) * 1.5)
-    ax.set(title=t.label[:40], xlabel="k = B / B0", ylabel="gap to oracle (points)")
-    ax.set_ylim(-12, 3)
+    ax.set(xlabel="k = B / B0", ylabel="gap to oracle (points)", ylim=(lo - 0.5, hi))
+    ax.set_title("\n".join(textwrap.wrap(t.label, 48)), fontsize=9)
     ax.grid(alpha=0.3)
-  axes[0][0].legend(fontsize=6, loc="lower left")
-  fig.tight_layout()
+  for ax in list(axes.flat)[len(tasks):]:
+    ax.set_axis_off()
+  handles, labels = axes.flat[0].get_legend_handles_labels()
+  fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7, frameon=False)
+  fig.tight_layout(rect=(0, 0.08 if nrow > 1 else 0.2, 1, 1))
   fig.savefig(path, dpi=100)
   plt.close(fig)
