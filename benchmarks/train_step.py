@@ -15,6 +15,12 @@ computes its metrics (gradient norm, trust-ratio summary, learning rate);
 that is part of what is measured. The two steps alternate, each timed as the
 median of `--reps` calls after a warm-up. Goal: ratio <= 1.05.
 
+With `--profile`, the 2-D mesh step is taken apart: the plain step plus one
+piece of the library step at a time (the per-replica `vmap`, the exact
+non-finite skip with and without the select over the optimizer state, the
+gradient-norm/finiteness reduction, the trust-ratio summary), so the cost of
+each piece shows as its ratio to the plain step, all timed in one run.
+
 Part 2: the compiled step's memory (`Compiled.memory_analysis()`: temporary
 buffers, i.e. activations and gradients in flight, and the total with the
 arguments and outputs) for `microbatches` in 1, 2, 4, 8 on the data mesh.
@@ -22,6 +28,7 @@ arguments and outputs) for `microbatches` in 1, 2, 4, 8 on the data mesh.
 Usage:
   python benchmarks/train_step.py                 # both parts, 8 emulated devices
   python benchmarks/train_step.py --reps 30 --batch 512 --width 1024
+  python benchmarks/train_step.py --profile --runs 3  # where the 2-D step's time goes
 """
 
 from __future__ import annotations
@@ -152,6 +159,109 @@ def compare(mesh_name: str, args) -> dict:
           "ratio": t_lib / t_plain}
 
 
+PIECES = ("vmap", "skip", "skip_params_only", "norm", "summary")
+
+
+def piece_step(mesh, opt, p_sh, s_sh, b_sh, pieces: tuple[str, ...]):
+  """The plain step plus some of the library step's pieces (for `--profile`).
+
+  "vmap": gradients per replica (a `vmap` laid out over "data") then their
+  mean, as the library's GSPMD path computes them; "skip": the exact
+  non-finite skip (loss, gradients and update checked; parameters and
+  optimizer state selected); "skip_params_only": the same check selecting the
+  parameters only (to price the optimizer-state select); "norm": the
+  gradient norm's reduction; "summary": the trust-ratio summary.
+  """
+  from jax import lax
+
+  def step(params, opt_state, batch):
+    if "vmap" in pieces:
+      n = mesh.shape["data"]
+      split = NamedSharding(mesh, P("data"))
+      b = jax.tree.map(lambda x: lax.with_sharding_constraint(
+          x.reshape((n, x.shape[0] // n) + x.shape[1:]), split), batch)
+      loss, grads = jax.vmap(jax.value_and_grad(loss_fn), in_axes=(None, 0),
+                             spmd_axis_name="data")(params, b)
+      grads = jax.tree.map(lambda g, sh: lax.with_sharding_constraint(g.mean(0), sh),
+                           grads, p_sh)
+      loss = loss.mean()
+    else:
+      loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+    updates, new_state = opt.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    metrics = {"loss": loss}
+    if "norm" in pieces:
+      metrics["grad_norm"] = optax.global_norm(grads)
+    if "skip" in pieces or "skip_params_only" in pieces:
+      finite = jnp.isfinite(loss)
+      for x in jax.tree.leaves((grads, updates)):
+        finite = finite & jnp.all(jnp.isfinite(x))
+      finite = lax.optimization_barrier(finite)
+      pick = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+      new_params = pick(new_params, params)
+      if "skip" in pieces:
+        new_state = pick(new_state, opt_state)
+      metrics["skipped"] = ~finite
+    if "summary" in pieces:
+      ratios = date_optax.trust_ratios(new_state)
+      metrics.update(date_optax.diagnostics.trust_ratio_summary(ratios, 0.0, 1.0))
+    return new_params, new_state, metrics
+
+  named = lambda s: NamedSharding(mesh, s)
+  return jax.jit(step, in_shardings=(p_sh, s_sh, b_sh),
+                 out_shardings=(p_sh, s_sh, named(P())), donate_argnums=(0, 1))
+
+
+def profile(args) -> list[dict]:
+  """Times the plain 2-D step, plain + each piece, and the library step."""
+  params = make_params(args.width, args.depth, args.d_in)
+  rng = np.random.default_rng(1)
+  batch = {"x": rng.normal(size=(args.batch, args.d_in)).astype(np.float32),
+           "y": rng.normal(size=(args.batch, 8)).astype(np.float32)}
+  opt = date_optax.lamb(1e-3, weight_decay=1e-2)
+  mesh = jax.make_mesh((4, 2), ("data", "model"),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  step = dp.make_train_step(loss_fn, opt, mesh, param_sharding=FSDP)
+  state = step.init(params)
+  gbatch = step.shard_batch(batch)
+  named = lambda s: NamedSharding(mesh, s)
+  p_sh = jax.tree.map(named, step.param_specs(params), is_leaf=lambda x: isinstance(x, P))
+  s_sh = jax.tree.map(lambda x: x.sharding, state.opt_state)
+  b_sh = named(P("data"))
+  pbatch = jax.device_put(batch, b_sh)
+  variants = [("plain", ())] + [(f"plain + {p}", (p,)) for p in PIECES]
+  variants.append(("plain + all pieces", ("vmap", "skip", "norm", "summary")))
+  runs = {}
+  for name, pieces in variants:
+    fn = piece_step(mesh, opt, p_sh, s_sh, b_sh, pieces)
+    box = {"p": jax.device_put(params, p_sh), "s": jax.device_put(opt.init(params), s_sh)}
+
+    def run(fn=fn, box=box):
+      box["p"], box["s"], m = fn(box["p"], box["s"], pbatch)
+      jax.block_until_ready((box["p"], m))
+
+    runs[name] = run
+  box = {"lib": state}
+
+  def run_lib():
+    box["lib"], m = step(box["lib"], gbatch)
+    jax.block_until_ready((box["lib"].params, m))
+
+  runs["library step"] = run_lib
+  for f in runs.values():
+    f()
+    f()
+  times = {k: [] for k in runs}
+  for _ in range(args.reps):
+    for k, f in runs.items():
+      t = time.perf_counter()
+      f()
+      times[k].append(time.perf_counter() - t)
+  base = statistics.median(times["plain"])
+  return [{"variant": k, "ms": 1e3 * statistics.median(v),
+           "ratio": statistics.median(v) / base} for k, v in times.items()]
+
+
 def memory(args) -> list[dict]:
   params = make_params(args.width, args.depth, args.d_in)
   rng = np.random.default_rng(1)
@@ -178,6 +288,10 @@ def main() -> None:
   parser.add_argument("--depth", type=int, default=4)
   parser.add_argument("--d-in", type=int, default=256)
   parser.add_argument("--reps", type=int, default=20)
+  parser.add_argument("--runs", type=int, default=1,
+                      help="repeat the comparison (and the profile) this many times")
+  parser.add_argument("--profile", action="store_true",
+                      help="also time the 2-D step piece by piece")
   args = parser.parse_args()
   print(f"jax {jax.__version__}, {len(jax.devices())} {jax.devices()[0].platform} "
         f"devices, {platform.processor() or platform.machine()}, "
@@ -186,10 +300,18 @@ def main() -> None:
         f"{args.batch}, median of {args.reps}")
   print("| mesh | library step (ms) | plain jit step (ms) | ratio |")
   print("|---|---|---|---|")
-  for name in ("data (8,)", "data x model (4, 2), FSDP rules"):
-    r = compare(name, args)
-    print(f"| {r['mesh']} | {r['lib_ms']:.2f} | {r['plain_ms']:.2f} | "
-          f"{r['ratio']:.3f} |")
+  for run in range(args.runs):
+    for name in ("data (8,)", "data x model (4, 2), FSDP rules"):
+      r = compare(name, args)
+      print(f"| {r['mesh']} (run {run + 1}) | {r['lib_ms']:.2f} | {r['plain_ms']:.2f} | "
+            f"{r['ratio']:.3f} |", flush=True)
+  if args.profile:
+    for run in range(args.runs):
+      print(f"\nprofile of the (4, 2) FSDP step, run {run + 1}: plain step + one piece")
+      print("| variant | ms | ratio to plain |")
+      print("|---|---|---|")
+      for r in profile(args):
+        print(f"| {r['variant']} | {r['ms']:.2f} | {r['ratio']:.3f} |", flush=True)
   print(f"\nstep memory against microbatches (global batch {args.mem_batch}, "
         "data mesh (8,), per device)")
   print("| microbatches | temporary (MiB) | total (MiB) |")

@@ -169,9 +169,24 @@ def all_finite(tree: Any) -> jax.Array:
   return ok
 
 
-def global_norm_f32(tree: Any) -> jax.Array:
-  sq = [jnp.sum(jnp.square(jnp.asarray(x, jnp.float32))) for x in jax.tree.leaves(tree)]
-  return jnp.sqrt(sum(sq)) if sq else jnp.zeros((), jnp.float32)
+def sum_squares_or_nan(tree: Any) -> jax.Array:
+  """Σ x² over the float leaves of `tree`, in float32; NaN iff one is NaN/Inf.
+
+  One reduction per leaf serves both the gradient norm and the finiteness
+  test: `x * 0` is 0 for every finite `x` and NaN for NaN or ±Inf, and adding
+  it leaves `x²` unchanged. A sum of finite squares that overflows is +Inf,
+  never NaN, so `isnan` of the result says exactly whether some element was
+  not finite. XLA fuses the per-leaf reductions with the producers of the
+  gradients, instead of reading them twice (a norm pass and an `isfinite`
+  pass).
+  """
+  total = jnp.zeros((), jnp.float32)
+  for x in jax.tree.leaves(tree):
+    x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+      x = x.astype(jnp.float32)
+      total = total + jnp.sum(x * x + x * 0)
+  return total
 
 
 def apply_gradients(
@@ -194,10 +209,15 @@ def apply_gradients(
   """
   updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
   new_params = optax.apply_updates(state.params, updates)
+  # The gradients' finiteness comes from the same reduction as their norm
+  # (one read of every gradient); the update's from an isfinite reduction.
   # The barrier materialises the flag once: otherwise XLA fuses the whole
   # finiteness reduction into every select below, which made a ResNet-50-sized
   # step compile ~15x slower (and recompute the check per leaf).
-  finite = lax.optimization_barrier(all_finite((loss, grads, updates)))
+  grad_sq = sum_squares_or_nan(grads)
+  finite = lax.optimization_barrier(
+      jnp.logical_not(jnp.isnan(grad_sq)) & all_finite((loss, updates))
+  )
 
   def keep(new, old):
     return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
@@ -216,7 +236,7 @@ def apply_gradients(
     new_state = new_state.replace(model_state=keep(model_state, state.model_state))
   metrics: Metrics = {
       "loss": loss,
-      "grad_norm": global_norm_f32(grads),
+      "grad_norm": jnp.sqrt(grad_sq),
       "skipped": jnp.logical_not(finite),
       "consecutive_skips": consecutive,
       "total_skips": total,

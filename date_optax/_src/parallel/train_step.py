@@ -10,10 +10,11 @@ steps. Two ways to run the replicas, one program each:
   axes, with the chosen all-reduce ("psum", "ring", "torus") and, with
   `shard_update=True`, an explicit reduce-scatter / all-gather.
 * Parameters sharded over non-data axes (`param_sharding`): plain GSPMD.
-  The replicas are a `vmap` whose axis is laid out over the data axes
-  (`spmd_axis_name`), so each replica still sees only its slice; the
-  compiler inserts the reductions, including the exact cross-shard sums of
-  trust-ratio norms.
+  The replicas' forward passes are a `vmap` whose axis is laid out over the
+  data axes (`spmd_axis_name`), so each replica still sees only its slice;
+  the step differentiates the mean of their losses, so the compiler reduces
+  each gradient as the backward pass produces it, and inserts the other
+  reductions, including the exact cross-shard sums of trust-ratio norms.
 
 Why the gradient is local under `shard_map`: with `check_vma=True` JAX already
 sums the gradient of a replicated parameter over the mesh (the transpose of
@@ -241,31 +242,22 @@ class TrainStep:
     batch = jax.tree.map(per_replica, batch)
     replicas = lax.with_sharding_constraint(jnp.arange(n, dtype=jnp.int32), split)
 
-    def one(batch, replica):
-      return lg.replica_grads(
-          self.loss_fn, has_aux=self.has_aux, compute_dtype=self.compute_dtype,
-          microbatches=self.microbatches, params=params, batch=batch,
-          model_state=model_state, rng=rng, step=step, replica=replica,
-      )
-
-    loss, aux, grads, model_state = jax.vmap(
-        one,
+    loss, aux, grads, model_state = lg.stacked_replica_grads(
+        self.loss_fn, has_aux=self.has_aux, compute_dtype=self.compute_dtype,
+        microbatches=self.microbatches, params=params, batch=batch,
+        model_state=model_state, rng=rng, step=step, replicas=replicas,
+        split=split,
         # Collectives over the data axis inside loss_fn (cross-replica batch
         # norm) run over the replicas, as they do under shard_map.
-        axis_name=axes[0] if len(axes) == 1 else None,
-        spmd_axis_name=axes if len(axes) > 1 else axes[0],
-    )(batch, replicas)
-    update = self._update_specs(params)
-    grads = jax.tree.map(
-        lambda g, s: lax.with_sharding_constraint(
-            jnp.mean(g.astype(lg.acc_dtype(g.dtype)), axis=0).astype(g.dtype),
-            NamedSharding(self.mesh, s),
-        ),
-        grads,
-        update,
+        vmap_axes={"axis_name": axes[0] if len(axes) == 1 else None,
+                   "spmd_axis_name": axes if len(axes) > 1 else axes[0]},
     )
-    return (jnp.mean(loss), lg.mean_stacked_aux(aux), grads,
-            lg.replicate_stacked_model_state(model_state))
+    grads = jax.tree.map(
+        lambda g, s: lax.with_sharding_constraint(g, NamedSharding(self.mesh, s)),
+        grads,
+        self._update_specs(params),
+    )
+    return loss, aux, grads, model_state
 
   def _gather_params(self, params: PyTree) -> PyTree:
     axes, alg = self.data_axes, self.grad_reduce
