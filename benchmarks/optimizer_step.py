@@ -275,7 +275,7 @@ def main(argv=None):
           f"{'temp MB':>8s} {'x base optimizer [min-max]':>40s} "
           f"{'x optax same math [min-max]':>40s}")
 
-    def ratio(a, b):
+    def ratio(a, b, rows=rows):
       runs = [x / y for x, y in zip(rows[a]["ms_runs"], rows[b]["ms_runs"])]
       return statistics.median(runs), min(runs), max(runs)
 

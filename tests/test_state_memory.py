@@ -14,11 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from test_update_structure import SHAPES
 
 import date_optax
 from date_optax._src import trust_ratio as tr
-
-from test_update_structure import SHAPES
 
 PARAMS = {k: jax.ShapeDtypeStruct(s, jnp.float32) for k, s in SHAPES.items()}
 
