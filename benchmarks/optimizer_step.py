@@ -19,6 +19,8 @@ Usage:
   python benchmarks/optimizer_step.py            # all trees, 15 steps each
   python benchmarks/optimizer_step.py --trees resnet50 --steps 10
   python benchmarks/optimizer_step.py --check    # also compare numerics
+  python benchmarks/optimizer_step.py --trees resnet50,resnet50_flat  # per-leaf cost
+  python benchmarks/optimizer_step.py --json out.json --repeats 3  # machine-readable
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 
 import jax
@@ -100,8 +103,14 @@ def stacked_shapes() -> dict[str, tuple[int, ...]]:
   }
 
 
+def resnet50_flat_shapes() -> dict[str, tuple[int, ...]]:
+  """ResNet-50's parameters in one leaf: with the resnet50 tree, the per-leaf cost."""
+  n = sum(int(np.prod(s)) for s in resnet50_shapes().values())
+  return {"all/kernel": (n,)}
+
+
 TREES = {"resnet50": resnet50_shapes, "bert_base": bert_base_shapes,
-         "stacked": stacked_shapes}
+         "stacked": stacked_shapes, "resnet50_flat": resnet50_flat_shapes}
 
 
 def make_tree(shapes: dict[str, tuple[int, ...]], seed: int) -> dict:
@@ -114,7 +123,7 @@ def make_tree(shapes: dict[str, tuple[int, ...]], seed: int) -> dict:
 
 
 def optimizers(tree_name: str):
-  mask = lambda p: {k: len(v.shape) > 1 for k, v in p.items()}
+  mask = lambda p: {k: len(v.shape) > 1 or tree_name == "resnet50_flat" for k, v in p.items()}
   axes = ({k: (0,) if k.startswith("layers/") else None
            for k in stacked_shapes()} if tree_name == "stacked" else None)
   return {
@@ -134,11 +143,19 @@ def optimizers(tree_name: str):
       "date_optax.bounded_lars": (date_optax.bounded_lars(0.1, trust_ratio_mask=mask,
                                                           layer_axes=axes),
                                   "optax.sgd(momentum)", 1, "optax.sgd(momentum)"),
+      "date_optax.lars(sum_of_norms)": (date_optax.lars(0.1, weight_decay=1e-4,
+                                                        layer_axes=axes),
+                                        "optax.sgd(momentum)", 1, None),
+      "date_optax.scale_by_trust_ratio(adam)": (
+          optax.chain(date_optax.scale_by_trust_ratio(
+              inner=optax.scale_by_adam(eps=1e-6), weight_decay=1e-4,
+              denominator="norm_of_sum", layer_axes=axes), optax.scale(-1e-3)),
+          "optax.adamw", 2, "optax.lamb"),
   }
 
 
-def time_step(opt, params, grads, steps: int) -> tuple[float, dict, float]:
-  """Median step time, the parameters after the steps, and the compile time."""
+def compile_step(opt, params, grads):
+  """The compiled step, its compile time, and its compiled-HLO statistics."""
   state = opt.init(params)
 
   def step(params, state, grads):
@@ -148,7 +165,32 @@ def time_step(opt, params, grads, steps: int) -> tuple[float, dict, float]:
   t0 = time.perf_counter()
   f = jax.jit(step, donate_argnums=(0, 1)).lower(params, state, grads).compile()
   compile_s = time.perf_counter() - t0
+  return f, state, compile_s, hlo_stats(f)
+
+
+def hlo_stats(compiled) -> dict:
+  """Fusions and kernels in the compiled entry computation, and temporary bytes.
+
+  ``fusions``: fusion ops XLA emitted (each one kernel); ``kernels``: every op
+  of the entry computation that does work (fusions, reductions, copies,
+  custom calls; not parameters, tuples, constants or bitcasts).
+  """
+  text = compiled.as_text()
+  entry = text[text.index("ENTRY"):]
+  entry = entry[:entry.index("\n}")]
+  skip = ("parameter(", "tuple(", "get-tuple-element(", "constant(", "bitcast(")
+  ops = [ln for ln in entry.splitlines()[1:] if " = " in ln]
+  kernels = [ln for ln in ops if not any(k in ln for k in skip)]
+  fusions = [ln for ln in kernels if " fusion(" in ln]
+  mem = compiled.memory_analysis()
+  temp = getattr(mem, "temp_size_in_bytes", None) if mem is not None else None
+  return dict(fusions=len(fusions), kernels=len(kernels), temp_bytes=temp)
+
+
+def time_step(f, params, state, grads, steps: int) -> tuple[float, dict]:
+  """Median step time of a compiled step and the parameters after the steps."""
   params = jax.tree.map(jnp.copy, params)
+  state = jax.tree.map(jnp.copy, state)
   params, state = f(params, state, grads)  # warm up
   jax.block_until_ready(params)
   times = []
@@ -157,7 +199,7 @@ def time_step(opt, params, grads, steps: int) -> tuple[float, dict, float]:
     params, state = f(params, state, grads)
     jax.block_until_ready((params, state))
     times.append(time.perf_counter() - t0)
-  return statistics.median(times), params, compile_s
+  return statistics.median(times), params
 
 
 def bandwidth(nbytes_target: int, steps: int) -> float:
@@ -181,17 +223,23 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--trees", default="resnet50,bert_base,stacked")
   ap.add_argument("--steps", type=int, default=15)
+  ap.add_argument("--repeats", type=int, default=3,
+                  help="timing repeats (ratios are reported as median [min-max])")
   ap.add_argument("--check", action="store_true",
                   help="compare date_optax results with optax (norm_of_sum LARS, LAMB)")
   ap.add_argument("--json", default=None, help="write results to this file")
   args = ap.parse_args(argv)
+  if args.repeats < 1:
+    ap.error("--repeats must be >= 1")
   if args.steps < 10:
     ap.error("--steps must be >= 10 (the median of at least 10 steps)")
 
-  print(f"jax {jax.__version__}, optax {optax.__version__}, "
-        f"{jax.devices()[0].platform} x{jax.device_count()}, "
-        f"{platform.processor() or platform.machine()}")
-  results = {}
+  device = (f"{jax.devices()[0].platform} x{jax.device_count()} "
+            f"({jax.devices()[0].device_kind}), {platform.processor() or platform.machine()}")
+  print(f"jax {jax.__version__}, optax {optax.__version__}, {device}")
+  results = {"meta": dict(jax=jax.__version__, optax=optax.__version__, device=device,
+                          command=" ".join(["benchmarks/optimizer_step.py", *(argv or
+                                                                             sys.argv[1:])]))}
   for tree_name in args.trees.split(","):
     shapes = TREES[tree_name]()
     params = make_tree(shapes, 0)
@@ -202,27 +250,52 @@ def main(argv=None):
           f"elementwise bandwidth {bw / 1e9:.1f} GB/s")
     rows = {}
     outs = {}
-    for name, (opt, ref, nstate, same) in optimizers(tree_name).items():
-      t, outs[name], compile_s = time_step(opt, params, grads, args.steps)
+    opts = optimizers(tree_name)
+    compiled = {}
+    for name, (opt, ref, nstate, same) in opts.items():
+      f, _, compile_s, stats = compile_step(opt, params, grads)
+      compiled[name] = (f, opt)
       # Roofline bytes: read params, grads and state; write params and state.
       nbytes = (2 + 1 + 2 * nstate) * n * 4
-      rows[name] = dict(ms=1e3 * t, roofline_ms=1e3 * nbytes / bw, ref=ref,
-                        same_math=same, compile_s=compile_s)
-    print(f"{'optimizer':26s} {'ms':>8s} {'x roofline':>11s} {'compile s':>10s} "
-          f"{'x base optimizer':>30s} {'x optax same math':>24s} "
-          f"{'compile x optax':>16s}")
+      rows[name] = dict(ms_runs=[], roofline_ms=1e3 * nbytes / bw, ref=ref,
+                        same_math=same, compile_s=compile_s, **stats)
+    # Repeats interleave the optimizers, so a slow spell of the machine hits
+    # every optimizer of a repeat alike; ratios are taken within a repeat.
+    keep = {"date_optax.lars", "optax.lars", "date_optax.lamb", "optax.lamb"}
+    for rep in range(args.repeats):
+      for name in opts:
+        f, opt = compiled[name]
+        # A fresh state each time, so only one optimizer's state is alive.
+        t, out = time_step(f, params, opt.init(params), grads, args.steps)
+        rows[name]["ms_runs"].append(1e3 * t)
+        if args.check and rep == args.repeats - 1 and name in keep:
+          outs[name] = out
+        del out
+    print(f"{'optimizer':38s} {'ms':>8s} {'x roofline':>10s} {'fusions':>8s} "
+          f"{'temp MB':>8s} {'x base optimizer [min-max]':>40s} "
+          f"{'x optax same math [min-max]':>40s}")
+
+    def ratio(a, b, rows=rows):
+      runs = [x / y for x, y in zip(rows[a]["ms_runs"], rows[b]["ms_runs"])]
+      return statistics.median(runs), min(runs), max(runs)
+
     for name, r in rows.items():
       ref, same = r["ref"], r["same_math"]
+      r["ms"] = statistics.median(r["ms_runs"])
       r["x_roofline"] = r["ms"] / r["roofline_ms"]
-      r["x_reference"] = r["ms"] / rows[ref]["ms"] if ref else None
-      r["x_same_math"] = r["ms"] / rows[same]["ms"] if same else None
+      r["x_reference"] = ratio(name, ref) if ref else None
+      r["x_same_math"] = ratio(name, same) if same else None
       r["compile_x_same_math"] = (r["compile_s"] / rows[same]["compile_s"]
                                   if same else None)
-      xr = f"{r['x_reference']:.2f} vs {ref}" if ref else ""
-      xs = f"{r['x_same_math']:.2f} vs {same}" if same else ""
-      xc = f"{r['compile_x_same_math']:.2f}" if same else ""
-      print(f"{name:26s} {r['ms']:8.1f} {r['x_roofline']:11.2f} "
-            f"{r['compile_s']:10.2f} {xr:>30s} {xs:>24s} {xc:>16s}")
+      r["temp_x_same_math"] = (r["temp_bytes"] / rows[same]["temp_bytes"]
+                               if same and r["temp_bytes"] and rows[same]["temp_bytes"]
+                               else None)
+      fmt = lambda x, other: (f"{x[0]:.2f} [{x[1]:.2f}-{x[2]:.2f}] vs {other}"
+                              if x else "")
+      temp = f"{r['temp_bytes'] / 1e6:.1f}" if r["temp_bytes"] is not None else "?"
+      print(f"{name:38s} {r['ms']:8.1f} {r['x_roofline']:10.2f} {r['fusions']:8d} "
+            f"{temp:>8s} {fmt(r['x_reference'], ref):>40s} "
+            f"{fmt(r['x_same_math'], same):>40s}")
     if args.check:
       for ours, theirs in [("date_optax.lars", "optax.lars"),
                            ("date_optax.lamb", "optax.lamb")]:
@@ -235,9 +308,10 @@ def main(argv=None):
         rows[ours]["max_abs_diff_vs_ref"] = err
     results[tree_name] = dict(params=n, leaves=len(shapes),
                               bandwidth_gbs=bw / 1e9, rows=rows)
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(results, f, indent=2)
+    del compiled, outs
+    if args.json:  # after every tree, so a partial run keeps what it measured
+      with open(args.json, "w") as f:
+        json.dump(results, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""LAMB in one fused pass per layer."""
+"""LAMB: Adam's direction, the trust-ratio kernel and the learning rate, chained."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from date_optax._src import masks as masks_lib
 from date_optax._src import trust_ratio as tr
 from date_optax._src import validation
 from date_optax._src.types import DType, LayerAxes, MaskOrFn, ScalarOrSchedule
@@ -56,7 +55,11 @@ def lamb(
     weight_decay_mask: MaskOrFn = None,
     decoupled_weight_decay: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
-  r"""Layer-wise Adaptive Moments for Batch training, fused per layer.
+  r"""Layer-wise Adaptive Moments for Batch training.
+
+  Built as :func:`optax.lamb` is, a chain of Adam's direction, the package's
+  one trust-ratio kernel (with the decay) and the learning rate; its state is
+  the pieces' arrays, kept as a :class:`LambState`.
 
   .. math::
 
@@ -150,29 +153,73 @@ def lamb(
   validation.check_bool("normalize_grads", normalize_grads)
   validation.check_mask("weight_decay_mask", weight_decay_mask)
   validation.check_bool("decoupled_weight_decay", decoupled_weight_decay)
+  validation.check_layer_axes("layer_axes", layer_axes)
+  validation.check_float_dtype("state_dtype", state_dtype)
   wd_mask = validation.resolve_alias("weight_decay_mask", weight_decay_mask, "mask", mask)
-  use_wd = not tr.is_static_zero(weight_decay)
+  wd_given, wd_name = wd_mask, "mask" if mask is not None else "weight_decay_mask"
+  # The masks' one rule, resolved here (the decay may leave the ratio).
+  trust_mask = wd_mask if trust_ratio_mask is None else trust_ratio_mask
+  wd_mask = trust_ratio_mask if wd_mask is None else wd_mask
+  # optax.lamb's pieces: Adam's direction, decay and trust ratio, learning rate.
+  moments = scale_by_lamb_moments(b1, b2, eps, eps_root, bias_correction,
+                                  normalize_grads, state_dtype)
+  pieces = (
+      tr.trust_ratio_kernel(
+          1.0, 0.0, lower=lower, upper=upper, weight_decay=weight_decay,
+          denominator="norm_of_sum", inner=moments, source="update",
+          trust_mask=trust_mask, weight_decay_mask=wd_mask, layer_axes=layer_axes,
+          decay="decoupled" if decoupled_weight_decay else "update",
+          mask_names=(wd_name if trust_ratio_mask is None else "trust_ratio_mask",
+                      "trust_ratio_mask" if wd_given is None else wd_name),
+      ),
+      optax.scale_by_learning_rate(learning_rate),
+  )
+
+  def pack(states, count):
+    ratio, _ = states
+    return LambState(
+        count=ratio.count, mu=ratio.inner_state.mu, nu=ratio.inner_state.nu,
+        ratios=ratio.ratios, bounds=ratio.bounds,
+        learning_rate=jnp.asarray(tr.value_at(learning_rate, count), jnp.float32),
+    )
+
+  def unpack(state):
+    inner = optax.ScaleByAdamState(count=state.count, mu=state.mu, nu=state.nu)
+    return (
+        tr.TrustRatioState(state.count, state.ratios, inner, state.bounds),
+        tr.learning_rate_state(learning_rate, state.count),
+    )
+
+  return tr.packed_chain(pieces, pack, unpack, learning_rate)
+
+
+def scale_by_lamb_moments(
+    b1: float, b2: float, eps: float, eps_root: float, bias_correction: bool,
+    normalize_grads: bool, state_dtype: DType,
+) -> optax.GradientTransformation:
+  """LAMB's direction ``m̂/(√(v̂ + eps_root) + eps)`` (Adam's, with options).
+
+  Unlike :func:`optax.scale_by_adam` it can skip bias correction (the ALBERT
+  reference), pre-normalise by the global gradient norm (NVLAMB) and keep
+  both moments in ``state_dtype``; complex gradients get ``|g|²`` as optax.
+  The state is an :class:`optax.ScaleByAdamState`. Arguments are validated
+  by :func:`lamb`.
+  """
 
   def init_fn(params):
     zeros = lambda p: jnp.zeros(p.shape, state_dtype or p.dtype)
-    return LambState(
+    return optax.ScaleByAdamState(
         count=jnp.zeros([], jnp.int32),
         mu=jax.tree.map(zeros, params),
         nu=jax.tree.map(zeros, params),
-        **tr.initial_ratio_fields(params, layer_axes, lower, upper, learning_rate),
     )
 
-  def update_fn(updates, state, params=None, **extra_args):
-    del extra_args
-    if params is None:
-      raise ValueError(tr.NO_PARAMS_MSG)
+  def update_fn(updates, state, params=None):
+    del params
     count = optax.safe_int32_increment(state.count)
-    lr, wd, lo, hi = tr.values_at(state.count, learning_rate, weight_decay, lower, upper)
     t = count.astype(jnp.float32)
     c1 = 1.0 - b1**t if bias_correction else 1.0
     c2 = 1.0 - b2**t if bias_correction else 1.0
-
-    tr.check_leaves(params)
     g_leaves, treedef = jax.tree.flatten(updates)
     if normalize_grads:
       # One global norm for the whole model; dividing only when it exceeds 1
@@ -180,60 +227,21 @@ def lamb(
       gnorm = jnp.sqrt(sum(jnp.sum(tr.sum_squares(g, tuple(range(g.ndim))))
                            for g in g_leaves))
       gscale = 1.0 / jnp.maximum(gnorm, 1.0)
-    w_leaves = treedef.flatten_up_to(params)
-    mu_leaves = treedef.flatten_up_to(state.mu)
-    nu_leaves = treedef.flatten_up_to(state.nu)
-    trust_flags, wd_flags = masks_lib.resolve_masks(
-        trust_ratio_mask, wd_mask, params
-    )
-    axes_list = masks_lib.resolve_layer_axes(layer_axes, params)
-
-    outs, mus, nus, ratios = [], [], [], []
-    for g, w, mu, nu, trust, decay, ax in zip(
-        g_leaves, w_leaves, mu_leaves, nu_leaves, trust_flags, wd_flags, axes_list
-    ):
-      decay = decay and use_wd
-      cdt = tr.compute_dtype(g, w)
-      g32 = g.astype(cdt)
+    outs, mus, nus = [], [], []
+    for g, mu, nu in zip(g_leaves, treedef.flatten_up_to(state.mu),
+                         treedef.flatten_up_to(state.nu)):
+      g32 = g.astype(tr.compute_dtype(g))
       if normalize_grads:
         g32 = g32 * gscale
-      # |g|² (real) for complex gradients, as optax's second moment.
       g_sq = jnp.square(g32) if not jnp.iscomplexobj(g32) else (
           jnp.square(jnp.real(g32)) + jnp.square(jnp.imag(g32)))
-      m = b1 * mu.astype(cdt) + (1.0 - b1) * g32
+      m = b1 * mu.astype(g32.dtype) + (1.0 - b1) * g32
       v = b2 * jnp.real(nu).astype(jnp.float32) + (1.0 - b2) * g_sq
-      u = (m / c1) / (jnp.sqrt(v / c2 + eps_root) + eps)
-      if decay and not decoupled_weight_decay:
-        u = u + wd * w.astype(cdt)
-      if trust:
-        red = tr.reduce_axes(w.ndim, ax)
-        u_sq = (jnp.square(u) if not jnp.iscomplexobj(u)
-                else jnp.square(jnp.real(u)) + jnp.square(jnp.imag(u)))
-        r = tr.trust_ratio(
-            jnp.sqrt(tr.sum_squares(w, red)),
-            # A reduction (not a dot) lets XLA fuse the direction into it.
-            jnp.sqrt(jnp.sum(u_sq, axis=red, keepdims=True)),
-            lower=lo,
-            upper=hi,
-        )
-        u = r * u
-        ratios.append(tr.stored_ratio(r, w.shape, ax))
-      else:
-        ratios.append(tr.ones_ratio(w.shape, ax))
-      if decay and decoupled_weight_decay:
-        u = u + wd * w.astype(cdt)
-      outs.append((-lr * u).astype(tr.update_dtype(w, g)))
+      outs.append((m / c1) / (jnp.sqrt(v / c2 + eps_root) + eps))
       mus.append(m.astype(mu.dtype))
       nus.append(v.astype(nu.dtype))
+    return jax.tree.unflatten(treedef, outs), optax.ScaleByAdamState(
+        count=count, mu=jax.tree.unflatten(treedef, mus),
+        nu=jax.tree.unflatten(treedef, nus))
 
-    new_state = LambState(
-        count=count,
-        mu=jax.tree.unflatten(treedef, mus),
-        nu=jax.tree.unflatten(treedef, nus),
-        ratios=jax.tree.unflatten(treedef, ratios),
-        bounds=tr.applied_bounds(lo, hi),
-        learning_rate=jnp.asarray(lr, jnp.float32),
-    )
-    return jax.tree.unflatten(treedef, outs), new_state
-
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return optax.GradientTransformation(init_fn, update_fn)

@@ -11,7 +11,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from date_optax._src import masks as masks_lib
 from date_optax._src import trust_ratio as tr
 from date_optax._src import validation
 from date_optax._src.types import DType, LayerAxes, MaskOrFn, ScalarOrSchedule
@@ -54,7 +53,13 @@ def lars(
     layer_axes: LayerAxes = None,
     accumulator_dtype: DType = None,
 ) -> optax.GradientTransformationExtraArgs:
-  r"""Layer-wise Adaptive Rate Scaling, in one fused pass per layer.
+  r"""Layer-wise Adaptive Rate Scaling.
+
+  Built as :func:`optax.lars` is, a chain of three pieces: the package's one
+  trust-ratio kernel (decay and ratio, :func:`scale_by_trust_ratio`'s), the
+  learning rate and :func:`optax.trace`; its state is the pieces' arrays,
+  kept as a :class:`LarsState`. The update is straight-line array code
+  (float32 reductions of squares, no branch, no dot) that XLA fuses.
 
   For each layer with parameters :math:`w` and gradient :math:`g` at step
   :math:`t` (learning rate :math:`\eta_t`, weight decay :math:`\lambda`):
@@ -146,66 +151,36 @@ def lars(
   validation.check_mask("trust_ratio_mask", trust_ratio_mask)
   validation.check_choice("denominator", denominator, ("sum_of_norms", "norm_of_sum"))
   validation.check_bounds(lower, upper)
-  use_wd = not tr.is_static_zero(weight_decay)
+  validation.check_layer_axes("layer_axes", layer_axes)
+  validation.check_float_dtype("accumulator_dtype", accumulator_dtype)
+  # optax.lars's pieces: (decay and) trust ratio, learning rate, momentum.
+  pieces = (
+      tr.trust_ratio_kernel(
+          trust_coefficient, eps, lower=lower, upper=upper, weight_decay=weight_decay,
+          denominator=denominator, inner=None, source="update",
+          trust_mask=trust_ratio_mask, weight_decay_mask=weight_decay_mask,
+          layer_axes=layer_axes,
+      ),
+      optax.scale_by_learning_rate(learning_rate),
+      optax.trace(decay=momentum, nesterov=nesterov, accumulator_dtype=accumulator_dtype),
+  )
 
-  def init_fn(params):
-    dtype = accumulator_dtype
+  def pack(states, count):
+    ratio, _, trace = states
     return LarsState(
-        count=jnp.zeros([], jnp.int32),
-        momentum=jax.tree.map(
-            lambda p: jnp.zeros(p.shape, dtype or p.dtype), params
-        ),
-        **tr.initial_ratio_fields(params, layer_axes, lower, upper, learning_rate),
+        count=ratio.count, momentum=trace.trace, ratios=ratio.ratios,
+        bounds=ratio.bounds,
+        learning_rate=jnp.asarray(tr.value_at(learning_rate, count), jnp.float32),
     )
 
-  def update_fn(updates, state, params=None, **extra_args):
-    del extra_args
-    if params is None:
-      raise ValueError(tr.NO_PARAMS_MSG)
-    lr, wd, lo, hi = tr.values_at(state.count, learning_rate, weight_decay, lower, upper)
-
-    tr.check_leaves(params)
-    g_leaves, treedef = jax.tree.flatten(updates)
-    w_leaves = treedef.flatten_up_to(params)
-    m_leaves = treedef.flatten_up_to(state.momentum)
-    trust_flags, wd_flags = masks_lib.resolve_masks(
-        trust_ratio_mask, weight_decay_mask, params
+  def unpack(state):
+    return (
+        tr.TrustRatioState(state.count, state.ratios, optax.EmptyState(), state.bounds),
+        tr.learning_rate_state(learning_rate, state.count),
+        optax.TraceState(trace=state.momentum),
     )
-    axes_list = masks_lib.resolve_layer_axes(layer_axes, params)
 
-    outs, moms, ratios = [], [], []
-    for g, w, m, trust, decay, ax in zip(
-        g_leaves, w_leaves, m_leaves, trust_flags, wd_flags, axes_list
-    ):
-      decay = decay and use_wd
-      v = tr.add_decay(g, wd, w) if decay else g.astype(tr.compute_dtype(g, w))
-      if trust:
-        red = tr.reduce_axes(w.ndim, ax)
-        r = tr.layer_ratio(
-            w, g, red, weight_decay=wd if decay else None,
-            denominator=denominator, trust_coefficient=trust_coefficient,
-            eps=eps, lower=lo, upper=hi,
-        )
-        v = r * v
-        ratios.append(tr.stored_ratio(r, w.shape, ax))
-      else:
-        ratios.append(tr.ones_ratio(w.shape, ax))
-      step = -lr * v
-      new_m = step + momentum * m.astype(tr.compute_dtype(m))
-      out = step + momentum * new_m if nesterov else new_m
-      moms.append(new_m.astype(m.dtype))
-      outs.append(out.astype(tr.update_dtype(w, g)))
-
-    new_state = LarsState(
-        count=optax.safe_int32_increment(state.count),
-        momentum=jax.tree.unflatten(treedef, moms),
-        ratios=jax.tree.unflatten(treedef, ratios),
-        bounds=tr.applied_bounds(lo, hi),
-        learning_rate=jnp.asarray(lr, jnp.float32),
-    )
-    return jax.tree.unflatten(treedef, outs), new_state
-
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return tr.packed_chain(pieces, pack, unpack, learning_rate)
 
 
 #: The base solvers that :func:`bounded_lars` builds by name, each with the
@@ -347,6 +322,13 @@ def _merge_deprecated(
   merged = {k: v for k, v in keywords.items() if k in allowed}
   merged.update(base_options or {})
   return merged
+
+
+def _mask_names(trust_ratio_mask: Any, weight_decay_mask: Any) -> tuple[str, str]:
+  """The names of (trust, decay) masks after the rule's fill-in, for errors."""
+  t = "weight_decay_mask" if trust_ratio_mask is None else "trust_ratio_mask"
+  w = "trust_ratio_mask" if weight_decay_mask is None else "weight_decay_mask"
+  return t, w
 
 
 @tr.register_ratio_state
@@ -502,61 +484,33 @@ def bounded_lars(
   nested = deprecated_base_keywords.pop("deprecated_base_keywords", None) or {}
   base_options = _merge_deprecated(base, base_options,
                                    {**nested, **deprecated_base_keywords})
-  direction = optax.with_extra_args_support(make_base(base, base_options))
-  use_wd = not tr.is_static_zero(weight_decay)
+  validation.check_layer_axes("layer_axes", layer_axes)
+  direction = make_base(base, base_options)
+  # The masks' one rule, resolved here: the kernel's decay goes to the base.
+  trust_mask = weight_decay_mask if trust_ratio_mask is None else trust_ratio_mask
+  wd_mask = trust_ratio_mask if weight_decay_mask is None else weight_decay_mask
+  pieces = (
+      tr.trust_ratio_kernel(
+          trust_coefficient, 0.0, lower=lower, upper=upper, weight_decay=weight_decay,
+          denominator="sum_of_norms", inner=direction, source=ratio_source,
+          trust_mask=trust_mask, weight_decay_mask=wd_mask, layer_axes=layer_axes,
+          decay="input", mask_names=_mask_names(trust_ratio_mask, weight_decay_mask),
+      ),
+      optax.scale_by_learning_rate(learning_rate),
+  )
 
-  def init_fn(params):
+  def pack(states, count):
+    ratio, _ = states
     return BoundedLarsState(
-        count=jnp.zeros([], jnp.int32),
-        base_state=direction.init(params),
-        **tr.initial_ratio_fields(params, layer_axes, lower, upper, learning_rate),
+        count=ratio.count, ratios=ratio.ratios, bounds=ratio.bounds,
+        learning_rate=jnp.asarray(tr.value_at(learning_rate, count), jnp.float32),
+        base_state=ratio.inner_state,
     )
 
-  def update_fn(updates, state, params=None, **extra_args):
-    if params is None:
-      raise ValueError(tr.NO_PARAMS_MSG)
-    lr, wd, lo, hi = tr.values_at(state.count, learning_rate, weight_decay, lower, upper)
-    g_leaves, treedef = jax.tree.flatten(updates)
-    w_leaves = treedef.flatten_up_to(params)
-    trust_flags, wd_flags = masks_lib.resolve_masks(
-        trust_ratio_mask, weight_decay_mask, params
+  def unpack(state):
+    return (
+        tr.TrustRatioState(state.count, state.ratios, state.base_state, state.bounds),
+        tr.learning_rate_state(learning_rate, state.count),
     )
-    axes_list = masks_lib.resolve_layer_axes(layer_axes, params)
-    tr.check_leaves(params)
-    if use_wd:
-      # L2 weight decay in the base's input, as optax.add_decayed_weights.
-      fed = [g + wd * w if dec else g
-             for g, w, dec in zip(g_leaves, w_leaves, wd_flags)]
-      base_in = jax.tree.unflatten(treedef, fed)
-    else:
-      base_in = updates
-    directions, base_state = direction.update(
-        base_in, state.base_state, params, **extra_args
-    )
-    d_leaves = treedef.flatten_up_to(directions)
 
-    outs, ratios = [], []
-    for g, w, d, trust, ax in zip(g_leaves, w_leaves, d_leaves, trust_flags, axes_list):
-      v = d.astype(tr.compute_dtype(d, w))
-      if trust:
-        red = tr.reduce_axes(w.ndim, ax)
-        src = g if ratio_source == "gradient" else d
-        r = tr.layer_ratio(
-            w, src, red, trust_coefficient=trust_coefficient, lower=lo, upper=hi
-        )
-        v = r * v
-        ratios.append(tr.stored_ratio(r, w.shape, ax))
-      else:
-        ratios.append(tr.ones_ratio(w.shape, ax))
-      outs.append((-lr * v).astype(tr.update_dtype(w, g)))
-
-    new_state = BoundedLarsState(
-        count=optax.safe_int32_increment(state.count),
-        ratios=jax.tree.unflatten(treedef, ratios),
-        bounds=tr.applied_bounds(lo, hi),
-        learning_rate=jnp.asarray(lr, jnp.float32),
-        base_state=base_state,
-    )
-    return jax.tree.unflatten(treedef, outs), new_state
-
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return tr.packed_chain(pieces, pack, unpack, learning_rate)

@@ -38,7 +38,7 @@ class TrustRatioState(NamedTuple):
 
 
 # ---------------------------------------------------------------------------
-# Shared per-leaf numerics (used by the fused LARS/LAMB too).
+# Shared per-leaf numerics (the kernel under LARS, bounded LARS and LAMB).
 
 
 def value_at(x: Any, count: jax.Array) -> Any:
@@ -49,23 +49,6 @@ def value_at(x: Any, count: jax.Array) -> Any:
 def values_at(count: jax.Array, *hyperparams: Any) -> tuple[Any, ...]:
   """Each hyperparameter's value at `count`, in order."""
   return tuple(value_at(x, count) for x in hyperparams)
-
-
-def initial_ratio_fields(
-    params: PyTree, layer_axes: LayerAxes, lower: Any, upper: Any, learning_rate: Any
-) -> dict[str, Any]:
-  """``ratios`` (all 1), ``bounds`` and ``learning_rate`` of a fresh fused state.
-
-  The fused optimizers (LARS, bounded LARS, LAMB) record the bounds and the
-  learning rate at step 0 before the first update.
-  """
-  axes = masks_lib.resolve_layer_axes(layer_axes, params)
-  zero = jnp.zeros([], jnp.int32)
-  return dict(
-      ratios=init_ratios(params, axes),
-      bounds=applied_bounds(*values_at(zero, lower, upper)),
-      learning_rate=jnp.asarray(value_at(learning_rate, zero), jnp.float32),
-  )
 
 
 def is_static_zero(x: Any) -> bool:
@@ -82,7 +65,7 @@ def reduce_axes(ndim: int, layer_axes: tuple[int, ...] | None) -> tuple[int, ...
 def compute_dtype(*xs: Any) -> Any:
   """float32 for real inputs up to float32, complex64 for complex ones.
 
-  The dtype the fused optimizers compute in: bf16/f16 are upcast, complex
+  The dtype the trust-ratio kernel computes in: bf16/f16 are upcast, complex
   values keep their imaginary part (a float32 cast would drop it).
   """
   dt = jnp.result_type(*[jnp.asarray(x).dtype for x in xs])
@@ -108,77 +91,23 @@ def check_leaves(params: Any) -> None:
       )
 
 
-def _explicit_out_sharding(x: jax.Array, keep: tuple[int, ...]) -> Any:
-  """The output sharding of a contraction under an explicit-axes mesh.
+def sum_squares(x: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+  """Per-layer ``Σ |x|²`` in float32, keeping dims for broadcasting.
 
-  Under ``AxisType.Explicit`` a ``dot_general`` whose contracting dimensions
-  are sharded needs its output sharding spelled out; the batch (layer) axes
-  keep theirs and the contracted ones are all-reduced. ``None`` elsewhere
-  (auto meshes, no mesh), where the compiler chooses.
-  """
-  try:
-    sharding = jax.typeof(x).sharding
-  except Exception:  # noqa: BLE001 - abstract values without sharding
-    return None
-  mesh = getattr(sharding, "mesh", None)
-  axis_types = getattr(mesh, "axis_types", ())
-  if not any(t == jax.sharding.AxisType.Explicit for t in axis_types):
-    return None
-  spec = tuple(sharding.spec) + (None,) * (x.ndim - len(sharding.spec))
-  return jax.sharding.PartitionSpec(*[spec[a] for a in keep])
-
-
-def _contract(x: jax.Array, y: jax.Array, axes: tuple[int, ...]) -> jax.Array:
-  """Real per-layer ⟨x, y⟩ in float32, keeping dims for broadcasting."""
-  keep = tuple(a for a in range(x.ndim) if a not in axes)
-  out_shape = tuple(1 if a in axes else x.shape[a] for a in range(x.ndim))
-  if x.size == 0:
-    return jnp.zeros(out_shape, jnp.float32)
-  if x.dtype != y.dtype:
-    x, y = x.astype(jnp.float32), y.astype(jnp.float32)
-  # Contract the layer's axes in place (no reshape or transpose), so sharded
-  # operands keep their sharding and the compiler only all-reduces partial sums.
-  red = tuple(axes)
-  kwargs = {}
-  out_sharding = _explicit_out_sharding(x, keep)
-  if out_sharding is not None:
-    kwargs["out_sharding"] = out_sharding
-  out = jax.lax.dot_general(
-      x, y, ((red, red), (keep, keep)),
-      precision=jax.lax.Precision.HIGHEST,
-      preferred_element_type=jnp.float32,
-      **kwargs,
-  )
-  for a in sorted(axes):
-    out = jnp.expand_dims(out, a)
-  return out
-
-
-def sum_products(x: jax.Array, y: jax.Array, axes: tuple[int, ...]) -> jax.Array:
-  """Per-layer real part of ⟨x, y⟩ (``Re Σ x·conj(y)``) accumulated in float32.
-
-  Written as a (batched) dot product rather than `sum(x * y)`: XLA lowers a
-  dot to a multi-threaded kernel on CPU, where a reduction runs on one core,
-  and on every backend it accumulates in float32 without a float32 copy of
-  bf16 inputs. Complex operands contribute ``re·re + im·im``.
+  A plain reduction of squares (as optax's ``safe_norm``), never a dot: XLA
+  fuses it with the ops that produce ``x`` and with the other reductions over
+  the same inputs, so a norm costs no pass of its own. bf16/f16 inputs are
+  squared and summed in float32; complex ones contribute ``re² + im²``.
   """
   x = jnp.asarray(x)
-  y = jnp.asarray(y)
-  xc = jnp.iscomplexobj(x)
-  yc = jnp.iscomplexobj(y)
-  if xc or yc:
-    xr, xi = (jnp.real(x), jnp.imag(x)) if xc else (x, None)
-    yr, yi = (jnp.real(y), jnp.imag(y)) if yc else (y, None)
-    out = _contract(xr, yr, axes)
-    if xi is not None and yi is not None:
-      out = out + _contract(xi, yi, axes)
-    return out
-  return _contract(x, y, axes)
-
-
-def sum_squares(x: jax.Array, axes: tuple[int, ...]) -> jax.Array:
-  """Per-layer ``Σ |x|²`` in float32, keeping dims for broadcasting."""
-  return sum_products(x, x, axes)
+  if jnp.iscomplexobj(x):
+    rdt = jnp.promote_types(jnp.real(x).dtype, jnp.float32)
+    re, im = jnp.real(x).astype(rdt), jnp.imag(x).astype(rdt)
+    sq = re * re + im * im
+  else:
+    x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    sq = x * x
+  return jnp.sum(sq, axis=axes, keepdims=True).astype(jnp.float32)
 
 
 def _split(a: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -220,33 +149,21 @@ def add_decay(d: jax.Array, wd: Any, w: jax.Array) -> jax.Array:
 
 def norm_of_sum_sq(
     d: jax.Array, w: jax.Array, wd: Any, axes: tuple[int, ...],
-    *, d_sq: jax.Array | None = None, w_sq: jax.Array | None = None,
+    *, v: jax.Array | None = None,
 ) -> jax.Array:
   """Per-layer ``‖d + λw‖²`` accurate to float32 rounding under cancellation.
 
-  The fast path expands ``‖d‖² + 2λ⟨d, w⟩ + λ²‖w‖²`` from reductions of the
-  inputs (no pass over a derived tensor). Its rounding error is a few float32
-  ulps of ``‖d‖² + λ²‖w‖²``, so it is kept only where the result is at least
-  a quarter of that (error at most ~4 ulps of the result). Where the terms
-  cancel further (``d ≈ -λw``, the steady state of L2-regularised training)
-  the layer's norm is recomputed from ``d + λw`` formed with λ·w carried
-  exactly, under a ``lax.cond``, so the extra pass over the layer is paid
-  only on the steps that need it.
+  One reduction over ``v = d + λw`` formed with λ·w carried exactly
+  (:func:`add_decay`), so the result is accurate to a few float32 roundings
+  of itself even where ``d ≈ -λw`` (the steady state of L2-regularised
+  training), with no branch: the expansion ``‖d‖² + 2λ⟨d, w⟩ + λ²‖w‖²`` would
+  lose every digit there. ``v`` may be passed when the caller has formed it
+  already (it is the update LARS and LAMB scale), so XLA reads the inputs
+  once for both the norm and the update.
   """
-  lam = jnp.asarray(wd, jnp.float32)
-  if d_sq is None:
-    d_sq = sum_squares(d, axes)
-  if w_sq is None:
-    w_sq = sum_squares(w, axes)
-  dw = sum_products(d, w, axes)
-  scale = d_sq + lam * lam * w_sq
-  fast = d_sq + 2.0 * lam * dw + lam * lam * w_sq
-  cancel = fast < 0.25 * scale
-
-  def exact(fast):
-    return jnp.where(cancel, sum_squares(add_decay(d, lam, w), axes), fast)
-
-  return jax.lax.cond(jnp.any(cancel), exact, lambda fast: fast, fast)
+  if v is None:
+    v = add_decay(d, wd, w)
+  return sum_squares(v, axes)
 
 
 def trust_ratio(
@@ -289,25 +206,26 @@ def layer_ratio(
     eps: Any = 0.0,
     lower: Any = None,
     upper: Any = None,
+    decayed: jax.Array | None = None,
 ) -> jax.Array:
   """One layer's ratio ``c‖w‖/(den + eps)`` with the package's zero-norm rules.
 
   ``den`` is ``‖d‖`` without weight decay, ``‖d‖ + λ‖w‖`` for
   ``'sum_of_norms'`` (ratio 1 when ``‖w‖ = 0`` or ``‖d‖ = 0``, as the MLPerf
   reference and timm) and ``‖d + λw‖`` for ``'norm_of_sum'`` (ratio 1 when
-  ``‖w‖`` or ``‖d + λw‖`` is 0, as optax), computed without cancellation.
+  ``‖w‖`` or ``‖d + λw‖`` is 0, as optax), computed without cancellation
+  (``decayed``, when given, is ``d + λw`` already formed by
+  :func:`add_decay`). Every norm is a float32 reduction of squares.
   """
-  w_sq = sum_squares(w, red)
-  w_norm = jnp.sqrt(w_sq)
+  w_norm = jnp.sqrt(sum_squares(w, red))
   if weight_decay is None:
-    d_norm = jnp.sqrt(sum_squares(d, red))
-    denom, zero = d_norm, None
+    denom, zero = jnp.sqrt(sum_squares(d, red)), None
   elif denominator == "sum_of_norms":
     d_norm = jnp.sqrt(sum_squares(d, red))
     denom = d_norm + weight_decay * w_norm
     zero = jnp.logical_or(w_norm == 0.0, d_norm == 0.0)
   else:
-    denom = jnp.sqrt(norm_of_sum_sq(d, w, weight_decay, red, w_sq=w_sq))
+    denom = jnp.sqrt(norm_of_sum_sq(d, w, weight_decay, red, v=decayed))
     zero = None
   return trust_ratio(
       w_norm, denom, trust_coefficient=trust_coefficient, eps=eps,
@@ -342,7 +260,7 @@ def init_ratios(params: Any, layer_axes_list: list) -> Any:
 
 
 def validate_common(trust_coefficient, eps, lower, upper) -> None:
-  validation.check_nonnegative("trust_coefficient", trust_coefficient)
+  validation.check_positive("trust_coefficient", trust_coefficient)
   validation.check_nonnegative("eps", eps)
   validation.check_bounds(lower, upper)
 
@@ -401,7 +319,7 @@ def scale_by_trust_ratio(
   and :func:`date_optax.trust_ratio_bounds`).
 
   Args:
-    trust_coefficient: :math:`c \ge 0`, multiplies the ratio.
+    trust_coefficient: :math:`c > 0`, multiplies the ratio.
     eps: :math:`\epsilon \ge 0`, added to the denominator.
     lower: optional lower bound on the ratio, a float :math:`\ge 0` or a
       schedule of the step (dynamic bounds).
@@ -462,14 +380,64 @@ def scale_by_trust_ratio(
   validation.check_mask("mask", mask)
   validation.check_mask("trust_ratio_mask", trust_ratio_mask)
   validation.check_mask("weight_decay_mask", weight_decay_mask)
+  validation.check_layer_axes("layer_axes", layer_axes)
   trust_mask = validation.resolve_alias("trust_ratio_mask", trust_ratio_mask, "mask", mask)
   if inner is not None and not isinstance(inner, optax.GradientTransformation):
     raise TypeError(
         f"inner must be an optax.GradientTransformation or None, got {inner!r}."
     )
+  return trust_ratio_kernel(
+      trust_coefficient, eps, lower=lower, upper=upper, weight_decay=weight_decay,
+      denominator=denominator, inner=inner, source=source, trust_mask=trust_mask,
+      weight_decay_mask=weight_decay_mask, layer_axes=layer_axes,
+      mask_names=("mask" if mask is not None else "trust_ratio_mask",
+                  "weight_decay_mask"),
+  )
+
+
+def trust_ratio_kernel(
+    trust_coefficient: Any,
+    eps: Any,
+    *,
+    lower: Any,
+    upper: Any,
+    weight_decay: Any,
+    denominator: str,
+    inner: optax.GradientTransformation | None,
+    source: str,
+    trust_mask: MaskOrFn,
+    weight_decay_mask: MaskOrFn,
+    layer_axes: LayerAxes,
+    decay: Literal["update", "decoupled", "input"] = "update",
+    mask_names: tuple[str, str] = ("trust_ratio_mask", "weight_decay_mask"),
+) -> optax.GradientTransformationExtraArgs:
+  r"""The one per-layer trust-ratio kernel under every transform of the package.
+
+  Arguments are validated by the public callers. ``decay`` says where
+  :math:`\lambda w` goes: ``'update'`` adds it to the scaled update and to
+  the ratio's denominator (LARS, LAMB, :func:`scale_by_trust_ratio`);
+  ``'decoupled'`` adds it after the ratio, outside it (decoupled LAMB);
+  ``'input'`` adds it to ``inner``'s input (L2 into a base solver, bounded
+  LARS). The update is straight-line array code: per layer, float32
+  reductions of squares and elementwise ops, no branch and no dot.
+  ``mask_names`` name the two masks in error messages.
+  """
   inner_tx = optax.with_extra_args_support(inner) if inner is not None else None
+  use_wd = not is_static_zero(weight_decay)
+  validation.check_mask_leaves(mask_names[0], trust_mask)
+  validation.check_mask_leaves(mask_names[1], weight_decay_mask)
+
+  def flags(params):
+    # Static structure, checked (and callables evaluated) at trace time.
+    t = validation.check_mask_against(mask_names[0], trust_mask, params)
+    w = validation.check_mask_against(mask_names[1], weight_decay_mask, params)
+    return masks_lib.resolve_masks(t, w, params)
 
   def init_fn(params):
+    check_leaves(params)
+    flags(params)
+    validation.check_schedules_at_init(
+        weight_decay=weight_decay, lower=lower, upper=upper)
     axes = masks_lib.resolve_layer_axes(layer_axes, params)
     zero = jnp.zeros([], jnp.int32)
     return TrustRatioState(
@@ -482,46 +450,54 @@ def scale_by_trust_ratio(
   def update_fn(updates, state, params=None, **extra_args):
     if params is None:
       raise ValueError(NO_PARAMS_MSG)
-    if inner_tx is None:
-      inner_updates, inner_state = updates, state.inner_state
-    else:
-      inner_updates, inner_state = inner_tx.update(
-          updates, state.inner_state, params, **extra_args
-      )
     lo, hi, wd = values_at(state.count, lower, upper, weight_decay)
-    use_wd = not is_static_zero(weight_decay)
-
     check_leaves(params)
-    u_leaves, treedef = jax.tree.flatten(inner_updates)
-    g_leaves = treedef.flatten_up_to(updates)
+    validation.check_updates_like_params(updates, params)
+    g_leaves, treedef = jax.tree.flatten(updates)
     w_leaves = treedef.flatten_up_to(params)
-    trust_flags, wd_flags = masks_lib.resolve_masks(
-        trust_mask, weight_decay_mask, params
-    )
+    trust_flags, wd_flags = flags(params)
+    wd_flags = [f and use_wd for f in wd_flags]
     axes_list = masks_lib.resolve_layer_axes(layer_axes, params)
 
+    if inner_tx is None:
+      u_leaves, inner_state = g_leaves, state.inner_state
+    else:
+      inner_in = updates
+      if decay == "input" and use_wd:
+        # L2 weight decay in the inner solver's input, as optax.add_decayed_weights.
+        inner_in = jax.tree.unflatten(treedef, [
+            g + wd * w if f else g for g, w, f in zip(g_leaves, w_leaves, wd_flags)])
+      inner_updates, inner_state = inner_tx.update(
+          inner_in, state.inner_state, params, **extra_args
+      )
+      u_leaves = treedef.flatten_up_to(inner_updates)
+
     outs, ratios = [], []
-    for u, g, w, trust, decay, ax in zip(
+    for u, g, w, trust, dec, ax in zip(
         u_leaves, g_leaves, w_leaves, trust_flags, wd_flags, axes_list
     ):
-      decay = decay and use_wd
-      out_dtype = update_dtype(w, u)
+      coupled = dec and decay == "update"
       v = u.astype(compute_dtype(u, w))
-      if decay:
+      if coupled:
         v = add_decay(v, wd, w)
       if trust:
         red = reduce_axes(w.ndim, ax)
         d = g if source == "gradient" else u
         r = layer_ratio(
-            w, d, red, weight_decay=wd if decay else None,
+            w, d, red, weight_decay=wd if coupled else None,
             denominator=denominator, trust_coefficient=trust_coefficient,
             eps=eps, lower=lo, upper=hi,
+            # The update u + λw is the vector whose norm is measured.
+            decayed=v if coupled and source == "update" else None,
         )
         v = r * v
         ratios.append(stored_ratio(r, w.shape, ax))
       else:
         ratios.append(ones_ratio(w.shape, ax))
-      outs.append(v.astype(out_dtype))
+      if dec and decay == "decoupled":
+        v = v + wd * w.astype(v.dtype)
+      # The dtype of the incoming update and the parameter, as optax.
+      outs.append(v.astype(update_dtype(w, g)))
 
     new_state = TrustRatioState(
         count=optax.safe_int32_increment(state.count),
@@ -534,8 +510,42 @@ def scale_by_trust_ratio(
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
+def packed_chain(
+    transforms: tuple[optax.GradientTransformation, ...],
+    pack: Any,
+    unpack: Any,
+    learning_rate: Any = None,
+) -> optax.GradientTransformationExtraArgs:
+  """``optax.chain(*transforms)`` whose state is kept as one named state.
+
+  ``pack(states, count)`` turns the chain's tuple of states after a step
+  taken at ``count`` into the optimizer's public state (LarsState, ...);
+  ``unpack(state)`` rebuilds the tuple. Only the state's layout changes: the
+  arrays are the pieces' own, so the state is as large as the chain's.
+  A ``learning_rate`` schedule is checked at step 0 when the state is made.
+  """
+  chain = optax.chain(*transforms)
+
+  def init_fn(params):
+    validation.check_schedules_at_init(learning_rate=learning_rate)
+    return pack(chain.init(params), jnp.zeros([], jnp.int32))
+
+  def update_fn(updates, state, params=None, **extra_args):
+    out, states = chain.update(updates, unpack(state), params, **extra_args)
+    return out, pack(states, state.count)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def learning_rate_state(learning_rate: Any, count: jax.Array) -> Any:
+  """The state of ``optax.scale_by_learning_rate(learning_rate)`` at ``count``."""
+  if callable(learning_rate):
+    return optax.ScaleByScheduleState(count=count)
+  return optax.EmptyState()
+
+
 # States of this package that keep per-layer ratios; filled by the optimizer
-# modules, which define their own fused states.
+# modules, which keep their chains' states under their own names.
 RATIO_STATES: tuple[type, ...] = (TrustRatioState,)
 
 
@@ -644,7 +654,7 @@ def trust_ratio_bounds(opt_state: PyTree) -> tuple[jax.Array, jax.Array] | None:
 def learning_rate(opt_state: PyTree) -> jax.Array | None:
   """The learning rate the optimizer applied at its last step, from its state.
 
-  Found in the state of the fused optimizers (:func:`date_optax.lars`,
+  Found in the state of the optimizers (:func:`date_optax.lars`,
   :func:`date_optax.lamb`, :func:`date_optax.bounded_lars`, hence
   :func:`date_optax.date`), which record it each step (the schedule's value
   at that step; at step 0 before the first update), or as

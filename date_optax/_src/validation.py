@@ -177,3 +177,181 @@ def check_mask(name: str, value: Any) -> Any:
         f"got {value!r}."
     )
   return value
+
+
+# ---------------------------------------------------------------------------
+# Checks of the trust-ratio transforms (issues 22 and 26): structure at
+# construction or trace time, never inside the jitted computation.
+
+
+def _keystr(path: Any) -> str:
+  import jax
+
+  return jax.tree_util.keystr(tuple(path)) or "(root)"
+
+
+def _is_layer_axes_leaf(x: Any) -> bool:
+  if x is None or (isinstance(x, (numbers.Integral, np.integer)) and not isinstance(x, bool)):
+    return True
+  return isinstance(x, tuple) and all(
+      isinstance(i, (numbers.Integral, np.integer)) and not isinstance(i, bool) for i in x)
+
+
+def check_layer_axes(name: str, value: Any) -> Any:
+  """``None``, an int, a tuple of ints, a pytree of those, or a callable."""
+  import jax
+
+  if callable(value) or _is_layer_axes_leaf(value):
+    return value
+  allowed = ("None, an int, a tuple of ints, a pytree of those like the "
+             "parameters, or a callable params -> such a pytree")
+  if isinstance(value, (str, bytes, float, bool, numbers.Number)) or hasattr(value, "dtype"):
+    raise TypeError(f"{name} must be {allowed}; got {value!r}.")
+  leaves = jax.tree_util.tree_flatten_with_path(
+      value, is_leaf=lambda x: x is None or _is_layer_axes_leaf(x))[0]
+  for path, leaf in leaves:
+    if not _is_layer_axes_leaf(leaf):
+      raise TypeError(f"{name}{_keystr(path)} must be None, an int or a tuple of ints "
+                      f"({name} must be {allowed}); got {leaf!r}.")
+  return value
+
+
+def check_float_dtype(name: str, value: Any) -> Any:
+  """``None`` or a floating-point dtype (a moment stored as int is always 0)."""
+  if value is None:
+    return value
+  import jax.numpy as jnp
+
+  try:
+    dt = jnp.dtype(value)
+  except Exception as e:  # noqa: BLE001 - any unparsable dtype
+    raise TypeError(f"{name} must be None or a floating dtype such as "
+                    f"jnp.float32 or jnp.bfloat16, got {value!r}.") from e
+  if not jnp.issubdtype(dt, jnp.floating):
+    raise TypeError(f"{name} must be None or a floating dtype such as "
+                    f"jnp.float32 or jnp.bfloat16, got {dt}.")
+  return value
+
+
+def _is_bool_scalar(x: Any) -> bool:
+  if isinstance(x, (bool, np.bool_)):
+    return True
+  return (hasattr(x, "dtype") and hasattr(x, "shape") and tuple(x.shape) == ()
+          and np.dtype(x.dtype) == np.bool_ and not _is_tracer(x))
+
+
+def check_mask_leaves(name: str, mask: Any) -> Any:
+  """A mask pytree's leaves are Python bools or bool scalars (not strings,
+  ``None``, numbers or per-element arrays). Callables are checked on their
+  result by :func:`check_mask_against`."""
+  import jax
+
+  if mask is None or callable(mask):
+    return mask
+  leaves = jax.tree_util.tree_flatten_with_path(
+      mask, is_leaf=lambda x: x is None or _is_bool_scalar(x))[0]
+  for path, leaf in leaves:
+    if not _is_bool_scalar(leaf):
+      shape = getattr(leaf, "shape", None)
+      what = (f"an array of shape {tuple(shape)}" if shape not in (None, ())
+              else repr(leaf))
+      raise TypeError(
+          f"{name}{_keystr(path) if path else ''} must be a Python bool or a bool "
+          f"scalar (True = apply), got {what}; masks hold one bool per parameter "
+          "leaf (or per subtree), or are a callable params -> such a pytree.")
+  return mask
+
+
+def check_mask_against(name: str, mask: Any, params: Any) -> Any:
+  """The mask (or the callable's result on ``params``) as a checked bool pytree.
+
+  Its leaves must be bools and its tree the parameters' tree or a prefix of
+  it; otherwise the error names the mask and the first path that differs.
+  """
+  import jax
+
+  if mask is None:
+    return None
+  value = mask(params) if callable(mask) else mask
+  where = f"{name} (returned by {getattr(mask, '__name__', 'the callable')})" if callable(
+      mask) else name
+  check_mask_leaves(where, value)
+  if _is_bool_scalar(value):
+    return value
+  mask_paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(
+      value, is_leaf=_is_bool_scalar)[0]]
+  param_paths = [tuple(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+  mask_set = set(mask_paths)
+  prefixes = set()
+  for p in param_paths:
+    prefix_strs = [jax.tree_util.keystr(p[:i]) for i in range(len(p) + 1)]
+    prefixes.update(prefix_strs)
+    if not mask_set.intersection(prefix_strs):
+      raise ValueError(
+          f"{where} does not match the parameters' tree: it has no entry for the "
+          f"parameter {_keystr(p)}; give a bool pytree with the structure of the "
+          "parameters (or a prefix of it).")
+  for mp in mask_paths:
+    if mp not in prefixes:
+      raise ValueError(
+          f"{where} does not match the parameters' tree: its entry {mp or '(root)'} "
+          "is not a parameter path (nor a prefix of one).")
+  return value
+
+
+def check_updates_like_params(updates: Any, params: Any, name: str = "updates") -> None:
+  """Updates (gradients) have the parameters' tree and shapes, else the path is named."""
+  import jax
+
+  u_leaves = jax.tree_util.tree_flatten_with_path(updates)[0]
+  p_leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+  u_paths = {jax.tree_util.keystr(p): x for p, x in u_leaves}
+  p_paths = {jax.tree_util.keystr(p): x for p, x in p_leaves}
+  if jax.tree.structure(updates) != jax.tree.structure(params):
+    for path in p_paths:
+      if path not in u_paths:
+        raise ValueError(f"{name} do not match params: parameter {path or '(root)'} has "
+                         f"no entry in {name}.")
+    for path in u_paths:
+      if path not in p_paths:
+        raise ValueError(f"{name} do not match params: {name}{path} is not a parameter.")
+    raise ValueError(f"{name} do not have the parameters' tree structure: "
+                     f"{jax.tree.structure(updates)} vs {jax.tree.structure(params)}.")
+  for path, p in p_paths.items():
+    u = u_paths[path]
+    if np.shape(u) != np.shape(p):
+      raise ValueError(
+          f"{name}{path} has shape {tuple(np.shape(u))} but the parameter {path or '(root)'} "
+          f"has shape {tuple(np.shape(p))}; {name} must have the parameters' shapes.")
+
+
+def check_schedules_at_init(**values: Any) -> None:
+  """Schedules evaluated at step 0 obey the rule their float would.
+
+  Keywords: ``learning_rate`` and ``weight_decay`` (>= 0), ``lower`` (>= 0),
+  ``upper`` (> 0), with ``lower <= upper``. Floats were checked at
+  construction; a traced value (init under jit) is left alone.
+  """
+  at0 = {}
+  for name, value in values.items():
+    if value is None:
+      continue
+    v = value(0) if _is_schedule(value) else value
+    if _is_tracer(v):
+      continue
+    label = f"{name} (a schedule, at step 0)" if _is_schedule(value) else name
+    try:
+      x = _as_float(label, v)
+    except TypeError as e:
+      raise TypeError(f"{label} must give a real scalar, got {v!r}.") from e
+    if x is None:
+      continue
+    if name == "upper":
+      check_positive(label, x)
+    else:
+      check_nonnegative(label, x)
+    at0[name] = (label, x)
+  if "lower" in at0 and "upper" in at0 and at0["lower"][1] > at0["upper"][1]:
+    raise ValueError(
+        f"lower must be <= upper, got {at0['lower'][0]} = {at0['lower'][1]:g} > "
+        f"{at0['upper'][0]} = {at0['upper'][1]:g}.")

@@ -1,0 +1,120 @@
+"""Every public transform's update is straight-line array code (issue 22).
+
+The update of each transform, lowered on a tree with ResNet-50's 161 leaves
+(the leaf structure of ``benchmarks/optimizer_step.py``'s tree with its
+widths divided by 16, so lowering stays fast), must contain no control flow
+(``stablehlo.case``/``if``/``while``: a GPU conditional waits for its
+predicate once per leaf) and no ``dot_general`` (a norm written as a dot is a
+library call that XLA cannot fuse with the reduction's producers).
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import date_optax
+from date_optax._src import lars as lars_lib
+
+
+def resnet50_small_shapes() -> dict[str, tuple[int, ...]]:
+  """ResNet-50 v1.5's 161 leaves (conv kernels, BN scale/bias, fc), widths / 16."""
+  shapes = {}
+
+  def conv_bn(name, k, cin, cout):
+    shapes[f"{name}/conv/kernel"] = (k, k, cin, cout)
+    shapes[f"{name}/bn/scale"] = (cout,)
+    shapes[f"{name}/bn/bias"] = (cout,)
+
+  conv_bn("stem", 7, 3, 4)
+  cin = 4
+  for stage, (blocks, width) in enumerate([(3, 4), (4, 8), (6, 16), (3, 32)]):
+    for b in range(blocks):
+      p = f"stage{stage}/block{b}"
+      conv_bn(f"{p}/conv1", 1, cin, width)
+      conv_bn(f"{p}/conv2", 3, width, width)
+      conv_bn(f"{p}/conv3", 1, width, 4 * width)
+      if b == 0:
+        conv_bn(f"{p}/proj", 1, cin, 4 * width)
+      cin = 4 * width
+  shapes["head/kernel"] = (128, 10)
+  shapes["head/bias"] = (10,)
+  return shapes
+
+
+SHAPES = resnet50_small_shapes()
+MASK = {k: len(s) > 1 for k, s in SHAPES.items()}
+BASELINE = date_optax.Baseline(optimizer="momentum", batch_size=256, learning_rate=0.1,
+                               warmup_epochs=1.0, epochs=90, num_examples=40960)
+ADAM_BASELINE = date_optax.Baseline(optimizer="adam", batch_size=256, learning_rate=1e-3,
+                                    warmup_epochs=1.0, epochs=90, num_examples=40960)
+
+TRANSFORMS = {
+    "scale_by_trust_ratio": lambda: date_optax.scale_by_trust_ratio(),
+    "scale_by_trust_ratio(bounds,wd)": lambda: date_optax.scale_by_trust_ratio(
+        0.01, lower=0.01, upper=10.0, weight_decay=1e-4),
+    "scale_by_trust_ratio(norm_of_sum)": lambda: date_optax.scale_by_trust_ratio(
+        0.01, weight_decay=1e-4, denominator="norm_of_sum"),
+    "scale_by_trust_ratio(adam)": lambda: date_optax.scale_by_trust_ratio(
+        inner=optax.scale_by_adam(), weight_decay=1e-4, trust_ratio_mask=MASK),
+    "scale_by_trust_ratio(adam,gradient)": lambda: date_optax.scale_by_trust_ratio(
+        inner=optax.scale_by_adam(), source="gradient", weight_decay=1e-4,
+        denominator="norm_of_sum"),
+    "lars": lambda: date_optax.lars(0.1, weight_decay=1e-4),
+    "lars(norm_of_sum)": lambda: date_optax.lars(0.1, weight_decay=1e-4,
+                                                 denominator="norm_of_sum"),
+    "lars(nesterov,masks,bounds)": lambda: date_optax.lars(
+        optax.cosine_decay_schedule(0.1, 100), weight_decay=1e-4, nesterov=True,
+        trust_ratio_mask=MASK, lower=0.01, upper=10.0),
+    "lamb": lambda: date_optax.lamb(1e-3, weight_decay=1e-2),
+    "lamb(nvlamb,decoupled)": lambda: date_optax.lamb(
+        1e-3, weight_decay=1e-2, normalize_grads=True, decoupled_weight_decay=True,
+        mask=MASK, lower=0.0, upper=10.0),
+    **{f"bounded_lars({base})": (lambda base=base: date_optax.bounded_lars(
+        0.1, base=base, weight_decay=1e-4)) for base in lars_lib.BASES},
+    "bounded_lars(adam,update)": lambda: date_optax.bounded_lars(
+        1e-3, base="adam", ratio_source="update", trust_ratio_mask=MASK),
+    "date(momentum)": lambda: date_optax.date(BASELINE, 4096),
+    "date(adam)": lambda: date_optax.date(ADAM_BASELINE, 4096),
+}
+
+CONTROL_FLOW = re.compile(r"stablehlo\.(case|if|while)\b")
+DOT = re.compile(r"\bdot_general\b|stablehlo\.dot\b")
+
+
+def lowered_update(tx) -> str:
+  rng = np.random.default_rng(0)
+  params = {k: jnp.asarray(rng.standard_normal(s), jnp.float32) for k, s in SHAPES.items()}
+  grads = jax.tree.map(lambda p: 0.01 * p, params)
+  state = tx.init(params)
+  return jax.jit(tx.update).lower(grads, state, params).as_text()
+
+
+def test_tree_has_resnet50s_leaves():
+  assert len(SHAPES) == 161
+
+
+@pytest.mark.parametrize("name", list(TRANSFORMS))
+def test_update_has_no_control_flow_and_no_dot(name):
+  text = lowered_update(TRANSFORMS[name]())
+  control = CONTROL_FLOW.findall(text)
+  dots = DOT.findall(text)
+  assert not control, f"{name}: {len(control)} control-flow ops in the update"
+  assert not dots, f"{name}: {len(dots)} dot_general ops in the update"
+
+
+def test_the_patterns_see_control_flow_and_dots():
+  # The check itself can fail: a per-leaf lax.cond and a dot norm are found.
+  def bad(u, s, p):
+    del s
+    out = jax.tree.map(
+        lambda g, w: jax.lax.cond(jnp.vdot(w, w) > 0, lambda: g, lambda: -g), u, p)
+    return out, None
+
+  params = {"w": jnp.ones((3, 4)), "b": jnp.ones(4)}
+  text = jax.jit(bad).lower(params, None, params).as_text()
+  assert len(CONTROL_FLOW.findall(text)) >= 2
+  assert len(DOT.findall(text)) >= 2
