@@ -103,3 +103,157 @@ def test_path_mask_pattern_that_matches_nothing_warns():
   with warnings.catch_warnings():
     warnings.simplefilter("error")
     date_optax.path_mask(include="kernel", exclude=("bias$", "norm"))(PARAMS)
+
+
+# ---------------------------------------------------------------------------
+# The train steps.
+
+
+def _steps():
+  import parallel_model as pm  # noqa: PLC0415 - tests/ is on sys.path
+
+  from date_optax import parallel as dp  # noqa: PLC0415
+
+  mesh = dp.data_mesh()
+  return pm, {
+      "jit": lambda loss_fn, **kw: dp.make_train_step(loss_fn, optax.sgd(0.1), mesh, **kw),
+      "pmap": lambda loss_fn, **kw: dp.make_pmap_train_step(loss_fn, optax.sgd(0.1), **kw),
+  }
+
+
+@pytest.mark.parametrize("kind", ["jit", "pmap"])
+def test_step_refuses_batch_leaves_with_different_row_counts(kind):
+  pm, make = _steps()
+  step = make[kind](pm.loss_fn)
+  state = step.init(pm.init_params())
+  data = pm.make_data(16)
+  # 16 rows of x and 8 of y broadcast inside the loss and returned a loss.
+  with pytest.raises(ValueError, match=r"same number of rows.*8 rows: batch\['y'\]; "
+                                       r"16 rows: batch\['x'\]"):
+    step(state, {"x": data["x"], "y": data["y"][:8]})
+  with pytest.raises(ValueError, match=r"16 rows: batch\['x'\]; 24 rows: batch\['y'\]"):
+    step(state, {"x": data["x"], "y": np.concatenate([data["y"], data["y"][:8]])})
+  step(state, data)  # the same rows everywhere still trains
+
+
+@pytest.mark.parametrize("kind", ["jit", "pmap"])
+@pytest.mark.parametrize("leaf", [np.int32(3), np.array([True, False])])
+def test_step_names_an_int_or_bool_parameter(kind, leaf):
+  pm, make = _steps()
+
+  def loss_fn(params, batch):
+    return pm.loss_fn(params, batch) + 0.0 * jnp.sum(params["extra"]["count"])
+
+  step = make[kind](loss_fn)
+  params = dict(pm.init_params(), extra={"count": leaf})
+  dtype = np.asarray(leaf).dtype.name
+  with pytest.raises(TypeError, match=rf"params\['extra'\]\['count'\] of dtype {dtype}"):
+    step.init(params)
+
+
+@pytest.mark.parametrize("kind", ["jit", "pmap"])
+@pytest.mark.parametrize("dtype", ["float99", "int32", jnp.int8, "bool", 3])
+def test_step_compute_dtype_must_be_floating(kind, dtype):
+  pm, make = _steps()
+  with pytest.raises(TypeError, match=r"compute_dtype must be None or a floating dtype "
+                                      r"\(float32, bfloat16, float16, float64\)"):
+    make[kind](pm.loss_fn, compute_dtype=dtype)
+
+
+# ---------------------------------------------------------------------------
+# Checkpoints.
+
+
+def _ckpt_state(value: float = 1.0):
+  return {"params": {"w": jnp.full((4, 3), value), "b": jnp.zeros(3)},
+          "step": jnp.int32(3), "rng": jax.random.key(7)}
+
+
+def _saved(tmp_path):
+  from date_optax.checkpoint import CheckpointManager  # noqa: PLC0415
+
+  with CheckpointManager(tmp_path, async_save=False) as mngr:
+    mngr.save(1, _ckpt_state(1.0))
+    mngr.save(2, _ckpt_state(2.0))
+
+
+MISFITS = [
+    ("shape", {"w": jnp.zeros((5, 3)), "b": jnp.zeros(3)},
+     r"leaf \['params'\]\['w'\] was saved with shape \(4, 3\) and dtype float32; the "
+     r"target asks for shape \(5, 3\) and dtype float32"),
+    ("dtype", {"w": jnp.zeros((4, 3), jnp.bfloat16), "b": jnp.zeros(3)},
+     r"leaf \['params'\]\['w'\] was saved with shape \(4, 3\) and dtype float32; the "
+     r"target asks for shape \(4, 3\) and dtype bfloat16"),
+    ("missing", {"w": jnp.zeros((4, 3))},
+     r"the checkpoint has leaves the target lacks: \['params'\]\['b'\]"),
+    ("extra", {"w": jnp.zeros((4, 3)), "b": jnp.zeros(3), "c": jnp.zeros(2)},
+     r"the target has leaves the checkpoint lacks: \['params'\]\['c'\]"),
+]
+
+
+@pytest.mark.parametrize("step", [None, 2, 1])
+@pytest.mark.parametrize("what,params,message", MISFITS, ids=[m[0] for m in MISFITS])
+def test_restore_into_another_structure_shape_or_dtype(tmp_path, capfd, what, params, message,
+                                                       step):
+  from date_optax.checkpoint import (  # noqa: PLC0415
+      CheckpointManager,
+      CheckpointMismatchError,
+      CorruptCheckpointError,
+  )
+
+  _saved(tmp_path)
+  capfd.readouterr()
+  target = dict(_ckpt_state(0.0), params=params)
+  with CheckpointManager(tmp_path, async_save=False) as mngr:
+    with warnings.catch_warnings():
+      warnings.simplefilter("error")  # no fallback to an older step, no warning
+      with pytest.raises(CheckpointMismatchError, match=message) as info:
+        mngr.restore(target, step=step)
+  assert not isinstance(info.value, CorruptCheckpointError)
+  assert isinstance(info.value, ValueError)
+  assert f"step {step or 2}" in str(info.value)
+  err = capfd.readouterr().err
+  assert "Traceback" not in err and "Exception ignored" not in err, err[:2000]
+
+
+def test_failed_restore_of_a_damaged_checkpoint_prints_no_tracebacks(tmp_path, capfd):
+  from date_optax.checkpoint import CheckpointManager, CorruptCheckpointError  # noqa: PLC0415
+
+  _saved(tmp_path)
+  for step in (1, 2):
+    for p in (tmp_path / str(step)).rglob("*"):
+      if p.is_file() and p.parent.name == "d":
+        p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+  capfd.readouterr()
+  with CheckpointManager(tmp_path, async_save=False) as mngr:
+    with pytest.raises(CorruptCheckpointError, match="step 2"):
+      mngr.restore(_ckpt_state(0.0))
+    with pytest.raises(CorruptCheckpointError, match="step 1"):
+      mngr.restore(_ckpt_state(0.0), step=1)
+  import gc  # noqa: PLC0415
+
+  gc.collect()
+  err = capfd.readouterr().err
+  assert "Traceback" not in err and "Exception ignored" not in err, err[:2000]
+
+
+def test_checkpoint_directory_that_is_a_file_is_refused(tmp_path):
+  from date_optax.checkpoint import CheckpointManager  # noqa: PLC0415
+
+  path = tmp_path / "ckpt"
+  path.write_text("not a directory")
+  with pytest.raises(ValueError, match=f"{path} is an existing file"):
+    CheckpointManager(path)
+  with pytest.raises(ValueError, match=f"{path}/sub is under {path}, an existing file"):
+    CheckpointManager(str(path / "sub"))
+
+
+@pytest.mark.parametrize("leaf", ["hello", np.array(["a", "b"]), object()])
+def test_a_leaf_that_cannot_be_saved_is_named_before_writing(tmp_path, leaf):
+  from date_optax.checkpoint import CheckpointManager  # noqa: PLC0415
+
+  with CheckpointManager(tmp_path, async_save=False) as mngr:
+    with pytest.raises(TypeError, match=r"state leaf \['opt'\]\['name'\] cannot be saved"):
+      mngr.save(1, {"w": jnp.ones(2), "opt": {"name": leaf}})
+    assert mngr.all_steps() == ()
+  assert not any(tmp_path.iterdir())

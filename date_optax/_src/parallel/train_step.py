@@ -178,6 +178,7 @@ class TrainStep:
       A `TrainState` laid out by `state_sharding`.
     """
     rng = lg.as_key(rng)
+    lg.check_params(params)
     params = jax.tree.map(lambda x: replicate_to_mesh(x, self.mesh), params)
     model_state = jax.tree.map(lambda x: replicate_to_mesh(x, self.mesh), model_state)
     if rng is not None:
