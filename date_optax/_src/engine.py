@@ -256,6 +256,9 @@ def check_solver_options(
         f"{base_allowed} ({where}) and {list(SOLVER_KEYWORDS)} (keywords of "
         "bounded_lars)."
     )
+  inner = options.get("base_options")
+  if inner is not None and not isinstance(inner, Mapping):
+    raise TypeError(f"{name}['base_options'] must be a mapping or None, got {inner!r}.")
   base_options, rest = lars_lib.split_base_options(optimizer, options)
   try:
     lars_lib.make_base(optimizer, lars_lib.base_options_for(optimizer, base_options))

@@ -970,6 +970,9 @@ def multi_stage_schedule(
     76 minutes <https://arxiv.org/abs/1904.00962>`_, ICLR 2020 (mixed-batch
     training).
   """
+  for name, value in (("schedules", schedules), ("stage_steps", stage_steps)):
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+      raise TypeError(f"{name} must be a sequence (one entry per stage), got {value!r}.")
   schedules = list(schedules)
   stage_steps = list(stage_steps)
   if not schedules:

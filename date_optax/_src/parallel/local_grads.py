@@ -334,6 +334,15 @@ def check_float_dtype(name: str, dtype: Any) -> None:
     raise TypeError(f"{name} must be {allowed}, got {dtype!r} ({dt.name}).")
 
 
+def check_axes(name: str, axes: Any) -> tuple[Hashable, ...]:
+  """A sequence of mesh axis names as a tuple; anything else names `name`."""
+  if isinstance(axes, (str, bytes)) or not isinstance(axes, (tuple, list)):
+    raise TypeError(
+        f"{name} must be a tuple or list of mesh axis names, got {axes!r}."
+    )
+  return tuple(axes)
+
+
 def check_params(params: PyTree) -> None:
   """Every parameter leaf is floating or complex (gradients need it).
 

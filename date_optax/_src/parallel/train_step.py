@@ -553,7 +553,7 @@ def make_train_step(
         named.update(ps.spec_axes(s) if isinstance(s, P) else ())
     axes = tuple(a for a in mesh.axis_names if a not in named)
   else:
-    axes = tuple(data_axes)
+    axes = lg.check_axes("data_axes", data_axes)
   unknown = [a for a in axes if a not in mesh.axis_names]
   if not axes or unknown or len(set(axes)) != len(axes):
     raise ValueError(
