@@ -80,6 +80,19 @@ def test_engine_container_arguments():
     date_optax.multi_stage(date_optax.Baseline(**BASE).recipe())
 
 
+def test_schedule_and_solver_containers_are_named():
+  from date_optax import schedules  # noqa: PLC0415
+
+  with pytest.raises(TypeError, match="schedules must be a sequence"):
+    schedules.multi_stage_schedule(0, [5])
+  with pytest.raises(TypeError, match="stage_steps must be a sequence"):
+    schedules.multi_stage_schedule([schedules.constant(0.1)], 5)
+  with pytest.raises(TypeError, match="schedules must be callables"):
+    schedules.multi_stage_schedule((0.1, 0.2), [5])
+  with pytest.raises(TypeError, match=r"optimizer_options\['base_options'\] must be a mapping"):
+    date_optax.Baseline(**BASE, optimizer_options={"base_options": "x"})
+
+
 # ---------------------------------------------------------------------------
 # path_mask.
 
@@ -149,6 +162,14 @@ def test_step_names_an_int_or_bool_parameter(kind, leaf):
   dtype = np.asarray(leaf).dtype.name
   with pytest.raises(TypeError, match=rf"params\['extra'\]\['count'\] of dtype {dtype}"):
     step.init(params)
+
+
+def test_step_axes_and_comm_dtype_containers_are_named():
+  pm, make = _steps()
+  with pytest.raises(TypeError, match="data_axes must be a tuple or list"):
+    make["jit"](pm.loss_fn, data_axes=0)
+  with pytest.raises(ValueError, match="comm_dtype must be None or one of"):
+    make["pmap"](pm.loss_fn, comm_dtype={"dense": True})
 
 
 @pytest.mark.parametrize("kind", ["jit", "pmap"])

@@ -977,14 +977,14 @@ def multi_stage_schedule(
   stage_steps = list(stage_steps)
   if not schedules:
     raise ValueError("schedules must hold at least one schedule, got [].")
-  if len(stage_steps) != len(schedules):
-    raise ValueError(
-        f"stage_steps must have one entry per schedule ({len(schedules)}), "
-        f"got {len(stage_steps)}."
-    )
   for s in schedules:
     if not callable(s):
       raise TypeError(f"schedules must be callables count -> value, got {s!r}.")
+  if len(stage_steps) != len(schedules):
+    raise ValueError(
+        f"stage_steps must have one entry per schedule ({len(schedules)} "
+        f"schedules), got {len(stage_steps)}."
+    )
   for n in stage_steps:
     validation.check_int("stage_steps", n, low=1)
   boundaries = np.cumsum(stage_steps)[:-1].tolist()
