@@ -93,6 +93,28 @@ def test_schedule_and_solver_containers_are_named():
     date_optax.Baseline(**BASE, optimizer_options={"base_options": "x"})
 
 
+def test_schedules_never_overflow_silently():
+  from date_optax import schedules  # noqa: PLC0415
+
+  # A multistep "decay" that multiplies by 1e30 at each boundary was inf.
+  with pytest.raises(ValueError, match=r"factors must be in \(0.0, 1.0\]"):
+    schedules.MultiStep(epochs=(1, 2), factors=1e30)
+  with pytest.raises(ValueError, match=r"factors must be in \(0.0, 1.0\]"):
+    schedules.multistep(0.1, 0, 4, epochs=(1, 2), factors=(0.5, 2.0))
+  with pytest.raises(ValueError, match="peak_value must be in"):
+    schedules.constant(1e39)
+  with pytest.raises(ValueError, match="base_batch_size=5e-324.*overflows"):
+    schedules.linear_scaling(0.5, 64, 5e-324)
+
+
+def test_baseline_builds_its_own_schedule_when_built():
+  # A roller-coaster floor above the learning rate was found only by recipe().
+  with pytest.raises(ValueError, match=r"floor must be <= peak_value.*learning_rate=1e-30"):
+    date_optax.Baseline(**dict(BASE, learning_rate=1e-30))
+  with pytest.raises(ValueError, match="rounds to 0 warmup iterations .*num_examples=2"):
+    date_optax.Baseline(**dict(BASE, num_examples=2))
+
+
 # ---------------------------------------------------------------------------
 # path_mask.
 

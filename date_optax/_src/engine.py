@@ -155,8 +155,10 @@ class Baseline:
       validation.check_bounds(lower, upper)
       object.__setattr__(self, "ratio_bounds", (lower, upper))
     check_solver_options(self.optimizer, self.optimizer_options, "optimizer_options")
-    # The baseline must itself leave iterations after its warmup.
+    # The baseline must itself leave iterations after its warmup, and its own
+    # schedule must build (a roller-coaster floor above the learning rate...).
     _iteration_counts(self, self.batch_size, "none", check=True)
+    scale_recipe(self, self.batch_size)
 
   @property
   def base_warmup_epochs(self) -> float:
@@ -413,7 +415,7 @@ def _vanished_warmup_message(
       f"at batch_size={batch_size} (warmup_scaling={warmup_scaling!r})"
       if batch_size != baseline.batch_size
       else f"at the baseline's batch_size={batch_size}"
-  )
+  ) + f" with num_examples={baseline.num_examples}"
   return (
       f"{name}={value!r} rounds to 0 warmup iterations {where}: the warmup "
       f"would silently disappear. The smallest {name} that gives one "
@@ -516,15 +518,24 @@ def scale_recipe(
       lr_scaling, baseline.learning_rate, batch_size, baseline.batch_size
   )
   spe = Fraction(baseline.num_examples, batch_size)
-  schedule = sched_lib.warmup_decay_schedule(
-      peak,
-      warmup_steps,
-      total_steps,
-      decay=decay,
-      steps_per_epoch=spe,
-      warmup=warmup,
-      warmup_factor=warmup_factor,
-  )
+  try:
+    schedule = sched_lib.warmup_decay_schedule(
+        peak,
+        warmup_steps,
+        total_steps,
+        decay=decay,
+        steps_per_epoch=spe,
+        warmup=warmup,
+        warmup_factor=warmup_factor,
+    )
+  except (TypeError, ValueError) as e:
+    # The schedule's peak_value is no argument of this call: say where it
+    # comes from.
+    raise type(e)(
+        f"{e} (peak_value is the baseline's learning_rate="
+        f"{baseline.learning_rate!r} scaled by lr_scaling={lr_scaling!r} to "
+        f"batch_size={batch_size})"
+    ) from e
   if baseline.warmup_ratio is not None and warmup_scaling != "sqrt":
     # Exact, so that BERT's 1/320 · 2^j prints as given.
     k = Fraction(batch_size, baseline.batch_size)
