@@ -24,7 +24,8 @@ BASE = dict(batch_size=64, learning_rate=0.1, warmup_epochs=1, epochs=4, num_exa
 
 
 def test_baseline_refuses_a_misspelt_solver_option_when_built():
-  with pytest.raises(ValueError, match=r"optimizer_options has 'momentun'.*allowed: \['momentum'\]"):
+  with pytest.raises(ValueError,
+                     match=r"optimizer_options has 'momentun'.*allowed: \['momentum'\]"):
     date_optax.Baseline(**BASE, optimizer_options={"momentun": 0.5})
   # A key of another base, from the same table bounded_lars uses.
   with pytest.raises(ValueError, match=r"'momentum'.*allowed: \['b1', 'b2', 'eps'\]"):
@@ -319,7 +320,8 @@ TRANSFORM_CASES = {
     "lars accumulator_dtype int8": (
         lambda: date_optax.lars(0.1, accumulator_dtype=jnp.int8), None, "accumulator_dtype"),
     "mask leaves are strings": (
-        lambda: date_optax.lars(0.1, weight_decay=1e-4, weight_decay_mask={"weights": "no", "offsets": "no"}),
+        lambda: date_optax.lars(0.1, weight_decay=1e-4,
+                                weight_decay_mask={"weights": "no", "offsets": "no"}),
         None, "weight_decay_mask"),
     "mask leaves are None": (
         lambda: date_optax.lamb(1e-3, weight_decay_mask={"weights": None, "offsets": None}), None,
@@ -328,7 +330,8 @@ TRANSFORM_CASES = {
         lambda: date_optax.lars(0.1, trust_ratio_mask={"weights": True, "extra": False}), None,
         "trust_ratio_mask"),
     "per-element bool mask": (
-        lambda: date_optax.lars(0.1, trust_ratio_mask={"weights": np.ones((3, 2), bool), "offsets": True}),
+        lambda: date_optax.lars(
+            0.1, trust_ratio_mask={"weights": np.ones((3, 2), bool), "offsets": True}),
         None, "trust_ratio_mask"),
     "schedule bounds lower > upper": (
         lambda: date_optax.lars(0.1, lower=lambda c: 2.0, upper=1.0), None, "lower"),

@@ -91,8 +91,9 @@ class CheckpointMismatchError(ValueError):
     ...   try:
     ...     mngr.restore({'w': jnp.ones((3, 3))})
     ...   except CheckpointMismatchError as e:
-    ...     print(str(e).split(': ', 1)[1])
-    leaf ['w'] was saved with shape (2, 3) and dtype float32; the target asks for shape (3, 3) and dtype float32.
+    ...     print(str(e).split(': ', 1)[1].replace('; ', ';\\n'))
+    leaf ['w'] was saved with shape (2, 3) and dtype float32;
+    the target asks for shape (3, 3) and dtype float32.
 
   References:
     orbax-checkpoint, `StandardRestore` (Google), which restores onto the
