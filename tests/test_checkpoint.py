@@ -25,7 +25,7 @@ import optax
 import pytest
 
 import date_optax
-from date_optax.checkpoint import CheckpointManager, CorruptCheckpointError
+from date_optax.checkpoint import CheckpointManager, CheckpointMismatchError, CorruptCheckpointError
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "checkpoint_train_script.py")
 TIMEOUT_S = 180
@@ -393,5 +393,5 @@ def test_wrong_target_is_an_error_not_a_fallback(tmp_path):
   _two_steps(tmp_path)
   with CheckpointManager(tmp_path, async_save=False) as mngr:
     bad_target = dict(_state(0.0), params={"w": jnp.zeros((5, 3)), "b": jnp.zeros(3)})
-    with pytest.raises(CorruptCheckpointError, match="step 2"):
+    with pytest.raises(CheckpointMismatchError, match="step 2"):
       mngr.restore(bad_target)

@@ -17,9 +17,12 @@ background); the previous checkpoint stays the latest one.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import json
 import os
+import sys
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -32,8 +35,10 @@ from jax import lax
 from date_optax._src import validation
 
 # Format 2 adds per-leaf fingerprints to the metadata; format-1 checkpoints
-# (no fingerprints) still restore, unverified.
-_FORMAT = 2
+# (no fingerprints) still restore, unverified. Format 3 adds every leaf's
+# path, shape and dtype, so a target that does not fit is named before orbax
+# reads anything; older checkpoints skip that check.
+_FORMAT = 3
 
 
 class CorruptCheckpointError(ValueError):
@@ -56,6 +61,43 @@ class CorruptCheckpointError(ValueError):
   References:
     Preemption-safe checkpointing as in orbax-checkpoint's
     `CheckpointManager` (Google) and the big_vision training loops.
+  """
+
+  def __init__(self, message: str):
+    super().__init__(message)
+
+
+class CheckpointMismatchError(ValueError):
+  """A restore target whose structure, shapes or dtypes differ from the saved state.
+
+  Raised by :meth:`CheckpointManager.restore` before any array is read, when
+  the target has a leaf the checkpoint lacks (or lacks one it has), or a
+  leaf of another shape or dtype. Nothing is wrong with the files, so no
+  other checkpoint is tried: the same target would not fit them either. The
+  message names the step, the leaf path and the saved and requested shape
+  and dtype. It is a `ValueError` but not a :class:`CorruptCheckpointError`.
+  Checkpoints written before this check (format 2 or older) report a misfit
+  target as :class:`CorruptCheckpointError`.
+
+  Args:
+    message: what differs, naming the step and the leaf.
+
+  Examples:
+    >>> import tempfile
+    >>> import jax.numpy as jnp
+    >>> from date_optax.checkpoint import CheckpointManager, CheckpointMismatchError
+    >>> with CheckpointManager(tempfile.mkdtemp(), async_save=False) as mngr:
+    ...   _ = mngr.save(1, {'w': jnp.ones((2, 3))})
+    ...   try:
+    ...     mngr.restore({'w': jnp.ones((3, 3))})
+    ...   except CheckpointMismatchError as e:
+    ...     print(str(e).split(': ', 1)[1].replace('; ', ';\\n'))
+    leaf ['w'] was saved with shape (2, 3) and dtype float32;
+    the target asks for shape (3, 3) and dtype float32.
+
+  References:
+    orbax-checkpoint, `StandardRestore` (Google), which restores onto the
+    shapes, dtypes and shardings of a target tree.
   """
 
   def __init__(self, message: str):
@@ -184,6 +226,60 @@ def _encode(state: Any) -> tuple[Any, dict[str, str]]:
   return jax.tree_util.tree_map_with_path(enc, state), impls
 
 
+def _dtype_name(x: Any) -> str:
+  return np.dtype(x.dtype).name if hasattr(x, "dtype") else np.result_type(x).name
+
+
+def _check_saveable(encoded: Any) -> None:
+  """Every leaf is an array or a number; otherwise name it before writing."""
+  for path, x in jax.tree_util.tree_flatten_with_path(encoded)[0]:
+    ok = isinstance(x, jax.Array) or (
+        isinstance(x, (np.ndarray, np.generic, bool, int, float, complex))
+        and (np.result_type(x).kind in "biufc" or hasattr(x, "dtype")
+             and jnp.issubdtype(x.dtype, jnp.number))
+    )
+    if not ok:
+      raise TypeError(
+          f"state leaf {jax.tree_util.keystr(path)} cannot be saved: it is "
+          f"{type(x).__name__} {x!r:.60}; every leaf must be an array or a number "
+          "(typed PRNG keys allowed). Nothing was written."
+      )
+
+
+def _leaf_specs(encoded: Any) -> list[list[Any]]:
+  """`[path, shape, dtype]` of every leaf of an encoded state, as JSON."""
+  return [
+      [jax.tree_util.keystr(path), list(np.shape(x)), _dtype_name(x)]
+      for path, x in jax.tree_util.tree_flatten_with_path(encoded)[0]
+  ]
+
+
+def _check_fits(abstract: Any, saved: list[list[Any]]) -> None:
+  """Raises CheckpointMismatchError when `abstract` differs from `saved` leaves."""
+  flat = jax.tree_util.tree_flatten_with_path(abstract)[0]
+  got = {jax.tree_util.keystr(p): x for p, x in flat}
+  want = {path: (tuple(shape), dtype) for path, shape, dtype in saved}
+  missing = [p for p in want if p not in got]
+  extra = [p for p in got if p not in want]
+  if missing or extra:
+    parts = []
+    if missing:
+      parts.append(f"the checkpoint has leaves the target lacks: {', '.join(missing[:5])}"
+                   + (", ..." if len(missing) > 5 else ""))
+    if extra:
+      parts.append(f"the target has leaves the checkpoint lacks: {', '.join(extra[:5])}"
+                   + (", ..." if len(extra) > 5 else ""))
+    raise CheckpointMismatchError(f"{'; '.join(parts)}.")
+  for path, x in got.items():
+    shape, dtype = want[path]
+    t_shape, t_dtype = tuple(np.shape(x)), _dtype_name(x)
+    if (shape, dtype) != (t_shape, t_dtype):
+      raise CheckpointMismatchError(
+          f"leaf {path} was saved with shape {shape} and dtype {dtype}; "
+          f"the target asks for shape {t_shape} and dtype {t_dtype}."
+      )
+
+
 def _abstract_target(target: Any, impls: Mapping[str, str]) -> Any:
   """The restore target orbax sees: shapes, dtypes and shardings, keys raw."""
 
@@ -191,7 +287,7 @@ def _abstract_target(target: Any, impls: Mapping[str, str]) -> Any:
     name = jax.tree_util.keystr(path)
     if _is_key(x):
       if name not in impls:
-        raise ValueError(
+        raise CheckpointMismatchError(
             f"target leaf {name} is a typed PRNG key but the checkpoint stored "
             "a plain array there."
         )
@@ -221,7 +317,7 @@ def _decode(restored: Any, target: Any, impls: Mapping[str, str]) -> Any:
       impl = impls[name]
       expected = str(jax.random.key_impl(t)) if isinstance(t, jax.Array) else impl
       if impl != expected:
-        raise ValueError(
+        raise CheckpointMismatchError(
             f"PRNG key {name} was saved with implementation {impl!r}, the "
             f"target uses {expected!r}."
         )
@@ -229,6 +325,39 @@ def _decode(restored: Any, target: Any, impls: Mapping[str, str]) -> Any:
     return x
 
   return jax.tree_util.tree_map_with_path(dec, restored, target)
+
+
+def _check_directory(path: str) -> None:
+  """`path` is a directory or can be made one: no file on it or above it."""
+  head = path
+  while head and not os.path.exists(head):
+    parent = os.path.dirname(head)
+    if parent == head:
+      break
+    head = parent
+  if os.path.exists(head) and not os.path.isdir(head):
+    what = "is an existing file" if head == path else f"is under {head}, an existing file"
+    raise ValueError(
+        f"directory must be a directory for the checkpoints, but {path} {what}."
+    )
+
+
+@contextlib.contextmanager
+def _quiet_failed_reads():
+  """Collects, instead of printing, errors of reads orbax abandoned.
+
+  When one read of a restore fails, orbax leaves the others' coroutines to
+  fail when they are garbage collected, and Python prints each one's
+  TensorStore traceback to stderr ("Exception ignored in: <coroutine ...>").
+  The restore's own error already names the cause.
+  """
+  previous = sys.unraisablehook
+  sys.unraisablehook = lambda unraisable: None
+  try:
+    yield
+  finally:
+    gc.collect()
+    sys.unraisablehook = previous
 
 
 class CheckpointManager:
@@ -254,7 +383,7 @@ class CheckpointManager:
 
   Args:
     directory: where checkpoints live (one sub-directory per step); created if
-      missing.
+      missing. A path that is an existing file is refused.
     max_to_keep: how many of the most recent checkpoints to keep (>= 1), or
       None to keep all.
     save_interval_steps: `save(step, ...)` only writes when `step` is a
@@ -299,6 +428,7 @@ class CheckpointManager:
     validation.check_bool("async_save", async_save)
     if not isinstance(directory, (str, os.PathLike)):
       raise TypeError(f"directory must be a path, got {directory!r}.")
+    _check_directory(os.path.abspath(os.fspath(directory)))
     ocp = _ocp()
     self._ocp = ocp
     self._directory = os.path.abspath(os.fspath(directory))
@@ -351,10 +481,12 @@ class CheckpointManager:
     if not force and step % self._interval:
       return False
     encoded, impls = _encode(state)
+    _check_saveable(encoded)
     meta = {
         "format": _FORMAT,
         "step": step,
         "prng_keys": impls,
+        "leaves": _leaf_specs(encoded),
         "fingerprints": _fingerprints(encoded),
         "metadata": dict(metadata or {}),
     }
@@ -397,9 +529,13 @@ class CheckpointManager:
 
     Raises:
       FileNotFoundError: if there is no checkpoint (or no checkpoint `step`).
+      CheckpointMismatchError: (a `ValueError`) if `target` has another
+        structure, or a leaf of another shape or dtype, than the saved state
+        (checked before reading; no older step is tried); the message names
+        the leaf and the saved and requested shape and dtype.
       CorruptCheckpointError: (a `ValueError`) if the requested `step`, or
-        with `step=None` every checkpoint, is damaged or does not fit
-        `target`; the message names the step and the cause.
+        with `step=None` every checkpoint, is damaged; the message names the
+        step and the cause.
     """
     if step is not None:
       step = validation.check_int("step", step, low=0)
@@ -415,6 +551,8 @@ class CheckpointManager:
     bad: list[tuple[int, Exception]] = []
     for s in reversed(steps):
       try:
+        # A CheckpointMismatchError is raised at once: an older checkpoint of
+        # the same run would not fit the target either.
         result = self._restore_verified(target, s)
       except CorruptCheckpointError as e:
         bad.append((s, e))
@@ -433,42 +571,60 @@ class CheckpointManager:
 
   def _restore_verified(self, target: Any, step: int) -> tuple[Any, dict]:
     ocp = self._ocp
-    error: Exception | None = None
-    try:
-      meta = self._manager.restore(
-          step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
-      ).meta
-      if not isinstance(meta, Mapping):
-        raise ValueError("its metadata is unreadable")
-      impls = meta.get("prng_keys", {})
-      abstract = _abstract_target(target, impls)
-      restored = self._manager.restore(
-          step,
-          args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)),
-      ).state
-      expected = meta.get("fingerprints")
-      if expected is not None:
-        got = _fingerprints(restored)
-        if len(got) != len(expected):
-          raise ValueError(f"{len(got)} leaves restored, {len(expected)} saved")
-        for (path, _), g, e in zip(
-            jax.tree_util.tree_flatten_with_path(restored)[0], got, expected,
-            strict=True,
-        ):
-          if list(g) != list(e):
-            raise ValueError(
-                f"leaf {jax.tree_util.keystr(path)} does not match the data "
-                "that was saved"
-            )
-    except Exception as e:  # noqa: BLE001 - orbax/tensorstore raise many types
-      error = e
-    if not _all_processes_agree(error is None):
-      cause = error or RuntimeError("another process could not read it")
+    error: tuple[str, str] | None = None
+    mismatch: CheckpointMismatchError | None = None
+    misfit = f"checkpoint step {step} in {self._directory} does not fit the target"
+    with _quiet_failed_reads():
+      try:
+        meta = self._manager.restore(
+            step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
+        ).meta
+        if not isinstance(meta, Mapping):
+          raise ValueError("its metadata is unreadable")
+        impls = meta.get("prng_keys", {})
+        try:
+          abstract = _abstract_target(target, impls)
+          if meta.get("leaves") is not None:
+            # Before orbax reads anything: a misfit target is named here, and
+            # no read is left failing in orbax's background threads.
+            _check_fits(abstract, meta["leaves"])
+        except CheckpointMismatchError as e:
+          mismatch = CheckpointMismatchError(f"{misfit}: {e}")
+        if mismatch is None:
+          restored = self._manager.restore(
+              step,
+              args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)),
+          ).state
+          expected = meta.get("fingerprints")
+          if expected is not None:
+            got = _fingerprints(restored)
+            if len(got) != len(expected):
+              raise ValueError(f"{len(got)} leaves restored, {len(expected)} saved")
+            for (path, _), g, e in zip(
+                jax.tree_util.tree_flatten_with_path(restored)[0], got, expected,
+                strict=True,
+            ):
+              if list(g) != list(e):
+                raise ValueError(
+                    f"leaf {jax.tree_util.keystr(path)} does not match the data "
+                    "that was saved"
+                )
+      except Exception as e:  # noqa: BLE001 - orbax/tensorstore raise many types
+        # Keep the cause's text only: its traceback holds orbax's pending
+        # reads, which would print their own tracebacks when collected later.
+        error = (type(e).__name__, str(e))
+    if not _all_processes_agree(error is None and mismatch is None):
+      if mismatch is not None:
+        raise mismatch
+      name, text = error or ("RuntimeError", "another process could not read it")
       raise CorruptCheckpointError(
           f"checkpoint step {step} in {self._directory} cannot be restored: "
-          f"{type(cause).__name__}: {cause}"
-      ) from error
-    return _decode(restored, target, impls), dict(meta.get("metadata", {}))
+          f"{name}: {text}"
+      )
+    try:
+      return _decode(restored, target, impls), dict(meta.get("metadata", {}))
+    except CheckpointMismatchError as e:
+      raise CheckpointMismatchError(f"{misfit}: {e}") from None
 
   def latest_step(self) -> int | None:
     """The newest complete checkpoint's step, or None."""

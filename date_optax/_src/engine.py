@@ -141,15 +141,24 @@ class Baseline:
         self, "optimizer_options", types.MappingProxyType(dict(self.optimizer_options))
     )
     if self.ratio_bounds is not None:
-      if len(tuple(self.ratio_bounds)) != 2:
+      if isinstance(self.ratio_bounds, (str, bytes)) or not isinstance(
+          self.ratio_bounds, Sequence
+      ):
+        raise TypeError(
+            f"ratio_bounds must be a pair (lower, upper), got {self.ratio_bounds!r}."
+        )
+      if len(self.ratio_bounds) != 2:
         raise ValueError(
             f"ratio_bounds must be a pair (lower, upper), got {self.ratio_bounds!r}."
         )
       lower, upper = self.ratio_bounds
       validation.check_bounds(lower, upper)
       object.__setattr__(self, "ratio_bounds", (lower, upper))
-    # The baseline must itself leave iterations after its warmup.
+    check_solver_options(self.optimizer, self.optimizer_options, "optimizer_options")
+    # The baseline must itself leave iterations after its warmup, and its own
+    # schedule must build (a roller-coaster floor above the learning rate...).
     _iteration_counts(self, self.batch_size, "none", check=True)
+    scale_recipe(self, self.batch_size)
 
   @property
   def base_warmup_epochs(self) -> float:
@@ -208,6 +217,66 @@ class Baseline:
     if weight_decay != 0.0:
       parts.insert(0, optax.add_decayed_weights(weight_decay, weight_decay_mask))
     return optax.chain(*parts)
+
+
+#: Keywords of :func:`date_optax.bounded_lars` that a solver's options may
+#: hold besides the base's own settings (:data:`date_optax._src.lars.BASE_OPTIONS`);
+#: the learning rate, base, bounds and ratio source come from the baseline and
+#: :func:`date`'s own arguments.
+SOLVER_KEYWORDS = ("base_options", "trust_coefficient", "weight_decay",
+                   "weight_decay_mask", "trust_ratio_mask", "layer_axes")
+
+
+def check_solver_options(
+    optimizer: str | optax.GradientTransformation,
+    options: Mapping[str, Any],
+    name: str,
+    unknown: type[Exception] = ValueError,
+) -> None:
+  """Refuses a key or value of `options` that the solver would not take.
+
+  Keys are checked against the base's entry of the table `bounded_lars`
+  uses (``lars.BASE_OPTIONS``) and :data:`SOLVER_KEYWORDS`; values by
+  building the solver once, with any error re-raised naming `name`. An
+  unknown key raises `unknown` (TypeError for keyword arguments).
+  """
+  base_allowed = (
+      sorted(lars_lib.BASE_OPTIONS[optimizer]) if isinstance(optimizer, str) else []
+  )
+  for key in options:
+    if not isinstance(key, str):
+      raise TypeError(f"{name} keys must be strings, got {key!r}.")
+    if key in SOLVER_KEYWORDS or key in base_allowed:
+      continue
+    where = (
+        f"the settings of optimizer={optimizer!r}"
+        if isinstance(optimizer, str)
+        else "an optax GradientTransformation optimizer's settings (none)"
+    )
+    raise unknown(
+        f"{name} has {key!r}, which the solver does not take; allowed: "
+        f"{base_allowed} ({where}) and {list(SOLVER_KEYWORDS)} (keywords of "
+        "bounded_lars)."
+    )
+  inner = options.get("base_options")
+  if inner is not None and not isinstance(inner, Mapping):
+    raise TypeError(f"{name}['base_options'] must be a mapping or None, got {inner!r}.")
+  base_options, rest = lars_lib.split_base_options(optimizer, options)
+  try:
+    lars_lib.make_base(optimizer, lars_lib.base_options_for(optimizer, base_options))
+    lars_lib.bounded_lars(
+        1.0, base=optimizer, lower=1.0, upper=1.0, base_options=base_options, **rest
+    )
+  except (TypeError, ValueError) as e:
+    raise type(e)(f"{name}: {e}") from e
+
+
+def _check_baseline(baseline: Any) -> None:
+  if not isinstance(baseline, Baseline):
+    raise TypeError(
+        f"baseline must be a date_optax.Baseline (the run tuned at one batch "
+        f"size), got {baseline!r}."
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -346,7 +415,7 @@ def _vanished_warmup_message(
       f"at batch_size={batch_size} (warmup_scaling={warmup_scaling!r})"
       if batch_size != baseline.batch_size
       else f"at the baseline's batch_size={batch_size}"
-  )
+  ) + f" with num_examples={baseline.num_examples}"
   return (
       f"{name}={value!r} rounds to 0 warmup iterations {where}: the warmup "
       f"would silently disappear. The smallest {name} that gives one "
@@ -433,8 +502,7 @@ def scale_recipe(
     You et al., `Large-Batch Training for LSTM and Beyond
     <https://arxiv.org/abs/1901.08256>`_, 2019 (§3, Table 1).
   """
-  if not isinstance(baseline, Baseline):
-    raise TypeError(f"baseline must be a date_optax.Baseline, got {baseline!r}.")
+  _check_baseline(baseline)
   validation.check_int("batch_size", batch_size, low=1)
   validation.check_choice("lr_scaling", lr_scaling, sched_lib.SCALING_RULES)
   validation.check_choice("warmup_scaling", warmup_scaling, sched_lib.SCALING_RULES)
@@ -450,15 +518,24 @@ def scale_recipe(
       lr_scaling, baseline.learning_rate, batch_size, baseline.batch_size
   )
   spe = Fraction(baseline.num_examples, batch_size)
-  schedule = sched_lib.warmup_decay_schedule(
-      peak,
-      warmup_steps,
-      total_steps,
-      decay=decay,
-      steps_per_epoch=spe,
-      warmup=warmup,
-      warmup_factor=warmup_factor,
-  )
+  try:
+    schedule = sched_lib.warmup_decay_schedule(
+        peak,
+        warmup_steps,
+        total_steps,
+        decay=decay,
+        steps_per_epoch=spe,
+        warmup=warmup,
+        warmup_factor=warmup_factor,
+    )
+  except (TypeError, ValueError) as e:
+    # The schedule's peak_value is no argument of this call: say where it
+    # comes from.
+    raise type(e)(
+        f"{e} (peak_value is the baseline's learning_rate="
+        f"{baseline.learning_rate!r} scaled by lr_scaling={lr_scaling!r} to "
+        f"batch_size={batch_size})"
+    ) from e
   if baseline.warmup_ratio is not None and warmup_scaling != "sqrt":
     # Exact, so that BERT's 1/320 · 2^j prints as given.
     k = Fraction(batch_size, baseline.batch_size)
@@ -561,6 +638,8 @@ def multi_stage(stages: Sequence[Recipe]) -> MultiStageRecipe:
     You et al., `Large Batch Optimization for Deep Learning: Training BERT in
     76 minutes <https://arxiv.org/abs/1904.00962>`_, ICLR 2020.
   """
+  if isinstance(stages, (str, bytes, Recipe)) or not isinstance(stages, Sequence):
+    raise TypeError(f"stages must be a sequence of Recipes, got {stages!r}.")
   stages = tuple(stages)
   if not stages:
     raise ValueError("stages must hold at least one Recipe, got ().")
@@ -629,6 +708,7 @@ def date_recipe(
     You et al., `Large-batch training for LSTM and beyond
     <https://arxiv.org/abs/1901.08256>`_, SC 2019 (Algorithm 1).
   """
+  _check_baseline(baseline)
   if isinstance(decay, str) and decay == "baseline":
     decay = baseline.decay
   elif decay is None:
@@ -702,6 +782,10 @@ def layer_lr_bounds(
     lower limits of the LARS ratio); Goyal et al., `Accurate, Large
     Minibatch SGD <https://arxiv.org/abs/1706.02677>`_, 2017 (linear rule).
   """
+  if not isinstance(recipe, Recipe):
+    raise TypeError(
+        f"recipe must be a date_optax.Recipe (see date_recipe), got {recipe!r}."
+    )
   validation.check_choice("bounds", bounds, BOUND_RULES)
   if bounds == "fixed":
     return DEFAULT_BOUNDS
@@ -821,6 +905,10 @@ def date(
     <https://arxiv.org/abs/1706.02677>`_, 2017 (no weight decay or special
     treatment of biases and batch-norm parameters).
   """
+  _check_baseline(baseline)
+  check_solver_options(
+      baseline.optimizer, solver_options, "solver_options", unknown=TypeError
+  )
   recipe = date_recipe(
       baseline,
       batch_size,

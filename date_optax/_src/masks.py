@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -207,7 +208,9 @@ def path_mask(
   layers. The result is a callable ``params -> bool pytree`` accepted by
   every ``mask``/``trust_ratio_mask``/``weight_decay_mask`` argument of this
   package and by :func:`optax.masked`; it works on dicts, ``FrozenDict`` and
-  ``nnx.State``.
+  ``nnx.State``. A pattern that matches no parameter path of the tree the
+  mask is applied to warns (``UserWarning``) naming the pattern: a typo would
+  otherwise select every leaf or none without a word.
 
   Args:
     include: a pattern or a sequence of patterns; empty = every leaf.
@@ -256,6 +259,19 @@ def path_mask(
   exc = compile_all("exclude", exclude)
 
   def mask_fn(params: PyTree) -> PyTree:
+    paths = [path_string(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    if paths:
+      # A pattern that matches nothing is most likely a typo, which would
+      # silently change what the mask selects (all or nothing).
+      for name, pats in (("include", inc), ("exclude", exc)):
+        for p in pats:
+          if not any(p.search(s) for s in paths):
+            warnings.warn(
+                f"path_mask: {name} pattern {p.pattern!r} matches no parameter "
+                f"(parameter paths look like: {', '.join(paths[:6])}, ...).",
+                stacklevel=2,
+            )
+
     def keep(path, _):
       s = path_string(path)
       if inc and not any(p.search(s) for p in inc):

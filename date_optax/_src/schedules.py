@@ -85,7 +85,8 @@ def linear_scaling(value: float, batch_size: float, base_batch_size: float) -> f
     <https://arxiv.org/abs/1901.08256>`_, 2019 (LEGW, §3.1).
   """
   _check_scaling_args(value, batch_size, base_batch_size)
-  return float(value) * float(batch_size) / float(base_batch_size)
+  return _finite_result(float(value) * float(batch_size) / float(base_batch_size),
+                        value, batch_size, base_batch_size)
 
 
 def sqrt_scaling(value: float, batch_size: float, base_batch_size: float) -> float:
@@ -112,7 +113,10 @@ def sqrt_scaling(value: float, batch_size: float, base_batch_size: float) -> flo
     <https://arxiv.org/abs/1901.08256>`_, 2019 (§3.3, Sqrt Scaling).
   """
   _check_scaling_args(value, batch_size, base_batch_size)
-  return float(value) * math.sqrt(float(batch_size) / float(base_batch_size))
+  return _finite_result(
+      float(value) * math.sqrt(float(batch_size) / float(base_batch_size)),
+      value, batch_size, base_batch_size,
+  )
 
 
 def scale_by_rule(
@@ -145,6 +149,15 @@ def scale_by_rule(
     return sqrt_scaling(value, batch_size, base_batch_size)
   _check_scaling_args(value, batch_size, base_batch_size)
   return float(value)
+
+
+def _finite_result(result, value, batch_size, base_batch_size) -> float:
+  if not math.isfinite(result):
+    raise ValueError(
+        f"value={value!r} scaled from base_batch_size={base_batch_size!r} to "
+        f"batch_size={batch_size!r} overflows to {result}."
+    )
+  return result
 
 
 def _check_scaling_args(value, batch_size, base_batch_size) -> None:
@@ -386,8 +399,9 @@ class MultiStep(Decay):
 
   Args:
     epochs: the boundary epochs, strictly increasing and positive.
-    factors: one multiplier per boundary (cumulative), or a single float used
-      at every boundary (``0.1`` for Goyal et al.'s ResNet-50 schedule).
+    factors: one multiplier per boundary (cumulative), each in ``(0, 1]``,
+      or a single one used at every boundary (``0.1`` for Goyal et al.'s
+      ResNet-50 schedule).
 
   Examples:
     >>> from date_optax import schedules
@@ -422,9 +436,10 @@ class MultiStep(Decay):
             f"got {len(factors)}."
         )
       for f in factors:
-        validation.check_positive("factors", f)
+        validation.check_real("factors", f, low=0.0, high=1.0, low_inclusive=False)
     else:
-      validation.check_positive("factors", self.factors)
+      validation.check_real("factors", self.factors, low=0.0, high=1.0,
+                            low_inclusive=False)
       factors = float(self.factors)
     object.__setattr__(self, "epochs", epochs)
     object.__setattr__(self, "factors", factors)
@@ -617,7 +632,9 @@ def warmup_decay_schedule(
     <https://arxiv.org/abs/1901.08256>`_, SC 2019 (Algorithm 1).
   """
   decay = decay_from_name(decay)
-  validation.check_positive("peak_value", peak_value)
+  # The schedule computes in float32: a larger peak would be inf.
+  validation.check_real("peak_value", peak_value, low=0.0, low_inclusive=False,
+                        high=float(np.finfo(np.float32).max))
   warmup_steps = validation.check_int("warmup_steps", warmup_steps, low=0)
   validation.check_choice("warmup", warmup, WARMUPS)
   validation.check_real(
@@ -970,18 +987,21 @@ def multi_stage_schedule(
     76 minutes <https://arxiv.org/abs/1904.00962>`_, ICLR 2020 (mixed-batch
     training).
   """
+  for name, value in (("schedules", schedules), ("stage_steps", stage_steps)):
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+      raise TypeError(f"{name} must be a sequence (one entry per stage), got {value!r}.")
   schedules = list(schedules)
   stage_steps = list(stage_steps)
   if not schedules:
     raise ValueError("schedules must hold at least one schedule, got [].")
-  if len(stage_steps) != len(schedules):
-    raise ValueError(
-        f"stage_steps must have one entry per schedule ({len(schedules)}), "
-        f"got {len(stage_steps)}."
-    )
   for s in schedules:
     if not callable(s):
       raise TypeError(f"schedules must be callables count -> value, got {s!r}.")
+  if len(stage_steps) != len(schedules):
+    raise ValueError(
+        f"stage_steps must have one entry per schedule ({len(schedules)} "
+        f"schedules), got {len(stage_steps)}."
+    )
   for n in stage_steps:
     validation.check_int("stage_steps", n, low=1)
   boundaries = np.cumsum(stage_steps)[:-1].tolist()

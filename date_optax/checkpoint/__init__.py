@@ -3,6 +3,7 @@ and a guard that stops a loop cleanly on preemption."""
 
 from date_optax._src.checkpoint import (
     CheckpointManager,
+    CheckpointMismatchError,
     CorruptCheckpointError,
     tree_checksum,
 )
@@ -10,6 +11,7 @@ from date_optax._src.preemption import PreemptionGuard
 
 __all__ = [
     "CheckpointManager",
+    "CheckpointMismatchError",
     "CorruptCheckpointError",
     "PreemptionGuard",
     "tree_checksum",

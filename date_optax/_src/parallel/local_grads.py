@@ -159,6 +159,7 @@ def loss_and_grads(
     rng: Any = None,
 ) -> tuple[jax.Array, Any, PyTree, Any]:
   """Loss (float32), aux, gradient and new model state of one (micro)batch."""
+  check_params(params)
   f = lambda p: _forward(loss_fn, has_aux, compute_dtype, p, batch, model_state, rng)
   (loss, (aux, new_state)), grads = jax.value_and_grad(f, has_aux=True)(params)
   return loss, aux, grads, new_state
@@ -408,15 +409,7 @@ def check_common(
         f"optimizer must be an optax.GradientTransformation, got {optimizer!r}."
     )
   validation.check_choice("grad_reduce", grad_reduce, algorithms)
-  if compute_dtype is not None:
-    try:
-      dt = jnp.dtype(compute_dtype)
-    except TypeError as e:
-      raise TypeError(
-          f"compute_dtype must be a float dtype, got {compute_dtype!r}."
-      ) from e
-    if not jnp.issubdtype(dt, jnp.floating):
-      raise TypeError(f"compute_dtype must be a float dtype, got {compute_dtype!r}.")
+  check_float_dtype("compute_dtype", compute_dtype)
   if max_consecutive_skips is not None:
     validation.check_int("max_consecutive_skips", max_consecutive_skips, low=0)
   return validation.check_int("microbatches", microbatches, low=1)
@@ -438,10 +431,71 @@ def comm_key(comm: tuple[Any, bool, str], rng: Any, step: jax.Array) -> Any:
   return lp.rounding_key(rng, step) if comm[2] == "stochastic" else None
 
 
+#: Floating dtypes a step computes in (``compute_dtype``), by name.
+FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def check_float_dtype(name: str, dtype: Any) -> None:
+  """`dtype` is None or a floating dtype; otherwise the error names `name`."""
+  if dtype is None:
+    return
+  allowed = f"None or a floating dtype ({', '.join(FLOAT_DTYPES)})"
+  try:
+    dt = jnp.dtype(dtype)
+  except (TypeError, ValueError) as e:
+    raise TypeError(f"{name} must be {allowed}, got {dtype!r}.") from e
+  if not jnp.issubdtype(dt, jnp.floating):
+    raise TypeError(f"{name} must be {allowed}, got {dtype!r} ({dt.name}).")
+
+
+def check_axes(name: str, axes: Any) -> tuple[Hashable, ...]:
+  """A sequence of mesh axis names as a tuple; anything else names `name`."""
+  if isinstance(axes, (str, bytes)) or not isinstance(axes, (tuple, list)):
+    raise TypeError(
+        f"{name} must be a tuple or list of mesh axis names, got {axes!r}."
+    )
+  return tuple(axes)
+
+
+def check_params(params: PyTree) -> None:
+  """Every parameter leaf is floating or complex (gradients need it).
+
+  Static (dtype) only, so it runs once at trace time; names the first
+  offending leaf by its path.
+  """
+  for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+      dtype = np.result_type(x)
+    if not jnp.issubdtype(dtype, jnp.inexact):
+      raise TypeError(
+          f"every parameter must be a float (or complex) array to be "
+          f"differentiated, got params{jax.tree_util.keystr(path)} of dtype "
+          f"{np.dtype(dtype).name}; keep integer or bool values (counters, "
+          "masks) in model_state or the batch, or cast them to float."
+      )
+
+
 def check_batch(batch: PyTree, replicas: int, microbatches: int = 1) -> None:
-  """Every leaf's leading dimension must split over replicas × microbatches."""
+  """Every leaf's leading dimension must split over replicas × microbatches,
+  and every leaf must have the same number of rows."""
   n = replicas * microbatches
-  for path, x in jax.tree_util.tree_flatten_with_path(batch)[0]:
+  flat = jax.tree_util.tree_flatten_with_path(batch)[0]
+  rows: dict[int, list[str]] = {}
+  for path, x in flat:
+    shape = np.shape(x)
+    if shape:
+      rows.setdefault(shape[0], []).append(f"batch{jax.tree_util.keystr(path)}")
+  if len(rows) > 1:
+    listed = "; ".join(
+        f"{r} rows: {', '.join(names[:4])}{', ...' if len(names) > 4 else ''}"
+        for r, names in sorted(rows.items())
+    )
+    raise ValueError(
+        "every batch leaf must have the same number of rows (leading "
+        f"dimension), got {listed}."
+    )
+  for path, x in flat:
     shape = np.shape(x)
     if not shape or shape[0] % n:
       split = (

@@ -129,7 +129,7 @@ def comm_format(comm_dtype: Any) -> CommFormat | None:
     return None
   try:
     name = jnp.dtype(comm_dtype).name
-  except TypeError:
+  except (TypeError, ValueError):  # a dict is a structured-dtype ValueError
     name = comm_dtype if isinstance(comm_dtype, str) else None
   if name == "float32":
     return None

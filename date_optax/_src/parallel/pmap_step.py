@@ -114,6 +114,7 @@ class PmapTrainStep:
 
     `model_state` and `rng` as for `TrainStep.init`.
     """
+    lg.check_params(params)
     state = TrainState.create(
         jax.tree.map(jnp.asarray, params), self.optimizer,
         jax.tree.map(jnp.asarray, model_state), lg.as_key(rng),

@@ -179,6 +179,7 @@ class TrainStep:
       A `TrainState` laid out by `state_sharding`.
     """
     rng = lg.as_key(rng)
+    lg.check_params(params)
     params = jax.tree.map(lambda x: replicate_to_mesh(x, self.mesh), params)
     model_state = jax.tree.map(lambda x: replicate_to_mesh(x, self.mesh), model_state)
     if rng is not None:
@@ -544,7 +545,7 @@ def make_train_step(
         named.update(ps.spec_axes(s) if isinstance(s, P) else ())
     axes = tuple(a for a in mesh.axis_names if a not in named)
   else:
-    axes = tuple(data_axes)
+    axes = lg.check_axes("data_axes", data_axes)
   unknown = [a for a in axes if a not in mesh.axis_names]
   if not axes or unknown or len(set(axes)) != len(axes):
     raise ValueError(
