@@ -354,7 +354,6 @@ TRANSFORM_CASES = {
 }
 
 
-@pytest.mark.xfail(strict=False, reason="fixed on the accel branch")
 @pytest.mark.parametrize("case", sorted(TRANSFORM_CASES))
 def test_transform_bad_input_is_named(case):
   build, grads, name = TRANSFORM_CASES[case]

@@ -219,14 +219,12 @@ def test_date_property(changes):
 
 # Schedules, masks and axis trees reach the optimizer transforms, whose checks
 # are being fixed on another branch (see test_transform_property).
-@pytest.mark.xfail(strict=False, reason="fixed on the accel branch")
 @KNOWN_FAILING
 @given(changes=_changes(DATE_ARGS + SOLVER_KEYS, values=VALUES))
 def test_date_schedule_and_tree_property(changes):
   _date(changes)
 
 
-@pytest.mark.xfail(strict=False, reason="fixed on the accel branch")
 @KNOWN_FAILING
 @given(options=st.dictionaries(st.sampled_from(SOLVER_KEYS), VALUES, min_size=1,
                                max_size=2), optimizer=OPTIMIZERS)
@@ -369,7 +367,6 @@ TRANSFORMS = {
 }
 
 
-@pytest.mark.xfail(strict=False, reason="fixed on the accel branch")
 @pytest.mark.parametrize("name", sorted(TRANSFORMS))
 @settings(KNOWN_FAILING, max_examples=30)
 @given(data=st.data())

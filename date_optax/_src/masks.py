@@ -133,7 +133,15 @@ def resolve_layer_axes(layer_axes: LayerAxes, params: PyTree) -> list[tuple[int,
   if layer_axes is None:
     return [None] * len(leaves)
   if callable(layer_axes):
-    layer_axes = layer_axes(params)
+    from date_optax._src import validation
+
+    try:
+      layer_axes = validation.check_layer_axes("layer_axes", layer_axes(params))
+    except (TypeError, ValueError) as e:
+      raise type(e)(f"layer_axes: the callable must take params and return None, an "
+                    f"int, a tuple of ints or a pytree of those ({e}).") from e
+    if callable(layer_axes):
+      raise TypeError(f"layer_axes: the callable returned another callable, {layer_axes!r}.")
   if _is_axes_leaf(layer_axes):
     specs = [layer_axes] * len(leaves)
   else:

@@ -272,9 +272,19 @@ def check_mask_against(name: str, mask: Any, params: Any) -> Any:
 
   if mask is None:
     return None
-  value = mask(params) if callable(mask) else mask
   where = f"{name} (returned by {getattr(mask, '__name__', 'the callable')})" if callable(
       mask) else name
+  if callable(mask):
+    try:
+      value = mask(params)
+    except (TypeError, ValueError) as e:
+      raise type(e)(f"{name}: calling the mask callable on the parameters failed "
+                    f"({e}); a callable mask takes params and returns a bool pytree.") from e
+    if callable(value):
+      raise TypeError(f"{where} must be a bool pytree, got the callable {value!r}; a "
+                      "callable mask takes params and returns a bool pytree.")
+  else:
+    value = mask
   check_mask_leaves(where, value)
   if _is_bool_scalar(value):
     return value
@@ -308,13 +318,15 @@ def check_updates_like_params(updates: Any, params: Any, name: str = "updates") 
   u_paths = {jax.tree_util.keystr(p): x for p, x in u_leaves}
   p_paths = {jax.tree_util.keystr(p): x for p, x in p_leaves}
   if jax.tree.structure(updates) != jax.tree.structure(params):
-    for path in p_paths:
-      if path not in u_paths:
-        raise ValueError(f"{name} do not match params: parameter {path or '(root)'} has "
-                         f"no entry in {name}.")
-    for path in u_paths:
-      if path not in p_paths:
-        raise ValueError(f"{name} do not match params: {name}{path} is not a parameter.")
+    missing = [p or "(root)" for p in p_paths if p not in u_paths]
+    extra = [p or "(root)" for p in u_paths if p not in p_paths]
+    if missing or extra:
+      parts = []
+      if missing:
+        parts.append(f"parameter(s) {', '.join(missing)} have no entry in {name}")
+      if extra:
+        parts.append(f"{name} entries {', '.join(extra)} are not parameters")
+      raise ValueError(f"{name} do not match params: " + "; ".join(parts) + ".")
     raise ValueError(f"{name} do not have the parameters' tree structure: "
                      f"{jax.tree.structure(updates)} vs {jax.tree.structure(params)}.")
   for path, p in p_paths.items():
