@@ -69,7 +69,8 @@ def write_imagenet(data_dir: str, *, num_train: int = 320, num_validation: int =
                    "shardLengths": [str(x) for x in lengths],
                    "filepathTemplate": TEMPLATE})
   info = {"name": input_pipeline.DATASET, "version": VERSION,
-          "fileFormat": "array_record", "moduleName": "tensorflow_datasets.image_classification.imagenet",
+          "fileFormat": "array_record",
+          "moduleName": "tensorflow_datasets.image_classification.imagenet",
           "splits": splits, "description": "a generated stand-in for tests"}
   with open(os.path.join(root, "dataset_info.json"), "w") as f:
     json.dump(info, f, indent=1)
