@@ -89,6 +89,7 @@ def parse_args(argv=None):
 def study_config(method: str, lr: float, batch: int, seed: int, cfg: dict):
   """examples/bert_lamb's default config, one stage, sized for the study."""
   c = default.get_config()
+  c.tokenizer = "bytes"  # the study's recorded numbers are per masked byte
   c.model.update(MODEL)
   c.two_stage = False
   c.seq_len = cfg["seq_len"]

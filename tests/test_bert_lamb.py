@@ -21,6 +21,7 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 import date_optax  # noqa: E402
+import date_optax.parallel as dp  # noqa: E402
 from examples.bert_lamb import input_pipeline, train  # noqa: E402
 from examples.bert_lamb.configs import default, lamb_bert, smoke  # noqa: E402
 
@@ -146,6 +147,61 @@ def test_bert_masking_and_corpus():
     input_pipeline.mask_tokens(tokens, np.random.default_rng(0), 1.5)
 
 
+def test_bpe_tokenizer_is_trained_deterministically_and_cached(tmp_path):
+  text = input_pipeline.corpus()["text"]["train"]
+  # Two trainings of the same text give the same vocabulary, byte for byte.
+  a = input_pipeline.train_bpe(text[:200_000], 600)
+  assert a == input_pipeline.train_bpe(text[:200_000], 600)
+  v = input_pipeline.get_vocab("bpe", vocab_size=1024, cache_dir=str(tmp_path))
+  assert os.path.basename(v.path).startswith("tokenizer-bpe-1024-")
+  assert os.path.dirname(v.path) == str(tmp_path)
+  with open(v.path, "rb") as f:
+    import hashlib
+
+    assert hashlib.sha256(f.read()).hexdigest() == v.sha256
+  # Read back from the cache: the same file, not retrained.
+  mtime = os.path.getmtime(v.path)
+  assert input_pipeline.get_vocab("bpe", vocab_size=1024, cache_dir=str(tmp_path)) == v
+  assert os.path.getmtime(v.path) == mtime
+  assert (v.size, v.pad_id, v.mask_id, v.random_ids) == (1024, 0, 4, (5, 1024))
+  ids = v.encode("The function returns a new list of strings.")
+  assert 5 <= len(ids) <= 12  # subwords, not 44 bytes
+  assert all(v.random_ids[0] <= i < v.random_ids[1] for i in ids)
+  with pytest.raises(ValueError, match="config.tokenizer must be 'bpe' or 'bytes'"):
+    input_pipeline.get_vocab("wordpiece")
+  with pytest.raises(ValueError, match="config.vocab_size must be an integer >= 512"):
+    input_pipeline.train_bpe("abc", 100)
+
+
+def test_bpe_masking_takes_whole_tokens_and_resumes(tmp_path):
+  v = input_pipeline.get_vocab("bpe", vocab_size=1024, cache_dir=str(tmp_path))
+  it = iter(input_pipeline.train_loader(v, 64, 32, seed=1))
+  batches = [next(it) for _ in range(3)]
+  b = batches[0]
+  chosen = b["weights"] == 1
+  np.testing.assert_allclose(chosen.mean(), 0.15, atol=0.03)
+  # A chosen position holds [MASK], a random non-special token or itself:
+  # always one whole vocabulary entry.
+  got = b["inputs"][chosen]
+  assert np.all((got == v.mask_id) | ((got >= v.random_ids[0]) & (got < v.random_ids[1])))
+  np.testing.assert_array_equal(b["inputs"][~chosen], b["targets"][~chosen])
+  # The windows are consecutive pieces of the tokenized training text.
+  ids = input_pipeline._token_ids(v, "train")
+  w = b["targets"][0]
+  starts = np.flatnonzero(ids[: len(ids) - 32] == w[0])
+  assert any(np.array_equal(ids[s : s + 32], w) for s in starts if s % 32 == 0)
+  # The iterator's state restores the same windows and the same masks.
+  it2 = iter(input_pipeline.train_loader(v, 64, 32, seed=1))
+  next(it2)
+  saved = dp.iterator_state(it2)
+  it3 = iter(input_pipeline.train_loader(v, 64, 32, seed=1))
+  dp.restore_iterator(it3, saved)
+  for want in batches[1:]:
+    got = next(it3)
+    for k in want:
+      np.testing.assert_array_equal(got[k], want[k])
+
+
 def test_bert_one_step_smoke(tmp_path):
   config = smoke.get_config()
   config.num_train_steps = 1
@@ -157,8 +213,11 @@ def test_bert_one_step_smoke(tmp_path):
   saved = json.load(open(tmp_path / "results.json"))
   assert saved["params_checksum"] == result["params_checksum"]
   assert np.isfinite(result["eval_loss"]) and 0.0 <= result["eval_accuracy"] <= 1.0
-  # Before training the model predicts near-uniformly over the vocabulary.
-  assert abs(result["eval_loss"] - math.log(input_pipeline.VOCAB_SIZE)) < 0.5
+  # Before training the model predicts near-uniformly over the vocabulary
+  # (the trained BPE one, 1024 tokens in the smoke config).
+  assert result["tokenizer"] == "bpe" and result["vocab_size"] == 1024
+  assert len(result["tokenizer_sha256"]) == 64
+  assert abs(result["eval_loss"] - math.log(result["vocab_size"])) < 0.5
   metrics = _read_metrics(tmp_path / "metrics.csv")
   recipe = train.make_recipe(config)
   np.testing.assert_allclose(metrics["learning_rate"][1],

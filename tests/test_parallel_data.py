@@ -17,6 +17,10 @@ from jax.sharding import PartitionSpec as P
 
 import date_optax.parallel as dp
 
+# The hand-written order is deprecated (data_loader replaces it); its tests stay.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:date_optax.parallel.epoch_.* is deprecated:DeprecationWarning")
+
 # --------------------------------------------------------------------------
 # Input pipeline.
 # --------------------------------------------------------------------------
@@ -90,6 +94,101 @@ def test_epoch_batches_validation():
     next(dp.epoch_batches({"x": np.arange(10), "y": np.arange(9)}, 2, seed=0, epoch=0))
   with pytest.raises(ValueError, match="seed"):
     dp.epoch_permutation(10, seed=-1, epoch=0)
+  # Fewer rows than one global batch: refused, naming both numbers.
+  with pytest.raises(ValueError, match=r"has 10 rows.*global_batch_size=16"):
+    next(dp.epoch_batches(data, 16, seed=0, epoch=0, process_index=0, process_count=1))
+
+
+def test_epoch_helpers_are_deprecated():
+  with pytest.warns(DeprecationWarning, match="data_loader"):
+    dp.epoch_permutation(4, seed=0, epoch=0)
+  with pytest.warns(DeprecationWarning, match="data_loader"):
+    next(dp.epoch_batches({"x": np.arange(4)}, 2, seed=0, epoch=0, process_count=1,
+                          process_index=0))
+
+
+def _loader(n=40, batch=8, seed=3, p=0, count=1, ops=()):
+  src = dp.ArraySource({"x": np.arange(n), "y": np.arange(n) * 10})
+  return dp.data_loader(src, batch, seed=seed, process_index=p, process_count=count,
+                        operations=ops)
+
+
+def test_data_loader_shards_are_disjoint_and_cover_each_epoch():
+  n, batch, count = 40, 8, 2
+  per_epoch = (n // count) // (batch // count)  # 5 local batches per epoch
+  seen = {}
+  for p in range(count):
+    it = iter(_loader(n, batch, p=p, count=count))
+    epochs = [np.concatenate([next(it)["x"] for _ in range(per_epoch)]) for _ in range(2)]
+    # Shard p is the p-th contiguous half (grain's even split), every record
+    # once per epoch, in a new order each epoch.
+    for e in epochs:
+      np.testing.assert_array_equal(np.sort(e), np.arange(p * n // 2, (p + 1) * n // 2))
+    assert not np.array_equal(epochs[0], epochs[1])
+    seen[p] = epochs[0]
+  assert not set(seen[0]) & set(seen[1])
+  np.testing.assert_array_equal(np.sort(np.concatenate(list(seen.values()))), np.arange(n))
+  # The rows stay together: y is 10 x.
+  b = next(iter(_loader(n, batch)))
+  np.testing.assert_array_equal(b["y"], 10 * b["x"])
+
+
+class _Jitter:
+  """A random augmentation: x + a draw from the record's generator."""
+
+  def __new__(cls):
+    import grain
+
+    class Jitter(grain.transforms.RandomMap):
+      def random_map(self, element, rng):
+        return {**element, "noise": rng.standard_normal(3).astype(np.float32)}
+
+    return Jitter()
+
+
+def test_data_loader_resumes_exactly_with_augmentation_and_prefetch():
+  ops = (_Jitter(),)
+  reference = iter(_loader(ops=ops))
+  want = [next(reference) for _ in range(9)]  # crosses the epoch boundary (5)
+  mesh = dp.data_mesh()
+  sharding = NamedSharding(mesh, P("data"))
+  first = dp.prefetch_to_device(iter(_loader(ops=ops)), sharding, size=3)
+  for j in range(4):
+    np.testing.assert_array_equal(next(first)["noise"], want[j]["noise"])
+  # The saved position is after the 4 returned batches, not the ones in flight.
+  saved = dp.iterator_state(first)
+  assert saved["process_count"] == 1 and len(saved["states"]) == 1
+  resumed = dp.prefetch_to_device(iter(_loader(ops=ops)), sharding, size=3)
+  dp.restore_iterator(resumed, saved)
+  for j in range(4, 9):
+    b = next(resumed)
+    np.testing.assert_array_equal(b["x"], want[j]["x"])
+    np.testing.assert_array_equal(b["noise"], want[j]["noise"])  # bit-exact
+  # The augmentation differs between records and with the seed.
+  assert not np.array_equal(want[0]["noise"][0], want[0]["noise"][1])
+  other = next(iter(_loader(seed=4, ops=ops)))
+  assert not np.array_equal(other["noise"], want[0]["noise"])
+
+
+def test_data_loader_refuses_bad_input_and_foreign_states():
+  with pytest.raises(ValueError, match=r"global_batch_size=9 does not divide over the 2"):
+    _loader(batch=9, count=2)
+  with pytest.raises(ValueError, match=r"has 10 records.*local batch of 8.*=16"):
+    _loader(n=10, batch=16, count=2)
+  with pytest.raises(ValueError, match="seed"):
+    _loader(seed=-1)
+  it = iter(_loader())
+  next(it)
+  saved = dp.iterator_state(it)
+  with pytest.raises(ValueError, match=r"sampler.*seed=3.*seed=4.*different seed"):
+    dp.restore_iterator(iter(_loader(seed=4)), saved)
+  with pytest.raises(ValueError, match="saved by 2 processes.*this run has 1"):
+    dp.restore_iterator(iter(_loader()), {**saved, "process_count": 2,
+                                          "states": saved["states"] * 2})
+  with pytest.raises(ValueError, match=r"shard_count=1.*shard_count=2"):
+    dp.restore_iterator(iter(_loader(p=0, count=2)), saved)
+  with pytest.raises(ValueError, match="missing or malformed"):
+    dp.restore_iterator(iter(_loader()), {"epoch": 1})
 
 
 def test_prefetch_keeps_batches_in_flight():

@@ -19,9 +19,14 @@ from date_optax._src.parallel.distributed import host_local_to_global, initializ
 from date_optax._src.parallel.evaluation import evaluate, pad_batch
 from date_optax._src.parallel.hlo import collective_permute_rounds
 from date_optax._src.parallel.input_pipeline import (
+    ArraySource,
+    DevicePrefetch,
+    data_loader,
     epoch_batches,
     epoch_permutation,
+    iterator_state,
     prefetch_to_device,
+    restore_iterator,
 )
 from date_optax._src.parallel.low_precision import COMM_DTYPES, ROUNDINGS
 from date_optax._src.parallel.mesh import data_mesh, torus_mesh
@@ -41,6 +46,8 @@ __all__ = [
     "COMM_DTYPES",
     "ROUNDINGS",
     "AllReduceCost",
+    "ArraySource",
+    "DevicePrefetch",
     "NonFiniteError",
     "PmapTrainStep",
     "TrainState",
@@ -50,17 +57,20 @@ __all__ = [
     "bytes_per_device",
     "check_metrics",
     "collective_permute_rounds",
+    "data_loader",
     "data_mesh",
     "epoch_batches",
     "epoch_permutation",
     "evaluate",
     "host_local_to_global",
     "initialize",
+    "iterator_state",
     "make_pmap_train_step",
     "make_train_step",
     "pad_batch",
     "prefetch_to_device",
     "psum_all_reduce",
+    "restore_iterator",
     "ring_all_reduce",
     "torus_all_reduce",
     "torus_mesh",

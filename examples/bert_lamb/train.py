@@ -112,11 +112,25 @@ def make_optimizer(
   return tx, recipe
 
 
-def create_model(config: ml_collections.ConfigDict) -> models.BertMLM:
-  """The encoder; its position table covers the longest stage."""
+def get_vocab(config: ml_collections.ConfigDict, workdir: str | None = None
+              ) -> input_pipeline.Vocab:
+  """The run's tokenizer (`config.tokenizer`), cached in a local `workdir`."""
+  cache = workdir if workdir and "://" not in str(workdir) else None
+  return input_pipeline.get_vocab(config.tokenizer, vocab_size=config.vocab_size,
+                                  cache_dir=cache)
+
+
+def create_model(config: ml_collections.ConfigDict,
+                 vocab: input_pipeline.Vocab | None = None) -> models.BertMLM:
+  """The encoder; its position table covers the longest stage.
+
+  `vocab` (default: `get_vocab(config)`) sets the embedding rows and the
+  padding id.
+  """
+  vocab = get_vocab(config) if vocab is None else vocab
   max_len = max(s["seq_len"] for s in stage_configs(config))
-  return models.BertMLM(vocab_size=input_pipeline.VOCAB_SIZE, max_len=max_len,
-                        pad_id=input_pipeline.PAD, **config.model)
+  return models.BertMLM(vocab_size=vocab.size, max_len=max_len,
+                        pad_id=vocab.pad_id, **config.model)
 
 
 def make_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
@@ -163,8 +177,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   """
   start = time.perf_counter()
   data = input_pipeline.corpus()
+  vocab = get_vocab(config, workdir)
   mesh = make_mesh(config)
-  model = create_model(config)
+  model = create_model(config, vocab)
   tx, recipe = make_optimizer(config)
   stages = stage_configs(config)
   total_steps = recipe.total_steps if config.num_train_steps <= 0 else min(
@@ -194,7 +209,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   eval_len = stages[-1]["seq_len"]
   eval_data = input_pipeline.eval_set(
       eval_len, seed=config.eval_seed, mask_rate=config.mask_rate,
-      max_sequences=None if config.eval_max_sequences <= 0 else config.eval_max_sequences)
+      max_sequences=None if config.eval_max_sequences <= 0 else config.eval_max_sequences,
+      vocab=vocab)
   num_eval = len(eval_data["inputs"])
 
   def evaluate() -> dict[str, float]:
@@ -206,16 +222,28 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     return {"eval_loss": out["nll"] * num_eval / count,
             "eval_accuracy": out["correct"] * num_eval / count}
 
-  def batches_from(step: int):
-    """The training batches from global step `step` on, stage by stage."""
-    while step < total_steps:
-      s = recipe.stage_of(step)
-      end = min(total_steps, recipe.boundaries[s] + recipe.stages[s].total_steps)
-      cfg = stages[s]
-      yield from zip(range(step, end), input_pipeline.train_batches(
-          cfg["batch_size"], cfg["seq_len"], seed=config.seed, start=step,
-          mask_rate=config.mask_rate))
-      step = end
+  # One grain loader per stage (its own length, batch and seed); the
+  # checkpoint holds the position of the stage's iterator.
+  def stage_iterator(s: int):
+    cfg = stages[s]
+    return iter(input_pipeline.train_loader(
+        vocab, cfg["batch_size"], cfg["seq_len"], seed=config.seed + 1000 * s,
+        mask_rate=config.mask_rate))
+
+  data_iters: dict[int, Any] = {}
+
+  def next_batch(step: int):
+    s = recipe.stage_of(step)
+    if s not in data_iters:
+      data_iters.clear()  # an earlier stage's iterator is done with
+      data_iters[s] = stage_iterator(s)
+    return next(data_iters[s])
+
+  def data_metadata(step: int) -> dict[str, Any]:
+    s = recipe.stage_of(step - 1)
+    if s not in data_iters:  # nothing read yet in this process: a fresh position
+      data_iters[s] = stage_iterator(s)
+    return {"data_stage": s, "data": dp.iterator_state(data_iters[s])}
 
   with contextlib.ExitStack() as stack:
     ckpt = None
@@ -224,7 +252,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           os.path.join(workdir, "checkpoints"), max_to_keep=3,
           save_interval_steps=config.checkpoint_every_steps))
       if ckpt.latest_step() is not None:
-        state, _ = ckpt.restore(state)
+        state, meta = ckpt.restore(state)
+        if "data_stage" not in meta:
+          raise ValueError(
+              f"the checkpoint in {ckpt.directory} has no data-iterator state (written "
+              "before the grain pipeline); start from a fresh workdir.")
+        data_iters[meta["data_stage"]] = stage_iterator(meta["data_stage"])
+        dp.restore_iterator(data_iters[meta["data_stage"]], meta["data"])
     guard = stack.enter_context(PreemptionGuard())
     writer = stack.enter_context(diagnostics.MetricWriter(
         workdir, tensorboard=None, resume_step=int(state.step)))
@@ -240,9 +274,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     metrics: dict[str, float] = {}
     eval_metrics: dict[str, float] = {}
     bar = stack.enter_context(_progress(config, total_steps, step))
-    for i, batch in batches_from(step):
-      state, m = step_fn(state, batch)
-      step = i + 1
+    while step < total_steps:
+      state, m = step_fn(state, next_batch(step))
+      step += 1
       bar.update(1)
       logged = step % config.log_every_steps == 0 or step == total_steps or step in boundaries
       if logged:
@@ -259,9 +293,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         extra = {} if logged else {"tokens": float(_tokens_seen(stages, recipe, step))}
         writer.write_scalars(step, {**eval_metrics, **extra})
       preempted = guard.should_stop(step)
-      if ckpt is not None:
+      if ckpt is not None and (preempted or step in boundaries
+                               or step % config.checkpoint_every_steps == 0):
         # The stage boundary is always saved: stage 2 starts from it.
-        ckpt.save(step, state, force=preempted or step in boundaries)
+        ckpt.save(step, state, force=True, metadata=data_metadata(step))
       if preempted:
         if jax.process_index() == 0:
           print(f"{guard.received}: saved step {step} of {total_steps} in {workdir}; "
@@ -269,14 +304,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         return {"preempted_at_step": step}
     if not eval_metrics or step != total_steps:
       eval_metrics = evaluate()
-    if ckpt is not None and ckpt.latest_step() != step:
-      ckpt.save(step, state, force=True)
+    if ckpt is not None and ckpt.latest_step() != step and step > 0:
+      ckpt.save(step, state, force=True, metadata=data_metadata(step))
   result = {
       **metrics, **eval_metrics, "steps": step,
       "stage_boundaries": list(recipe.boundaries),
       "tokens": _tokens_seen(stages, recipe, step),
       "eval_sequences": num_eval, "eval_seq_len": eval_len,
       "corpus_sha256": data["sha256"], "python": data["python"],
+      "tokenizer": vocab.kind, "vocab_size": vocab.size,
+      "tokenizer_sha256": vocab.sha256,
       "wall_time": time.perf_counter() - start,
       "params_checksum": tree_checksum(state.params),
   }

@@ -5,6 +5,13 @@ The one MNIST-1D loader of the repository: this example, the demo
 through `load_mnist1d`. MNIST-1D (Greydanus, "Scaling down deep learning",
 2020, https://arxiv.org/abs/2011.14439) draws 40-sample 1-D signals of the ten
 digits; nothing is downloaded.
+
+The training loop of this example (`train.fit`) reads the arrays through
+grain (`date_optax.parallel.data_loader` over `ArraySource`), with the
+iterator's state in every checkpoint. The in-memory loop `train.train` of
+the demo and the studies keeps each epoch's shuffled arrays on the devices
+and scans over them in one compiled call: that is what makes grids of
+hundreds of short runs fast, and those runs have no checkpoints to resume.
 """
 
 from __future__ import annotations
@@ -12,7 +19,6 @@ from __future__ import annotations
 import math
 import os
 import random
-from collections.abc import Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -83,13 +89,3 @@ def load_mnist1d(
     np.savez(tmp, **data._asdict())
     os.replace(tmp, path)
   return data
-
-
-def train_batches(
-    x: np.ndarray, y: np.ndarray, batch_size: int, rng: np.random.Generator
-) -> Iterator[dict[str, np.ndarray]]:
-  """One epoch of shuffled batches; the last partial batch is dropped."""
-  order = rng.permutation(len(x))
-  for i in range(len(x) // batch_size):
-    idx = order[i * batch_size : (i + 1) * batch_size]
-    yield {"x": x[idx], "y": y[idx]}

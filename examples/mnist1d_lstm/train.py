@@ -10,9 +10,12 @@ averages the gradients. The test set is evaluated with
 `date_optax.parallel.evaluate` (split over the devices, the last batch padded
 and masked).
 
-`train` is the in-memory loop of the demo (`demo.py`) and of the studies in
-`benchmarks/`: one jitted `lax.scan` per epoch, no checkpoints, for grids of
-hundreds of short runs.
+`fit` (the examples' loop) reads its batches through grain
+(`date_optax.parallel.data_loader`) and checkpoints the iterator state with
+the train state. `train` is the in-memory loop of the demo (`demo.py`) and of
+the studies in `benchmarks/`: each epoch's permuted arrays go to the devices
+at once and one jitted `lax.scan` runs the epoch, no checkpoints; that is
+what makes grids of hundreds of short runs fast, so it does not use grain.
 """
 
 from __future__ import annotations
@@ -105,8 +108,8 @@ def fit(
     model: a flax module mapping a batch of `x` to logits.
     start: `time.perf_counter()` at the start, to count data loading.
 
-  Resumable: checkpoints (parameters, optimizer state, step and input
-  position) go to `workdir/checkpoints` every `config.checkpoint_every_steps`
+  Resumable: checkpoints (parameters, optimizer state, step and the grain
+  iterator's state) go to `workdir/checkpoints` every `config.checkpoint_every_steps`
   steps (default: every epoch); on SIGTERM or SIGINT the loop saves the step
   it finished and returns. Running it again with the same `workdir` resumes
   and ends bit-identical to an uninterrupted run on the same device count
@@ -148,21 +151,11 @@ def fit(
   total_steps = steps_per_epoch * config.num_epochs
   ckpt_every = config.get("checkpoint_every_steps") or steps_per_epoch
 
-  def batch_at(step: int) -> dict[str, np.ndarray]:
-    # The input position is (epoch, index) = divmod(step, steps_per_epoch):
-    # epoch e is shuffled by the e-th permutation of one seeded generator,
-    # so any step's batch can be rebuilt after a restart.
-    epoch, index = divmod(step, steps_per_epoch)
-    if epoch != batch_at.epoch:
-      rng = np.random.default_rng(config.seed)
-      for _ in range(epoch):
-        rng.permutation(len(data.x_train))
-      batch_at.batches = list(input_pipeline.train_batches(
-          data.x_train, data.y_train, config.batch_size, rng))
-      batch_at.epoch = epoch
-    return batch_at.batches[index]
-
-  batch_at.epoch = -1
+  # The training batches come from grain: a seeded shuffle of the training
+  # set every epoch (epoch e = steps [e·S, (e+1)·S)), whose iterator state
+  # is saved in each checkpoint and restored with it.
+  source = dp.ArraySource({"x": data.x_train, "y": data.y_train})
+  train_iter = iter(dp.data_loader(source, config.batch_size, seed=config.seed))
   step, accuracy = 0, float("nan")
   with contextlib.ExitStack() as stack:
     ckpt = stack.enter_context(CheckpointManager(
@@ -172,10 +165,11 @@ def fit(
       # Resume: parameters, optimizer state, step and input position.
       state, meta = ckpt.restore(state)
       step, accuracy = meta["step"], meta["test_accuracy"]
+      dp.restore_iterator(train_iter, meta.get("data"))
     writer = stack.enter_context(
         diagnostics.MetricWriter(workdir, tensorboard=None, resume_step=step))
     while step < total_steps:
-      state, metrics = train_step(state, batch_at(step))
+      state, metrics = train_step(state, next(train_iter))
       step += 1
       if step % config.log_every_steps == 0:
         scalars = {k: float(v) for k, v in metrics.items() if k != "trust_ratios"}
@@ -190,7 +184,8 @@ def fit(
       if preempted or step % ckpt_every == 0 or step == total_steps:
         epoch, index = divmod(step, steps_per_epoch)
         ckpt.save(step, state, force=True, metadata={
-            "step": step, "epoch": epoch, "index": index, "test_accuracy": accuracy})
+            "step": step, "epoch": epoch, "index": index, "test_accuracy": accuracy,
+            "data": dp.iterator_state(train_iter)})
       if preempted:
         print(f"{guard.received}: saved step {step} of {total_steps} in {workdir}; "
               "rerun the same command to resume.", flush=True)

@@ -96,40 +96,9 @@ def create_model(config: ml_collections.ConfigDict, num_replicas: int) -> models
   )
 
 
-def _train_batches(config, local_batch: int, start: int):
-  """This host's training batches from batch number `start` (the input position)."""
-  if config.dataset == "fake":
-    return input_pipeline.fake_batches(
-        local_batch, config.image_size, config.num_classes,
-        seed=config.seed + 7 * jax.process_index(), start=start,
-    )
-  return input_pipeline.imagenet_batches(
-      split="train", batch_size=local_batch, image_size=config.image_size,
-      data_dir=config.data_dir, train=True,
-      dtype="bfloat16" if config.half_precision else "float32", seed=config.seed,
-      start=start,
-  )
-
-
 def _eval_chunks(config):
-  """The evaluation set in chunks of `eval_batch_size`, the same on every host.
-
-  `date_optax.parallel.evaluate` gives each host its part of a chunk and pads
-  and masks the short last one.
-  """
-  if config.dataset == "fake":
-    data = next(input_pipeline.fake_batches(
-        config.num_eval_examples, config.image_size, config.num_classes,
-        seed=config.seed + 1,
-    ))
-    chunks = ({k: v[i : i + config.eval_batch_size] for k, v in data.items()}
-              for i in range(0, config.num_eval_examples, config.eval_batch_size))
-  else:
-    chunks = input_pipeline.imagenet_batches(
-        split="validation", batch_size=config.eval_batch_size,
-        image_size=config.image_size, data_dir=config.data_dir, train=False,
-        dtype="bfloat16" if config.half_precision else "float32",
-    )
+  """The evaluation set in chunks of `eval_batch_size`, the same on every host."""
+  chunks = input_pipeline.eval_chunks(config)
   return chunks if config.steps_per_eval <= 0 else itertools.islice(
       chunks, config.steps_per_eval)
 
@@ -143,12 +112,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       `results.json` (written by host 0); a local path or gs://.
 
   Resumable: a run restarts from the newest complete checkpoint in
-  `workdir/checkpoints` (parameters, BN statistics, optimizer state, step;
-  the input position is the step). On SIGTERM or SIGINT every host finishes
-  its step, they save the same step, and the function returns; rerunning
-  the same command resumes. With the fake input the resumed run ends
-  bit-identical to an uninterrupted one on the same device count
-  (`params_checksum` in `results.json`).
+  `workdir/checkpoints` (parameters, BN statistics, optimizer state, step,
+  and every host's grain iterator state in its metadata). On SIGTERM or
+  SIGINT every host finishes its step, they save the same step, and the
+  function returns; rerunning the same command resumes. The resumed run
+  reads exactly the batches (random crops and flips included) of an
+  uninterrupted one and ends bit-identical to it on the same device count
+  (`params_checksum` in `results.json`). A checkpoint whose iterator state
+  belongs to another pipeline (seed, process count, dataset) is refused.
 
   Returns:
     The last train and eval metrics, the number of steps and the checksum of
@@ -161,7 +132,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   model = create_model(config, num_replicas)
   tx, recipe = make_optimizer(config)
   total_steps = recipe.total_steps if config.num_train_steps <= 0 else config.num_train_steps
-  local_batch = config.batch_size // jax.process_count()
+  # Checked first: a batch that does not divide over the hosts, or a data
+  # directory in the wrong layout, fails before anything compiles.
+  loader = input_pipeline.train_loader(config)
 
   def loss_fn(params, batch, model_state):
     logits, new_vars = model.apply(
@@ -189,8 +162,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         os.path.join(workdir, "checkpoints"), max_to_keep=2,
         save_interval_steps=config.checkpoint_every_steps,
     ))
+    train_iter = dp.prefetch_to_device(iter(loader), step_fn.batch_sharding)
     if ckpt.latest_step() is not None:
-      state, _ = ckpt.restore(state)
+      state, meta = ckpt.restore(state)
+      dp.restore_iterator(train_iter, meta.get("data"))
     guard = stack.enter_context(date_optax.checkpoint.PreemptionGuard())
     # Host 0 writes (MetricWriter is a no-op elsewhere), to local or gs:// paths;
     # rows logged after the restored checkpoint by an interrupted run are dropped.
@@ -210,8 +185,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       return {"eval_accuracy": correct / max(count, 1.0)}
 
     step = int(state.step)
-    train_iter = dp.prefetch_to_device(_train_batches(config, local_batch, start=step),
-                                       step_fn.batch_sharding)
     metrics: dict[str, float] = {}
     eval_metrics: dict[str, float] = {}
     if jax.process_index() == 0:
@@ -237,14 +210,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         if jax.process_index() == 0:
           print(f"step {step}: eval accuracy {eval_metrics['eval_accuracy']:.4f}", flush=True)
       preempted = guard.should_stop(step)  # the same answer on every host
-      ckpt.save(step, state, force=preempted)
+      if preempted or step % config.checkpoint_every_steps == 0:
+        # The iterator's position (every host's) is saved with the state.
+        ckpt.save(step, state, force=True,
+                  metadata={"data": dp.iterator_state(train_iter)})
       if preempted:
         if jax.process_index() == 0:
           print(f"{guard.received}: saved step {step} of {total_steps} in {workdir}; "
                 "rerun the same command to resume.", flush=True)
         return {"preempted_at_step": step}
     if ckpt.latest_step() != step:
-      ckpt.save(step, state, force=True)
+      ckpt.save(step, state, force=True, metadata={"data": dp.iterator_state(train_iter)})
   result = {**metrics, **eval_metrics, "steps": step,
             "wall_time": time.perf_counter() - start,
             "params_checksum": date_optax.checkpoint.tree_checksum(

@@ -49,6 +49,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.model = ml_collections.ConfigDict(dict(
       d_model=96, num_layers=3, num_heads=4, mlp_dim=384, dropout_rate=0.1))
   config.mask_rate = 0.15
+  # "bpe": a byte-level BPE vocabulary trained on the training text at first
+  # use (cached in the workdir); "bytes": UTF-8 bytes (264 ids).
+  config.tokenizer = "bpe"
+  config.vocab_size = 4096  # the BPE vocabulary (unused with "bytes")
 
   # Stage 1.
   config.seq_len = 64

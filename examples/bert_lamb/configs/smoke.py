@@ -27,4 +27,5 @@ def get_config():
   config.log_every_steps = 1
   config.checkpoint_every_steps = 8
   config.progress_bar = False
+  config.vocab_size = 1024
   return config

@@ -22,7 +22,10 @@ def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.model = "ResNet50"
   config.dataset = "imagenet2012"  # or "fake" (random images, no files)
-  config.data_dir = None  # tfds data_dir, e.g. gs://BUCKET/tensorflow_datasets
+  # The tfds data directory holding imagenet2012/VERSION/ prepared as
+  # ArrayRecord (`tfds build imagenet2012 --file_format=array_record`).
+  config.data_dir = None
+  config.data_workers = 0  # grain worker processes (0: decode in the trainer)
   config.num_classes = 1000
   config.image_size = 224
   config.num_train_examples = IMAGENET_TRAIN
