@@ -354,3 +354,55 @@ def test_date_gain_needs_statistics_and_a_larger_batch():
     tx.update({"w": jnp.ones((2, 2))}, tx.init(params), params)
   with pytest.raises(ValueError, match="batch_size"):
     date_optax.date(base, 8, lr_scaling="gain")
+
+
+# ---------------------------------------------------------------------------
+# The critical batch.
+
+
+def test_critical_batch_from_state_stats_and_metrics():
+  from date_optax.diagnostics import FAR_FACTOR, critical_batch
+
+  assert critical_batch([1.0, 2.0, 100.0, 200.0, 300.0]) == 200.0
+  assert critical_batch([{"grad_noise_scale": v} for v in (5.0, 7.0, 9.0, 11.0)]) == 10.0
+  assert critical_batch([1.0, float("nan"), 40.0, float("inf")], discard=0.25) == np.inf
+  stats = date_optax.GradStats(sq_norm=0.25, trace_cov=20.0, batch_size=16.0)
+  assert critical_batch(stats) == 80.0
+  step = dp.make_train_step(_lsq, optax.set_to_zero(), dp.data_mesh(), grad_stats=True)
+  rng = np.random.default_rng(8)
+  state = step.init({"w": np.ones(D, np.float32)})
+  values = []
+  for _ in range(5):
+    state, m = step(state, {"x": rng.normal(size=(16, D)).astype(np.float32),
+                            "y": rng.normal(size=(16,)).astype(np.float32)})
+    values.append(float(m["grad_noise_scale"]))
+  np.testing.assert_allclose(critical_batch(state.grad_stats), values[-1], rtol=1e-5)
+  with pytest.raises(ValueError, match="grad_noise_scale"):
+    critical_batch([])
+  with pytest.raises(TypeError, match="measurements"):
+    critical_batch("300")
+  assert FAR_FACTOR == 8.0
+
+
+def test_recipe_and_date_warn_far_beyond_the_critical_batch():
+  base = _baseline()
+  with pytest.warns(UserWarning, match="critical batch 20"):
+    date_optax.scale_recipe(base, 256, critical_batch=20.0)
+  with pytest.warns(UserWarning, match="critical batch 20"):
+    date_optax.date(base, 256, critical_batch=20.0)
+  import warnings
+
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    date_optax.scale_recipe(base, 160, critical_batch=20.0)  # 8x: not beyond
+    date_optax.date(base, 256, critical_batch=float("inf"))
+  with pytest.raises(ValueError, match="critical_batch"):
+    date_optax.scale_recipe(base, 256, critical_batch=-1.0)
+
+
+def test_recipe_cli_prints_the_critical_batch(capsys):
+  from date_optax._src import cli
+
+  assert cli.main(["recipe", "--preset", "date-example", "--critical-batch", "500"]) == 0
+  out = capsys.readouterr().out
+  assert "critical batch 500" in out and "far beyond it: 8192" in out

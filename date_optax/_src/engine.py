@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from date_optax._src import critical_batch as critical_lib
 from date_optax._src import gain as gain_lib
 from date_optax._src import lars as lars_lib
 from date_optax._src import masks as masks_lib
@@ -406,6 +407,7 @@ def scale_recipe(
     decay: sched_lib.Decay | str | None = None,
     warmup: str | None = None,
     warmup_factor: float | None = None,
+    critical_batch: float | None = None,
 ) -> Recipe:
   r"""Scales a tuned baseline to `batch_size` without retuning (LEGW).
 
@@ -426,6 +428,11 @@ def scale_recipe(
     warmup: ``"gradual"`` or ``"constant"``; ``None`` keeps the baseline's.
     warmup_factor: the constant-warmup multiplier; ``None`` keeps the
       baseline's.
+    critical_batch: the critical batch measured at ``B0``
+      (:func:`date_optax.diagnostics.critical_batch`), or ``None``. A
+      `batch_size` more than
+      :data:`~date_optax.diagnostics.FAR_FACTOR` (8) times it warns: beyond
+      that the steps barely fall while the examples grow linearly.
 
   Returns:
     A :class:`Recipe`; ``recipe.schedule`` is the optax schedule.
@@ -459,6 +466,7 @@ def scale_recipe(
   warmup = baseline.warmup if warmup is None else warmup
   warmup_factor = baseline.warmup_factor if warmup_factor is None else warmup_factor
   validation.check_choice("warmup", warmup, sched_lib.WARMUPS)
+  critical_lib.warn_if_far(batch_size, critical_batch, "scale_recipe")
 
   w, warmup_steps, total_steps = _iteration_counts(
       baseline, batch_size, warmup_scaling, check=True
@@ -614,6 +622,7 @@ def date_recipe(
     lr_scaling: str = "sqrt",
     warmup_scaling: str = "linear",
     decay: sched_lib.Decay | str | None = None,
+    critical_batch: float | None = None,
 ) -> Recipe:
   """The recipe behind ``date(baseline, batch_size, ...)``.
 
@@ -628,6 +637,7 @@ def date_recipe(
     warmup_scaling: as in :func:`scale_recipe`.
     decay: ``None`` for DATE's roller coaster, ``"baseline"`` for the
       baseline's own decay, or another decay.
+    critical_batch: as in :func:`scale_recipe` (warns far beyond it).
 
   ``lr_scaling="gain"`` gives the recipe behind ``date(...,
   lr_scaling="gain")``: peak ``η0`` (``"none"``), which the measured gain
@@ -664,6 +674,7 @@ def date_recipe(
       lr_scaling="none" if lr_scaling == "gain" else lr_scaling,
       warmup_scaling=warmup_scaling,
       decay=decay,
+      critical_batch=critical_batch,
   )
 
 
@@ -748,6 +759,7 @@ def date(
     decay: sched_lib.Decay | str | None = None,
     learning_rate: ScalarOrSchedule | None = None,
     bounds: str = "baseline_to_recipe",
+    critical_batch: float | None = None,
     **solver_options: Any,
 ) -> optax.GradientTransformation:
   r"""DATE: the baseline's solver, scaled to `batch_size` with no retuning.
@@ -832,6 +844,9 @@ def date(
       :class:`MultiStageRecipe`'s ``schedule``.
     bounds: the bound rule, one of :data:`BOUND_RULES` (see
       :func:`layer_lr_bounds`).
+    critical_batch: the critical batch measured at ``B0``
+      (:func:`date_optax.diagnostics.critical_batch`); a `batch_size` more
+      than 8 times it warns (see :func:`scale_recipe`).
     **solver_options: override ``baseline.optimizer_options``: the base's
       settings (``momentum``, ``b1``, ..., or a ``base_options`` mapping) and
       keywords of `bounded_lars` (``weight_decay``, ``weight_decay_mask``,
@@ -880,6 +895,7 @@ def date(
       lr_scaling=lr_scaling,
       warmup_scaling=warmup_scaling,
       decay=decay,
+      critical_batch=critical_batch,
   )
   validation.check_choice("bounds", bounds, BOUND_RULES)
   power = gain_power(baseline)
