@@ -60,7 +60,7 @@ def critical_batch(measurements: Any, *, discard: float = 0.5) -> float:
   Examples:
     >>> from date_optax.diagnostics import critical_batch
     >>> critical_batch([10.0, 900.0, 300.0, 310.0, 320.0, float("inf")])
-    315.0
+    320.0
     >>> import date_optax
     >>> critical_batch(date_optax.GradStats(sq_norm=0.5, trace_cov=100.0,
     ...                                     batch_size=64.0))

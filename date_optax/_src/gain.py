@@ -106,7 +106,7 @@ def adascale_gain(grad_stats: GradStats, scale: float) -> jax.Array:
   Examples:
     >>> import date_optax
     >>> stats = date_optax.GradStats(sq_norm=1.0, trace_cov=64.0, batch_size=256.0)
-    >>> float(date_optax.adascale_gain(stats, 4.0))  # B0 = 64 = B_simple
+    >>> round(float(date_optax.adascale_gain(stats, 4.0)), 4)  # B0 = 64 = B_simple
     1.6
 
   References:
@@ -261,7 +261,7 @@ def adascale(
     >>> stats = date_optax.GradStats(sq_norm=1.0, trace_cov=64.0, batch_size=256.0)
     >>> updates, state = tx.update({"w": jnp.ones(2)}, state, params,
     ...                            grad_stats=stats)
-    >>> float(state.gain), [round(float(u), 2) for u in updates["w"]]
+    >>> round(float(state.gain), 4), [round(float(u), 2) for u in updates["w"]]
     (1.6, [-0.16, -0.16])
 
   References:
