@@ -6,6 +6,8 @@ grid and log). New rows, trained through
 devices, so that the step measures the gradient-noise statistics:
 
   date_gain   ``date(baseline, B, lr_scaling="gain")``
+  date_gain_clock  the same with ``gain_clock="gain"``: the baseline's DATE
+              schedule at B0 on AdaScale's scale-invariant clock
   adascale    ``adascale(baseline.solver(learning_rate=1.0), k,
               learning_rate=baseline.recipe().schedule)``: AdaScale over the
               baseline's own solver and schedule, the schedule on the
@@ -52,12 +54,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _runlog  # noqa: E402
 import oracle  # noqa: E402
 
-NEW_METHODS = ("date_gain", "adascale")
+NEW_METHODS = ("date_gain", "adascale", "date_gain_clock")
 OLD_METHODS = ("date", "linear", "legw")
 LABELS = {
     "date": "DATE, defaults (sqrt k)",
     "date_gain": "DATE, lr_scaling='gain'",
     "adascale": "AdaScale over the baseline's solver",
+    "date_gain_clock": "DATE, gain, gain_clock='gain'",
     "linear": "linear LR + 5-epoch warmup",
     "legw": "LEGW",
 }
@@ -71,6 +74,8 @@ def optimizer_for(method: str, base: date_optax.Baseline, batch: int):
   k = batch // base.batch_size
   if method == "date_gain":
     return date_optax.date(base, batch, lr_scaling="gain")
+  if method == "date_gain_clock":
+    return date_optax.date(base, batch, lr_scaling="gain", gain_clock="gain")
   if method == "adascale":
     return date_optax.adascale(base.solver(learning_rate=1.0), k,
                                learning_rate=base.recipe().schedule)

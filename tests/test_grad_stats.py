@@ -406,3 +406,29 @@ def test_recipe_cli_prints_the_critical_batch(capsys):
   assert cli.main(["recipe", "--preset", "date-example", "--critical-batch", "500"]) == 0
   out = capsys.readouterr().out
   assert "critical batch 500" in out and "far beyond it: 8192" in out
+
+
+def test_date_gain_clock_runs_the_baseline_schedule_on_the_gain_clock():
+  """lr_t = r·η_B0(τ_t), τ_{t+1} = τ_t + r, over the unit-rate DATE solver."""
+  base = _baseline()
+  k = 16
+  tx = date_optax.date(base, 16 * k, lr_scaling="gain", gain_clock="gain")
+  ref = date_optax.date(base, 16 * k, lr_scaling="none", lower=1 / k, upper=1.0,
+                        learning_rate=1.0)
+  sched = date_optax.date_recipe(base, 16).schedule  # the baseline's, in B0 steps
+  stats = date_optax.GradStats(sq_norm=1.0, trace_cov=64.0, batch_size=256.0)
+  r = (1 + 64 / 16) / (1 + 64 / 256)
+  params = {"w": jnp.ones((3, 4)), "b": jnp.zeros(4)}
+  g = {"w": jnp.full((3, 4), 0.5), "b": jnp.ones(4)}
+  s1, s2 = tx.init(params), ref.init(params)
+  tau = 0.0
+  for _ in range(4):
+    u1, s1 = tx.update(g, s1, params, grad_stats=stats)
+    u2, s2 = ref.update(g, s2, params)
+    lr = r * float(sched(tau))
+    for a, b in zip(jax.tree.leaves(u1), jax.tree.leaves(u2), strict=True):
+      np.testing.assert_allclose(a, b * lr, rtol=1e-5)
+    tau += r
+    np.testing.assert_allclose(float(s1.clock), tau, rtol=1e-6)
+  with pytest.raises(ValueError, match="gain_clock"):
+    date_optax.date(base, 64, lr_scaling="gain", gain_clock="epochs")

@@ -760,6 +760,7 @@ def date(
     learning_rate: ScalarOrSchedule | None = None,
     bounds: str = "baseline_to_recipe",
     critical_batch: float | None = None,
+    gain_clock: str = "steps",
     **solver_options: Any,
 ) -> optax.GradientTransformation:
   r"""DATE: the baseline's solver, scaled to `batch_size` with no retuning.
@@ -847,6 +848,12 @@ def date(
     critical_batch: the critical batch measured at ``B0``
       (:func:`date_optax.diagnostics.critical_batch`); a `batch_size` more
       than 8 times it warns (see :func:`scale_recipe`).
+    gain_clock: with ``lr_scaling="gain"``, how the schedule advances:
+      ``"steps"`` (default) runs the recipe at ``B`` one iteration per step;
+      ``"gain"`` runs the baseline's own DATE recipe (that at ``B0``: its
+      warmup and decay in ``B0`` iterations) on AdaScale's scale-invariant
+      clock, which advances by the gain ``r`` per step, cut wherever the
+      run's epochs end.
     **solver_options: override ``baseline.optimizer_options``: the base's
       settings (``momentum``, ``b1``, ..., or a ``base_options`` mapping) and
       keywords of `bounded_lars` (``weight_decay``, ``weight_decay_mask``,
@@ -913,6 +920,14 @@ def date(
   lower = default_lower if lower is None else lower
   upper = default_upper if upper is None else upper
   validation.check_bounds(lower, upper)
+  validation.check_choice("gain_clock", gain_clock, ("steps", "gain"))
+  clock_schedule = None
+  if gain and gain_clock == "gain":
+    clock_schedule = (
+        date_recipe(baseline, baseline.batch_size, decay=decay).schedule
+        if learning_rate is None else learning_rate
+    )
+    learning_rate = 1.0
   if learning_rate is None:
     learning_rate = recipe.schedule
   base_options, options = lars_lib.split_base_options(
@@ -937,5 +952,6 @@ def date(
   if not gain:
     return tx
   return gain_lib.scale_by_gain(
-      tx, recipe.scale, power=power, name='date(..., lr_scaling="gain")'
+      tx, recipe.scale, power=power, learning_rate=clock_schedule,
+      name='date(..., lr_scaling="gain")',
   )
