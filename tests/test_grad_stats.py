@@ -432,3 +432,19 @@ def test_date_gain_clock_runs_the_baseline_schedule_on_the_gain_clock():
     np.testing.assert_allclose(float(s1.clock), tau, rtol=1e-6)
   with pytest.raises(ValueError, match="gain_clock"):
     date_optax.date(base, 64, lr_scaling="gain", gain_clock="epochs")
+
+
+@pytest.mark.parametrize("options", [{"shard_update": True}, {"grad_reduce": "ring"},
+                                     {"comm_dtype": "bfloat16"}])
+def test_statistics_agree_across_step_options(options):
+  rng = np.random.default_rng(9)
+  x = rng.normal(size=(64, D)).astype(np.float32)
+  y = (x @ np.ones(D) + rng.normal(size=64)).astype(np.float32)
+  ms = []
+  for kw in ({}, options):
+    step = dp.make_train_step(_lsq, optax.sgd(0.1), dp.data_mesh(), grad_stats=True, **kw)
+    _, m = step(step.init({"w": np.zeros(D, np.float32)}), {"x": x, "y": y})
+    ms.append(m)
+  rtol = 1e-3 if "comm_dtype" in options else 1e-5
+  for k in ("grad_noise_scale", "gain"):
+    np.testing.assert_allclose(float(ms[1][k]), float(ms[0][k]), rtol=rtol)
