@@ -445,6 +445,6 @@ def test_statistics_agree_across_step_options(options):
     step = dp.make_train_step(_lsq, optax.sgd(0.1), dp.data_mesh(), grad_stats=True, **kw)
     _, m = step(step.init({"w": np.zeros(D, np.float32)}), {"x": x, "y": y})
     ms.append(m)
-  rtol = 1e-3 if "comm_dtype" in options else 1e-5
+  rtol = 2e-2 if "comm_dtype" in options else 1e-5  # bf16 rounding of the mean
   for k in ("grad_noise_scale", "gain"):
     np.testing.assert_allclose(float(ms[1][k]), float(ms[0][k]), rtol=rtol)
