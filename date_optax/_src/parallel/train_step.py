@@ -461,8 +461,10 @@ def make_train_step(
   (optax's extra-args convention; plain transformations ignore them), which
   is what `date_optax.adascale` and `date(..., lr_scaling="gain")` read.
   Metrics gain "grad_noise_scale" (B_simple = tr Σ / |G|², of the smoothed
-  values) and "gain" (the optimizer's AdaScale gain if it applies one, else
-  AdaScale's gain of B over one unit, S = n). A skipped step leaves the
+  values) and "gain" (the AdaScale gain r the optimizer computed if it
+  applies one, `adascale` or `date(..., lr_scaling="gain")`, which for an
+  adaptive base applies sqrt(r); else AdaScale's gain of B over one unit,
+  S = n); "learning_rate" then includes the applied multiplier. A skipped step leaves the
   statistics unchanged. Needs n >= 2.
 
   *Weight-update sharding.* With `shard_update=True` the gradients are
