@@ -28,7 +28,12 @@ import jax
 import jax.numpy as jnp
 
 from date_optax._src import validation
-from date_optax._src.gain import AdaScaleState, GradStats, adascale_gain, noise_scale
+from date_optax._src.gain import (
+    GradStats,
+    adascale_gain,
+    find_gain_state,
+    noise_scale,
+)
 
 
 class GradStatsState(flax.struct.PyTreeNode):
@@ -72,8 +77,8 @@ def check_options(
     raise ValueError(
         "grad_stats=True needs at least two gradients per step to compare: "
         "more than one data-parallel replica, or microbatches >= 2 (got "
-        f"{replicas} replica x {microbatches} microbatch). Pass microbatches=2 (or more) to measure on "
-        "one device."
+        f"{replicas} replica x {microbatches} microbatch). Pass "
+        "microbatches=2 (or more) to measure on one device."
     )
   if decay is None:
     return default_decay(units)
@@ -140,12 +145,7 @@ def metrics(stats: GradStats, opt_state: Any, units: int) -> dict[str, jax.Array
   AdaScale's gain of this batch over one unit (``S = n``, fairscale's
   default scale: replicas × microbatches).
   """
-  found = _find(opt_state)
+  found = find_gain_state(opt_state)
   gain = found.gain if found is not None else adascale_gain(stats, float(units))
   return {"grad_noise_scale": noise_scale(stats), "gain": jnp.asarray(gain, jnp.float32)}
 
-
-def _find(opt_state: Any) -> AdaScaleState | None:
-  from date_optax._src.gain import find_gain_state
-
-  return find_gain_state(opt_state)
