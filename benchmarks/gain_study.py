@@ -5,9 +5,11 @@ grid and log). New rows, trained through
 `date_optax.parallel.make_train_step(..., grad_stats=True)` on 8 (emulated)
 devices, so that the step measures the gradient-noise statistics:
 
-  date_gain   ``date(baseline, B, lr_scaling="gain")``
-  date_gain_clock  the same with ``gain_clock="gain"``: the baseline's DATE
-              schedule at B0 on AdaScale's scale-invariant clock
+  date_gain   ``date(baseline, B, lr_scaling="gain", gain_clock="steps")``:
+              the LEGW recipe at B, one iteration per step, times the gain
+  date_gain_clock  ``date(baseline, B, lr_scaling="gain")`` (its default
+              ``gain_clock="gain"``): the baseline's DATE schedule at B0 on
+              AdaScale's scale-invariant clock
   adascale    ``adascale(baseline.solver(learning_rate=1.0), k,
               learning_rate=baseline.recipe().schedule)``: AdaScale over the
               baseline's own solver and schedule, the schedule on the
@@ -58,9 +60,9 @@ NEW_METHODS = ("date_gain", "adascale", "date_gain_clock")
 OLD_METHODS = ("date", "linear", "legw")
 LABELS = {
     "date": "DATE, defaults (sqrt k)",
-    "date_gain": "DATE, lr_scaling='gain'",
+    "date_gain": "DATE, gain, gain_clock='steps'",
     "adascale": "AdaScale over the baseline's solver",
-    "date_gain_clock": "DATE, gain, gain_clock='gain'",
+    "date_gain_clock": "DATE, lr_scaling='gain' (gain clock)",
     "linear": "linear LR + 5-epoch warmup",
     "legw": "LEGW",
 }
@@ -73,9 +75,9 @@ QUICK = dict(oracle.QUICK, scales=(4,), seeds=1, tasks=("mnist1d_lstm_momentum",
 def optimizer_for(method: str, base: date_optax.Baseline, batch: int):
   k = batch // base.batch_size
   if method == "date_gain":
-    return date_optax.date(base, batch, lr_scaling="gain")
+    return date_optax.date(base, batch, lr_scaling="gain", gain_clock="steps")
   if method == "date_gain_clock":
-    return date_optax.date(base, batch, lr_scaling="gain", gain_clock="gain")
+    return date_optax.date(base, batch, lr_scaling="gain")
   if method == "adascale":
     return date_optax.adascale(base.solver(learning_rate=1.0), k,
                                learning_rate=base.recipe().schedule)
@@ -285,11 +287,13 @@ def gaps(done, t, k):
 
 
 def noise_scale(done, t, k):
-  """B_simple at the end of the date_gain runs (mean over seeds)."""
-  recs = [r for r in oracle._records(done, t.name, k, "date_gain") if "curve" in r]
+  """B_simple (median over the epochs' ends) and the gain at the end of the
+  date_gain_clock runs, mean over seeds."""
+  recs = [r for r in oracle._records(done, t.name, k, "date_gain_clock") if "curve" in r]
   if not recs:
     return None
-  return float(np.mean([r["curve"][-1]["noise_scale"] for r in recs])), float(
+  return float(np.mean([np.median([c["noise_scale"] for c in r["curve"]])
+                        for r in recs])), float(
       np.mean([r["curve"][-1]["gain"] for r in recs]))
 
 
@@ -309,7 +313,7 @@ def markdown(done, tasks, cfg, args) -> str:
       f"on {jax.device_count()} devices.",
       "",
       "| task | k | oracle (lr x, warmup; n) | " + " | ".join(
-          LABELS[m] for m in OLD_METHODS + NEW_METHODS) + " | B_simple, gain (end) |",
+          LABELS[m] for m in OLD_METHODS + NEW_METHODS) + " | B_simple (median), gain (end) |",
       "|---|---:|---|" + "---:|" * (len(OLD_METHODS + NEW_METHODS) + 1),
   ]
   for t in tasks:
