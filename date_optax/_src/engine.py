@@ -820,8 +820,10 @@ def date(
   reduction per step grows more slowly with the batch). LEGW warmup and the
   roller coaster are kept: by default (``gain_clock="gain"``) as the
   baseline's own schedule at ``B0`` run on AdaScale's scale-invariant clock
-  ``τ += r`` (its warmup lasts ``W0`` baseline iterations, i.e. about
-  ``W0/r`` steps, and the run stops at its epoch budget, where ``τ <= T0``),
+  ``τ += r`` (its warmup lasts ``W0`` baseline iterations, about ``W0/r``
+  steps or ``w0·k/r`` epochs: LEGW's ``w0·k`` when the gradient is noise
+  free, ``r = 1``, and the baseline's ``w0`` when it is all noise,
+  ``r = k``; the run stops at its epoch budget, where ``τ <= T0``),
   or with ``gain_clock="steps"`` as the LEGW recipe at ``B`` one iteration
   per step (warmup ``W0`` steps). The ratio bounds follow the rule with
   the largest multiplier ``k**p`` (``p = 1`` or ``1/2``) in place of
