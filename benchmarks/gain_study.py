@@ -5,11 +5,11 @@ grid and log). New rows, trained through
 `date_optax.parallel.make_train_step(..., grad_stats=True)` on 8 (emulated)
 devices, so that the step measures the gradient-noise statistics:
 
-  date_gain   ``date(baseline, B, lr_scaling="gain", gain_clock="steps")``:
-              the LEGW recipe at B, one iteration per step, times the gain
-  date_gain_clock  ``date(baseline, B, lr_scaling="gain")`` (its default
-              ``gain_clock="gain"``): the baseline's DATE schedule at B0 on
-              AdaScale's scale-invariant clock
+  date_gain   ``date(baseline, B, lr_scaling="gain")`` (its default
+              ``gain_clock="steps"``): the LEGW recipe at B, one iteration
+              per step, times the gain
+  date_gain_clock  ``date(baseline, B, lr_scaling="gain", gain_clock="gain")``:
+              the baseline's DATE schedule at B0 on AdaScale's clock
   adascale    ``adascale(baseline.solver(learning_rate=1.0), k,
               learning_rate=baseline.recipe().schedule)``: AdaScale over the
               baseline's own solver and schedule, the schedule on the
@@ -60,9 +60,9 @@ NEW_METHODS = ("date_gain", "adascale", "date_gain_clock")
 OLD_METHODS = ("date", "linear", "legw")
 LABELS = {
     "date": "DATE, defaults (sqrt k)",
-    "date_gain": "DATE, gain, gain_clock='steps'",
+    "date_gain": "DATE, lr_scaling='gain'",
     "adascale": "AdaScale over the baseline's solver",
-    "date_gain_clock": "DATE, lr_scaling='gain' (gain clock)",
+    "date_gain_clock": "DATE, gain, gain_clock='gain'",
     "linear": "linear LR + 5-epoch warmup",
     "legw": "LEGW",
 }
@@ -77,7 +77,7 @@ def optimizer_for(method: str, base: date_optax.Baseline, batch: int):
   if method == "date_gain":
     return date_optax.date(base, batch, lr_scaling="gain", gain_clock="steps")
   if method == "date_gain_clock":
-    return date_optax.date(base, batch, lr_scaling="gain")
+    return date_optax.date(base, batch, lr_scaling="gain", gain_clock="gain")
   if method == "adascale":
     return date_optax.adascale(base.solver(learning_rate=1.0), k,
                                learning_rate=base.recipe().schedule)
@@ -288,8 +288,8 @@ def gaps(done, t, k):
 
 def noise_scale(done, t, k):
   """B_simple (median over the epochs' ends) and the gain at the end of the
-  date_gain_clock runs, mean over seeds."""
-  recs = [r for r in oracle._records(done, t.name, k, "date_gain_clock") if "curve" in r]
+  date_gain runs, mean over seeds."""
+  recs = [r for r in oracle._records(done, t.name, k, "date_gain") if "curve" in r]
   if not recs:
     return None
   return float(np.mean([np.median([c["noise_scale"] for c in r["curve"]])

@@ -412,7 +412,7 @@ def test_date_gain_clock_runs_the_baseline_schedule_on_the_gain_clock():
   """lr_t = r·η_B0(τ_t), τ_{t+1} = τ_t + r, over the unit-rate DATE solver."""
   base = _baseline()
   k = 16
-  tx = date_optax.date(base, 16 * k, lr_scaling="gain")  # gain_clock="gain"
+  tx = date_optax.date(base, 16 * k, lr_scaling="gain", gain_clock="gain")
   ref = date_optax.date(base, 16 * k, lr_scaling="none", lower=1 / k, upper=1.0,
                         learning_rate=1.0)
   sched = date_optax.date_recipe(base, 16).schedule  # the baseline's, in B0 steps
