@@ -103,7 +103,11 @@ def train_with_step(task, data: dict, tx, batch: int, seed: int) -> dict:
         logits.astype(jnp.float32), b["y"]).mean()
     return loss if model_state is None else (loss, new)
 
-  mesh = dp.data_mesh()
+  devices = jax.device_count()
+  if "cnn" in task.name:  # ghost batch norm: B0 examples per ghost batch
+    while devices > 2 and (batch // devices) % task.batch_size:
+      devices //= 2
+  mesh = dp.data_mesh(devices)
   step = dp.make_train_step(loss_fn, tx, mesh, grad_stats=True)
   state = step.init(params, model_state=bstats)
   n = len(x_train)
@@ -136,7 +140,7 @@ def train_with_step(task, data: dict, tx, batch: int, seed: int) -> dict:
   diverged = not np.isfinite(loss) or int(state.total_skips) > 0
   if diverged:
     acc = min(acc, 100.0 * np.mean(data["y_test"] == 0))
-  return dict(accuracy=acc, loss=loss, steps=spe * data["epochs"],
+  return dict(accuracy=acc, loss=loss, steps=spe * data["epochs"], devices=devices,
               wall=time.perf_counter() - start, diverged=bool(diverged), curve=curve)
 
 
