@@ -20,6 +20,11 @@ piece of the library step at a time (the per-replica `vmap`, the exact
 non-finite skip with and without the select over the optimizer state, the
 gradient-norm/finiteness reduction, the trust-ratio summary), so the cost of
 each piece shows as its ratio to the plain step, all timed in one run.
+Part 3 (printed after part 1): the cost of `grad_stats=True` (gradient-noise
+statistics): the library step with and without it, alternating, on both
+meshes, and the number of all-reduce ops in each compiled program (the
+statistics ride in the loss's scalar all-reduce, so the count should not
+grow).
 
 Part 2: the compiled step's memory (`Compiled.memory_analysis()`: temporary
 buffers, i.e. activations and gradients in flight, and the total with the
@@ -214,6 +219,14 @@ def piece_step(mesh, opt, p_sh, s_sh, b_sh, pieces: tuple[str, ...]):
 
 def profile(args) -> list[dict]:
   """Times the plain 2-D step, plain + each piece, and the library step."""
+def _all_reduces(step, state, batch) -> int:
+  text = step.lower(state, batch).compile().as_text()
+  return sum(line.count(" all-reduce(") + line.count(" all-reduce-start(")
+             for line in text.splitlines())
+
+
+def grad_stats_cost(mesh_name: str, args) -> dict:
+  """The library step with grad_stats=True over the same step without."""
   params = make_params(args.width, args.depth, args.d_in)
   rng = np.random.default_rng(1)
   batch = {"x": rng.normal(size=(args.batch, args.d_in)).astype(np.float32),
@@ -260,6 +273,32 @@ def profile(args) -> list[dict]:
   base = statistics.median(times["plain"])
   return [{"variant": k, "ms": 1e3 * statistics.median(v),
            "ratio": statistics.median(v) / base} for k, v in times.items()]
+  if mesh_name == "data (8,)":
+    mesh, rules = dp.data_mesh(), None
+  else:
+    mesh = jax.make_mesh((4, 2), ("data", "model"),
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    rules = FSDP
+  steps, box, counts = {}, {}, {}
+  for on in (False, True):
+    step = dp.make_train_step(loss_fn, opt, mesh, param_sharding=rules,
+                              grad_stats=on)
+    state = step.init(params)
+    gbatch = step.shard_batch(batch)
+    counts[on] = _all_reduces(step, state, gbatch)
+    steps[on], box[on] = (step, gbatch), state
+
+  def runner(on):
+    def run():
+      step, gbatch = steps[on]
+      box[on], m = step(box[on], gbatch)
+      m["loss"].block_until_ready()
+      jax.block_until_ready(box[on].params)
+    return run
+
+  t_on, t_off = time_pair(runner(True), runner(False), args.reps)
+  return {"mesh": mesh_name, "on_ms": 1e3 * t_on, "off_ms": 1e3 * t_off,
+          "ratio": t_on / t_off, "ar_on": counts[True], "ar_off": counts[False]}
 
 
 def memory(args) -> list[dict]:
@@ -312,6 +351,13 @@ def main() -> None:
       print("|---|---|---|")
       for r in profile(args):
         print(f"| {r['variant']} | {r['ms']:.2f} | {r['ratio']:.3f} |", flush=True)
+  print("\ncost of grad_stats=True (library step with / without)")
+  print("| mesh | with (ms) | without (ms) | ratio | all-reduces with / without |")
+  print("|---|---|---|---|---|")
+  for name in ("data (8,)", "data x model (4, 2), FSDP rules"):
+    r = grad_stats_cost(name, args)
+    print(f"| {r['mesh']} | {r['on_ms']:.2f} | {r['off_ms']:.2f} | {r['ratio']:.3f} | "
+          f"{r['ar_on']} / {r['ar_off']} |")
   print(f"\nstep memory against microbatches (global batch {args.mem_batch}, "
         "data mesh (8,), per device)")
   print("| microbatches | temporary (MiB) | total (MiB) |")

@@ -16,6 +16,13 @@ from date_optax._src.engine import (
     multi_stage,
     scale_recipe,
 )
+from date_optax._src.gain import (
+    AdaScaleState,
+    GradStats,
+    adascale,
+    adascale_gain,
+    noise_scale,
+)
 from date_optax._src.lamb import LambState, lamb
 from date_optax._src.lars import BoundedLarsState, LarsState, bounded_lars, lars
 from date_optax._src.masks import exclude_bias_and_norm, path_mask
@@ -63,6 +70,12 @@ __all__ = [
     "schedules",
     "sqrt_scaling",
     "warmup_decay_schedule",
+    # Gradient-noise statistics and the gain (issue 21).
+    "AdaScaleState",
+    "GradStats",
+    "adascale",
+    "adascale_gain",
+    "noise_scale",
 ]
 
 

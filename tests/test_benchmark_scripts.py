@@ -67,6 +67,33 @@ def test_batch_scaling_oracle_quick_and_resume(tmp_path):
   assert open(out + ".md").read().count("| MNIST-1D") == md.count("| MNIST-1D")
 
 
+@pytest.mark.slow
+def test_gain_study_quick_and_resume(tmp_path):
+  bench = _load("gain_study")
+  out = str(tmp_path / "gain")
+  argv = ["--quick", "--out", out]
+  assert bench.main(argv) == 0
+  md = open(out + ".md").read()
+  for label in bench.LABELS.values():
+    assert label in md
+  recs = [json.loads(line) for line in open(out + ".jsonl").read().splitlines()]
+  assert {r["key"]["method"] for r in recs} == {
+      "grid", *bench.OLD_METHODS, *bench.NEW_METHODS}
+  gain_runs = [r for r in recs if r["key"]["method"] in bench.NEW_METHODS]
+  assert len(gain_runs) == len(bench.NEW_METHODS)
+  for r in gain_runs:  # measured through make_train_step(grad_stats=True)
+    assert len(r["curve"]) == 2
+    assert all(1.0 <= c["gain"] <= 4.0 for c in r["curve"])
+    assert all(c["noise_scale"] > 0 for c in r["curve"])
+  # The widened grid went past the original edge (x2) until the best was interior.
+  factors = {r["key"]["lr_factor"] for r in recs if r["key"]["method"] == "grid"}
+  assert max(factors) > 2.0
+  assert os.path.getsize(out + ".png") > 10_000
+  n = len(recs)
+  assert bench.main(argv + ["--report-only"]) == 0
+  assert len(open(out + ".jsonl").read().splitlines()) == n
+
+
 def test_oracle_grid_points_and_methods_are_what_they_say():
   oracle = _load("batch_scaling")._oracle_module()
   import date_optax

@@ -21,6 +21,7 @@ import math
 import operator
 import os
 import sys
+import warnings
 from typing import Any
 
 IMAGENET_TRAIN = 1281167
@@ -169,6 +170,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                  help="peak learning-rate rule (default sqrt)")
   s.add_argument("--warmup-scaling", choices=("linear", "sqrt", "none"),
                  help="warmup-epochs rule (default linear, LEGW)")
+  s.add_argument("--critical-batch", type=parse_number, metavar="B_CRIT",
+                 help="the critical batch measured at B0 "
+                 "(date_optax.diagnostics.critical_batch of a short run with "
+                 "grad_stats=True); batch sizes more than 8x it are flagged")
   o = p.add_argument_group("output")
   o.add_argument("--format", choices=("table", "csv", "json"),
                  help="output format (default table)")
@@ -331,13 +336,17 @@ def run(args: argparse.Namespace) -> int:
         warmup_factor=values["warmup_factor"],
         decay=_decay(values),
     )
-    recipes = [
-        date_optax.scale_recipe(
-            baseline, b, lr_scaling=values["lr_scaling"],
-            warmup_scaling=values["warmup_scaling"],
-        )
-        for b in values["batch"]
-    ]
+    with warnings.catch_warnings():  # the table notes batches far beyond it
+      if values.get("critical_batch") is not None:
+        warnings.simplefilter("ignore", UserWarning)
+      recipes = [
+          date_optax.scale_recipe(
+              baseline, b, lr_scaling=values["lr_scaling"],
+              warmup_scaling=values["warmup_scaling"],
+              critical_batch=values.get("critical_batch"),
+          )
+          for b in values["batch"]
+      ]
   except (ValueError, TypeError) as e:
     print(f"date-optax recipe: error: {e}", file=sys.stderr)
     return 2
@@ -359,6 +368,14 @@ def run(args: argparse.Namespace) -> int:
     writer.writerows(rows)
   else:
     print(f"# {title}")
+    crit = values.get("critical_batch")
+    if crit is not None:
+      from date_optax.diagnostics import FAR_FACTOR  # noqa: PLC0415
+
+      far = [str(b) for b in values["batch"] if b > FAR_FACTOR * crit]
+      print(f"# critical batch {crit:g} (measured at B0): batches above "
+            f"{FAR_FACTOR:g}x = {FAR_FACTOR * crit:g} are far beyond it"
+            + (f": {', '.join(far)}" if far else ": none here"))
     print(format_table(rows))
   if values.get("plot"):
     try:

@@ -22,6 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from date_optax._src import critical_batch as critical_lib
+from date_optax._src import gain as gain_lib
 from date_optax._src import lars as lars_lib
 from date_optax._src import masks as masks_lib
 from date_optax._src import schedules as sched_lib
@@ -39,6 +41,22 @@ BOUND_RULES = ("baseline_to_recipe", "baseline_to_linear", "fixed")
 
 #: Base solvers :func:`date` accepts by name (those of `bounded_lars`).
 BASES = lars_lib.BASES
+
+#: The power of the AdaScale gain that ``date(..., lr_scaling="gain")``
+#: applies per base solver: the gain itself for the SGD family (AdaScale),
+#: its square root for adaptive solvers (AdaptDL/Pollux's ``AdamScale``). A
+#: custom `GradientTransformation` base gets the square root.
+GAIN_POWERS = types.MappingProxyType({
+    "sgd": 1.0, "momentum": 1.0, "nesterov": 1.0,
+    "adagrad": 0.5, "rmsprop": 0.5, "adam": 0.5,
+})
+
+
+def gain_power(baseline: Baseline) -> float:
+  """The power of the gain `date(baseline, B, lr_scaling="gain")` applies."""
+  if isinstance(baseline.optimizer, str):
+    return GAIN_POWERS.get(baseline.optimizer, 0.5)
+  return 0.5
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -458,6 +476,7 @@ def scale_recipe(
     decay: sched_lib.Decay | str | None = None,
     warmup: str | None = None,
     warmup_factor: float | None = None,
+    critical_batch: float | None = None,
 ) -> Recipe:
   r"""Scales a tuned baseline to `batch_size` without retuning (LEGW).
 
@@ -478,6 +497,11 @@ def scale_recipe(
     warmup: ``"gradual"`` or ``"constant"``; ``None`` keeps the baseline's.
     warmup_factor: the constant-warmup multiplier; ``None`` keeps the
       baseline's.
+    critical_batch: the critical batch measured at ``B0``
+      (:func:`date_optax.diagnostics.critical_batch`), or ``None``. A
+      `batch_size` more than
+      :data:`~date_optax.diagnostics.FAR_FACTOR` (8) times it warns: beyond
+      that the steps barely fall while the examples grow linearly.
 
   Returns:
     A :class:`Recipe`; ``recipe.schedule`` is the optax schedule.
@@ -510,6 +534,7 @@ def scale_recipe(
   warmup = baseline.warmup if warmup is None else warmup
   warmup_factor = baseline.warmup_factor if warmup_factor is None else warmup_factor
   validation.check_choice("warmup", warmup, sched_lib.WARMUPS)
+  critical_lib.warn_if_far(batch_size, critical_batch, "scale_recipe")
 
   w, warmup_steps, total_steps = _iteration_counts(
       baseline, batch_size, warmup_scaling, check=True
@@ -676,6 +701,7 @@ def date_recipe(
     lr_scaling: str = "sqrt",
     warmup_scaling: str = "linear",
     decay: sched_lib.Decay | str | None = None,
+    critical_batch: float | None = None,
 ) -> Recipe:
   """The recipe behind ``date(baseline, batch_size, ...)``.
 
@@ -690,6 +716,11 @@ def date_recipe(
     warmup_scaling: as in :func:`scale_recipe`.
     decay: ``None`` for DATE's roller coaster, ``"baseline"`` for the
       baseline's own decay, or another decay.
+    critical_batch: as in :func:`scale_recipe` (warns far beyond it).
+
+  ``lr_scaling="gain"`` gives the recipe behind ``date(...,
+  lr_scaling="gain")``: peak ``η0`` (``"none"``), which the measured gain
+  multiplies at run time.
 
   Returns:
     The :class:`Recipe` whose ``schedule`` :func:`date` uses.
@@ -720,9 +751,10 @@ def date_recipe(
   return scale_recipe(
       baseline,
       batch_size,
-      lr_scaling=lr_scaling,
+      lr_scaling="none" if lr_scaling == "gain" else lr_scaling,
       warmup_scaling=warmup_scaling,
       decay=decay,
+      critical_batch=critical_batch,
   )
 
 
@@ -811,6 +843,8 @@ def date(
     decay: sched_lib.Decay | str | None = None,
     learning_rate: ScalarOrSchedule | None = None,
     bounds: str = "baseline_to_recipe",
+    critical_batch: float | None = None,
+    gain_clock: str = "steps",
     **solver_options: Any,
 ) -> optax.GradientTransformation:
   r"""DATE: the baseline's solver, scaled to `batch_size` with no retuning.
@@ -855,6 +889,33 @@ def date(
   The recipe is available as ``date_recipe(baseline, batch_size, ...)``
   with the same scaling and decay arguments.
 
+  **Measured gain** (``lr_scaling="gain"``). The peak learning rate is the
+  baseline's ``η0`` times a gain measured every step from the gradient
+  noise, instead of the fixed ``sqrt(k)``: the step passes its statistics
+  as ``update(..., grad_stats=...)`` (build it with
+  ``make_train_step(..., grad_stats=True)``; without them the update raises
+  a ValueError naming ``grad_stats``). For the SGD family (``"sgd"``,
+  ``"momentum"``, ``"nesterov"``) the multiplier is AdaScale's gain
+  ``r = (1 + B_simple/B0)/(1 + B_simple/B)`` in ``[1, k]``
+  (:func:`date_optax.adascale_gain`); for adaptive solvers (``"adam"``,
+  ``"rmsprop"``, ``"adagrad"``, or a custom transformation) it is ``sqrt(r)``
+  in ``[1, sqrt(k)]``, the rule of AdaptDL/Pollux's ``AdamScale`` (Adam's
+  update is normalised by the gradient's second moment, so its noise
+  reduction per step grows more slowly with the batch). LEGW warmup and the
+  roller coaster are kept: by default (``gain_clock="steps"``) as the LEGW
+  recipe at ``B``, one iteration per step (warmup ``W0`` steps), or with
+  ``gain_clock="gain"`` as the baseline's own schedule at ``B0`` run on
+  AdaScale's scale-invariant clock
+  ``τ += r`` (its warmup lasts ``W0`` baseline iterations, about ``W0/r``
+  steps or ``w0·k/r`` epochs: LEGW's ``w0·k`` when the gradient is noise
+  free, ``r = 1``, and the baseline's ``w0`` when it is all noise,
+  ``r = k``; the run stops at its epoch budget, where ``τ <= T0``).
+  The ratio bounds follow the rule with
+  the largest multiplier ``k**p`` (``p = 1`` or ``1/2``) in place of
+  ``sqrt(k)``: ``[1/k**p, 1]`` by default. At ``k = 1`` the gain is exactly 1, so
+  ``date(baseline, B0, lr_scaling="gain")`` is ``baseline.solver()`` step
+  by step, as with the defaults. Needs ``batch_size >= B0``.
+
   Args:
     baseline: the tuned :class:`Baseline`.
     batch_size: the target batch size ``B``.
@@ -864,7 +925,8 @@ def date(
       rule's, or ``baseline.ratio_bounds[1]`` if set.
     ratio_source: ``"gradient"`` (DATE) or ``"update"`` (the base's output;
       with Adam this is LAMB with bounds), see `bounded_lars`.
-    lr_scaling: as in :func:`scale_recipe`.
+    lr_scaling: as in :func:`scale_recipe`, or ``"gain"``: the measured
+      AdaScale gain ``r`` in place of ``sqrt(k)`` (see *Measured gain*).
     warmup_scaling: as in :func:`scale_recipe`.
     decay: the *learning-rate* decay after the warmup: ``None`` for the
       roller coaster, ``"baseline"`` for the baseline's own decay, or another
@@ -874,6 +936,18 @@ def date(
       :class:`MultiStageRecipe`'s ``schedule``.
     bounds: the bound rule, one of :data:`BOUND_RULES` (see
       :func:`layer_lr_bounds`).
+    critical_batch: the critical batch measured at ``B0``
+      (:func:`date_optax.diagnostics.critical_batch`); a `batch_size` more
+      than 8 times it warns (see :func:`scale_recipe`).
+    gain_clock: with ``lr_scaling="gain"``, how the schedule advances:
+      ``"steps"`` (default) runs the LEGW recipe at ``B`` one iteration
+      per step; ``"gain"`` runs the baseline's own DATE recipe (that at
+      ``B0``: its warmup and roller coaster in ``B0`` iterations) on
+      AdaScale's scale-invariant clock, which advances by the gain ``r``
+      per step, cut wherever the run's epochs end. The default is the
+      more robust one measured (docs/RESULTS.md, "Measured gain"): the
+      gain clock was better at 64·B0 but diverged on 2 of 3 seeds of
+      real-digit MNIST at 16·B0.
     **solver_options: override ``baseline.optimizer_options``: the base's
       settings (``momentum``, ``b1``, ..., or a ``base_options`` mapping) and
       keywords of `bounded_lars` (``weight_decay``, ``weight_decay_mask``,
@@ -903,27 +977,55 @@ def date(
     <https://arxiv.org/abs/1901.08256>`_, SC 2019 (Algorithm 1, §3.5–3.6);
     Goyal et al., `Accurate, Large Minibatch SGD
     <https://arxiv.org/abs/1706.02677>`_, 2017 (no weight decay or special
-    treatment of biases and batch-norm parameters).
+    treatment of biases and batch-norm parameters); Johnson et al.,
+    `AdaScale SGD <https://arxiv.org/abs/2007.05105>`_, ICML 2020 (the
+    gain); Qiao et al., `Pollux: Co-adaptive Cluster Scheduling for
+    Goodput-Optimized Deep Learning <https://arxiv.org/abs/2008.12260>`_,
+    OSDI 2021 (the square-root gain for adaptive solvers, AdaptDL's
+    ``AdamScale``).
   """
   _check_baseline(baseline)
   check_solver_options(
       baseline.optimizer, solver_options, "solver_options", unknown=TypeError
   )
+  gain = lr_scaling == "gain"
+  if gain and batch_size < baseline.batch_size:
+    raise ValueError(
+        f'lr_scaling="gain" needs batch_size >= the baseline\'s '
+        f"{baseline.batch_size} (the gain lies in [1, B/B0]), got {batch_size}."
+    )
   recipe = date_recipe(
       baseline,
       batch_size,
       lr_scaling=lr_scaling,
       warmup_scaling=warmup_scaling,
       decay=decay,
+      critical_batch=critical_batch,
   )
   validation.check_choice("bounds", bounds, BOUND_RULES)
+  power = gain_power(baseline)
   if baseline.ratio_bounds is not None:
     default_lower, default_upper = baseline.ratio_bounds
+  elif gain and bounds != "fixed":
+    # The bound rules with the largest multiplier the gain can reach, k**p,
+    # in place of the recipe's sqrt(k): [1/k**p, 1] (recipe) or
+    # [1/k**p, k/k**p] (linear); [1, 1] at k = 1.
+    m = recipe.scale**power
+    target = m if bounds == "baseline_to_recipe" else recipe.scale
+    default_lower, default_upper = min(1.0, target) / m, max(1.0, target) / m
   else:
     default_lower, default_upper = layer_lr_bounds(recipe, bounds)
   lower = default_lower if lower is None else lower
   upper = default_upper if upper is None else upper
   validation.check_bounds(lower, upper)
+  validation.check_choice("gain_clock", gain_clock, ("steps", "gain"))
+  clock_schedule = None
+  if gain and gain_clock == "gain" and recipe.scale != 1:
+    clock_schedule = (
+        date_recipe(baseline, baseline.batch_size, decay=decay).schedule
+        if learning_rate is None else learning_rate
+    )
+    learning_rate = 1.0
   if learning_rate is None:
     learning_rate = recipe.schedule
   base_options, options = lars_lib.split_base_options(
@@ -936,7 +1038,7 @@ def date(
   # mask): ``True`` = every leaf, as ``optax.add_decayed_weights(mask=None)``.
   if options.get("weight_decay_mask") is None:
     options["weight_decay_mask"] = _every_leaf
-  return lars_lib.bounded_lars(
+  tx = lars_lib.bounded_lars(
       learning_rate,
       base=baseline.optimizer,
       lower=lower,
@@ -944,4 +1046,10 @@ def date(
       ratio_source=ratio_source,
       base_options=base_options,
       **options,
+  )
+  if not gain:
+    return tx
+  return gain_lib.scale_by_gain(
+      tx, recipe.scale, power=power, learning_rate=clock_schedule,
+      name='date(..., lr_scaling="gain")',
   )

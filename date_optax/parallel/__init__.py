@@ -17,6 +17,7 @@ from date_optax._src.parallel.collectives import (
 from date_optax._src.parallel.cost_model import AllReduceCost, allreduce_cost
 from date_optax._src.parallel.distributed import host_local_to_global, initialize
 from date_optax._src.parallel.evaluation import evaluate, pad_batch
+from date_optax._src.parallel.grad_stats import GradStatsState
 from date_optax._src.parallel.hlo import collective_permute_rounds
 from date_optax._src.parallel.input_pipeline import (
     ArraySource,
@@ -48,6 +49,7 @@ __all__ = [
     "AllReduceCost",
     "ArraySource",
     "DevicePrefetch",
+    "GradStatsState",
     "NonFiniteError",
     "PmapTrainStep",
     "TrainState",

@@ -188,41 +188,55 @@ def replica_grads(
     rng: Any,
     step: jax.Array,
     replica: jax.Array,
-) -> tuple[jax.Array, Any, PyTree, Any]:
+    with_sq_norms: bool = False,
+) -> tuple[Any, ...]:
   """Loss, aux, gradient and model state of one replica's slice of the batch.
 
   With `microbatches=k > 1` the slice runs as k contiguous microbatches under
   `lax.scan`: the loss and gradient are their means (gradients accumulated in
   float32), aux float leaves are averaged and integer leaves summed, and the
   model state passes from one microbatch to the next.
+
+  With `with_sq_norms=True` a fifth output is the sum over the microbatches
+  of their gradients' squared norms (float32), for the noise statistics.
   """
   def key(j):
     return None if rng is None else step_key(rng, step, replica, j)
 
+  def sq(grads):
+    leaves = jax.tree.leaves(grads)
+    return sum((jnp.sum(jnp.square(g.astype(jnp.float32))) for g in leaves),
+               jnp.zeros((), jnp.float32))
+
   if microbatches == 1:
-    return loss_and_grads(
+    out = loss_and_grads(
         loss_fn, has_aux, compute_dtype, params, batch, model_state, key(0)
     )
+    return (*out, sq(out[2])) if with_sq_norms else out
   k = microbatches
   pieces = jax.tree.map(lambda x: x.reshape((k, x.shape[0] // k) + x.shape[1:]), batch)
   zeros = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), acc_dtype(p.dtype)), params)
 
   def body(carry, xs):
-    acc, loss_sum, state = carry
+    acc, loss_sum, sq_sum, state = carry
     piece, j = xs
     loss, aux, grads, state = loss_and_grads(
         loss_fn, has_aux, compute_dtype, params, piece, state, key(j)
     )
     acc = jax.tree.map(lambda a, g: a + g.astype(a.dtype), acc, grads)
-    return (acc, loss_sum + loss, state), aux
+    if with_sq_norms:
+      sq_sum = sq_sum + sq(grads)
+    return (acc, loss_sum + loss, sq_sum, state), aux
 
-  init = (zeros, jnp.zeros((), jnp.float32), model_state)
-  (acc, loss_sum, model_state), auxs = lax.scan(
+  zero = jnp.zeros((), jnp.float32)
+  init = (zeros, zero, zero, model_state)
+  (acc, loss_sum, sq_sum, model_state), auxs = lax.scan(
       body, init, (pieces, jnp.arange(k, dtype=jnp.int32))
   )
   grads = jax.tree.map(lambda a, p: (a / k).astype(p.dtype), acc, params)
   aux = None if auxs is None else _reduce_leading(auxs)
-  return loss_sum / k, aux, grads, model_state
+  out = (loss_sum / k, aux, grads, model_state)
+  return (*out, sq_sum) if with_sq_norms else out
 
 
 def stacked_replica_grads(

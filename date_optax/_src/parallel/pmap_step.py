@@ -18,6 +18,7 @@ from jax import lax
 
 from date_optax._src import validation
 from date_optax._src.parallel import collectives
+from date_optax._src.parallel import grad_stats as gs_lib
 from date_optax._src.parallel import local_grads as lg
 from date_optax._src.parallel import update_sharding as us
 from date_optax._src.parallel.train_state import (
@@ -57,7 +58,8 @@ class PmapTrainStep:
 
   def __init__(self, loss_fn, optimizer, *, axis_name, grad_reduce, torus_shape,
                compute_dtype, donate, has_aux, max_consecutive_skips, devices,
-               microbatches=1, comm=(None, False, "nearest")):
+               microbatches=1, comm=(None, False, "nearest"), grad_stats_decay=None):
+    self.grad_stats_decay = grad_stats_decay
     self.microbatches = microbatches
     self.comm = comm
     self.loss_fn = loss_fn
@@ -88,20 +90,30 @@ class PmapTrainStep:
   def _body(self, state, batch):
     axis = self.axis_name
     replica = lax.axis_index(axis)
-    loss, aux, grads, model_state = lg.replica_grads(
+    with_stats = self.grad_stats_decay is not None
+    out = lg.replica_grads(
         self.loss_fn, has_aux=self.has_aux, compute_dtype=self.compute_dtype,
         microbatches=self.microbatches, params=state.params, batch=batch,
         model_state=state.model_state, rng=state.rng, step=state.step,
-        replica=replica,
+        replica=replica, with_sq_norms=with_stats,
     )
+    loss, aux, grads, model_state = out[:4]
     grads = us.mean_over_replicas(
         grads, axis, self.grad_reduce, self.num_replicas, self.torus_shape,
         comm=self.comm, key=lg.comm_key(self.comm, state.rng, state.step),
     )
-    loss = lax.pmean(loss, axis)
+    stats = None
+    if with_stats:
+      # The units' squared norms ride in the loss's scalar all-reduce.
+      loss, unit_sq = lax.pmean(jnp.stack([loss, out[4]]), axis)
+      global_batch = self.num_replicas * int(np.shape(jax.tree.leaves(batch)[0])[0])
+      stats = (unit_sq / self.microbatches, self.num_replicas * self.microbatches,
+               global_batch, self.grad_stats_decay)
+    else:
+      loss = lax.pmean(loss, axis)
     model_state = lg.replicate_model_state(model_state, axis, replica)
     new_state, metrics = apply_gradients(
-        state, grads, loss, self.optimizer, model_state
+        state, grads, loss, self.optimizer, model_state, stats
     )
     if self.has_aux:
       metrics["aux"] = lg.mean_aux(aux, axis)
@@ -119,6 +131,8 @@ class PmapTrainStep:
         jax.tree.map(jnp.asarray, params), self.optimizer,
         jax.tree.map(jnp.asarray, model_state), lg.as_key(rng),
     )
+    if self.grad_stats_decay is not None:
+      state = state.replace(grad_stats=gs_lib.GradStatsState.zeros())
     n = self.num_replicas
     stacked = jax.tree.map(
         lambda x: jnp.broadcast_to(x, (n,) + jnp.shape(x)), state
@@ -163,6 +177,8 @@ def make_pmap_train_step(
     comm_dtype: Any = None,
     aps: bool | None = None,
     rounding: str = "nearest",
+    grad_stats: bool = False,
+    grad_stats_decay: float | None = None,
 ) -> PmapTrainStep:
   """Builds the same data-parallel train step with `jax.pmap` (older code).
 
@@ -192,6 +208,9 @@ def make_pmap_train_step(
     aps: Auto-Precision Scaling, as in `make_train_step`.
     rounding: "nearest" or "stochastic", as in `make_train_step` (same keys:
       the pmap index is the replica index).
+    grad_stats: measure gradient-noise statistics, as in `make_train_step`
+      (same estimates, state, metrics and `grad_stats=` to the optimizer).
+    grad_stats_decay: their moving-average factor, as in `make_train_step`.
 
   Returns:
     A `PmapTrainStep`: `state, metrics = step(state, global_batch)` and
@@ -239,6 +258,8 @@ def make_pmap_train_step(
       validation.check_int(f"torus_shape[{i}]", d, low=1)
   validation.check_bool("donate", donate)
   validation.check_bool("has_aux", has_aux)
+  n_devices = len(jax.local_devices() if devices is None else list(devices))
+  decay = gs_lib.check_options(grad_stats, grad_stats_decay, n_devices, microbatches)
   return PmapTrainStep(
       loss_fn,
       optimizer,
@@ -252,4 +273,5 @@ def make_pmap_train_step(
       devices=devices,
       microbatches=microbatches,
       comm=comm,
+      grad_stats_decay=decay,
   )

@@ -18,6 +18,8 @@ import optax
 from jax import lax
 
 from date_optax._src import telemetry, validation
+from date_optax._src.gain import find_gain_state
+from date_optax._src.parallel import grad_stats as gs_lib
 from date_optax._src.trust_ratio import learning_rate, trust_ratio_bounds, trust_ratios
 
 Metrics = dict[str, Any]
@@ -43,6 +45,9 @@ class TrainState(flax.struct.PyTreeNode):
     rng: the base key of the run, or None. It never changes: each step
       derives its keys from it and the step number, so a resumed run draws
       the same keys.
+    grad_stats: the smoothed gradient-noise statistics of a step built with
+      `grad_stats=True` (a `GradStatsState`), or None. Checkpointed with
+      the rest of the state.
 
   Examples:
     >>> import jax.numpy as jnp, optax
@@ -63,6 +68,7 @@ class TrainState(flax.struct.PyTreeNode):
   total_skips: jax.Array
   model_state: Any = None
   rng: Any = None
+  grad_stats: Any = None
 
   @classmethod
   def create(
@@ -195,6 +201,7 @@ def apply_gradients(
     loss: jax.Array,
     optimizer: optax.GradientTransformation,
     model_state: Any = None,
+    stats: tuple[jax.Array, int, int, float] | None = None,
 ) -> tuple[TrainState, Metrics]:
   """One optimizer step on already-reduced gradients, skipped if non-finite.
 
@@ -206,15 +213,31 @@ def apply_gradients(
   Telemetry comes from the optimizer state alone: the per-layer ratios, the
   bounds the optimizer applied (`date_optax.trust_ratio_bounds`) and the
   learning rate (`date_optax.learning_rate`) where the state records them.
+
+  `stats` is `(S_b, units, batch_size, decay)` for a step with
+  `grad_stats=True` (`S_b` the mean over the units of their squared
+  gradient norms): the smoothed statistics are updated, passed to the
+  optimizer as `grad_stats=` and reported as "grad_noise_scale" and "gain".
   """
-  updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
+  grad_sq = sum_squares_or_nan(grads)  # NaN iff a gradient is not finite
+  sq_mean = grad_sq
+  new_gs = None
+  if stats is None:
+    updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
+  else:
+    unit_sq, units, batch_size, decay = stats
+    g2, tr = gs_lib.estimates(unit_sq, sq_mean, units, batch_size)
+    new_gs = gs_lib.update(state.grad_stats, g2, tr, decay)
+    smoothed = gs_lib.smoothed(new_gs, batch_size)
+    updates, new_opt_state = optax.with_extra_args_support(optimizer).update(
+        grads, state.opt_state, state.params, grad_stats=smoothed
+    )
   new_params = optax.apply_updates(state.params, updates)
   # The gradients' finiteness comes from the same reduction as their norm
   # (one read of every gradient); the update's from an isfinite reduction.
   # The barrier materialises the flag once: otherwise XLA fuses the whole
   # finiteness reduction into every select below, which made a ResNet-50-sized
   # step compile ~15x slower (and recompute the check per leaf).
-  grad_sq = sum_squares_or_nan(grads)
   finite = lax.optimization_barrier(
       jnp.logical_not(jnp.isnan(grad_sq)) & all_finite((loss, updates))
   )
@@ -234,6 +257,8 @@ def apply_gradients(
   )
   if state.model_state is not None:
     new_state = new_state.replace(model_state=keep(model_state, state.model_state))
+  if new_gs is not None:
+    new_state = new_state.replace(grad_stats=keep(new_gs, state.grad_stats))
   metrics: Metrics = {
       "loss": loss,
       "grad_norm": jnp.sqrt(grad_sq),
@@ -250,6 +275,14 @@ def apply_gradients(
         telemetry.trust_ratio_summary(ratios, lower, upper, prefix="trust_ratio/")
     )
   lr = learning_rate(opt_state)
+  gain_state = find_gain_state(opt_state)
+  if gain_state is not None and lr is not None:  # the gain multiplies the rate
+    lr = lr * gain_state.lr_factor
   if lr is not None:
     metrics["learning_rate"] = jnp.asarray(lr, jnp.float32)
+  if new_gs is not None:
+    metrics.update(
+        gs_lib.metrics(gs_lib.smoothed(new_state.grad_stats, stats[2]), opt_state,
+                       stats[1])
+    )
   return new_state, metrics

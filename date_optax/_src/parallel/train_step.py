@@ -38,6 +38,7 @@ from jax.sharding import PartitionSpec as P
 
 from date_optax._src import validation
 from date_optax._src.parallel import collectives, compat
+from date_optax._src.parallel import grad_stats as gs_lib
 from date_optax._src.parallel import local_grads as lg
 from date_optax._src.parallel import param_sharding as ps
 from date_optax._src.parallel import update_sharding as us
@@ -97,8 +98,10 @@ class TrainStep:
       microbatches: int = 1,
       param_layout: tuple[str, Any] | None = None,
       comm: tuple[str | None, bool, str] = (None, False, "nearest"),
+      grad_stats_decay: float | None = None,
   ):
     self.loss_fn = loss_fn
+    self.grad_stats_decay = grad_stats_decay
     self.optimizer = optimizer
     self.mesh = mesh
     self.grad_reduce = grad_reduce
@@ -158,6 +161,7 @@ class TrainStep:
         total_skips=self.replicated,
         model_state=jax.tree.map(lambda _: self.replicated, state.model_state),
         rng=None if state.rng is None else self.replicated,
+        grad_stats=jax.tree.map(lambda _: self.replicated, state.grad_stats),
     )
 
   def init(
@@ -190,7 +194,12 @@ class TrainStep:
     if key not in self._init_cache:
       if self.param_layout is not None:  # warns once about unused rules
         ps.resolve(self.param_layout, params, self.mesh, warn=True)
-      create = lambda p, m, r: TrainState.create(p, self.optimizer, m, r)
+      def create(p, m, r):
+        state = TrainState.create(p, self.optimizer, m, r)
+        if self.grad_stats_decay is not None:
+          state = state.replace(grad_stats=gs_lib.GradStatsState.zeros())
+        return state
+
       shardings = self.state_sharding(jax.eval_shape(create, *inputs))
       self._init_cache[key] = jax.jit(create, out_shardings=shardings)
     return self._init_cache[key](*inputs)
@@ -206,28 +215,37 @@ class TrainStep:
     """Replicated parameters: shard_map and an explicit reduction."""
     axes, n, alg = self.data_axes, self.num_replicas, self.grad_reduce
     shapes = [np.shape(x) for x in jax.tree.leaves(params)]
+    stats = self.grad_stats_decay is not None
 
     def local(params, batch, model_state, rng, step):
       params = compat.to_varying(params, axes)
       replica = lg.replica_index(axes)
-      loss, aux, grads, model_state = lg.replica_grads(
+      out = lg.replica_grads(
           self.loss_fn, has_aux=self.has_aux, compute_dtype=self.compute_dtype,
           microbatches=self.microbatches, params=params, batch=batch,
           model_state=model_state, rng=rng, step=step, replica=replica,
+          with_sq_norms=stats,
       )
+      loss, aux, grads, model_state = out[:4]
       key = lg.comm_key(self.comm, rng, step)
       if self.shard_update:
         grads = us.reduce_scatter_mean(grads, shapes, axes, alg, n, self.comm, key)
       else:
         grads = us.mean_over_replicas(grads, axes, alg, n, comm=self.comm, key=key)
-      return (lax.pmean(loss, axes), lg.mean_aux(aux, axes), grads,
-              lg.replicate_model_state(model_state, axes, replica))
+      model_state = lg.replicate_model_state(model_state, axes, replica)
+      if not stats:
+        return lax.pmean(loss, axes), lg.mean_aux(aux, axes), grads, model_state
+      # The units' squared norms ride in the loss's scalar all-reduce.
+      loss, unit_sq = lax.pmean(jnp.stack([loss, out[4]]), axes)
+      return (loss, lg.mean_aux(aux, axes), grads, model_state,
+              unit_sq / self.microbatches)
 
+    specs = (P(), P(), self._update_specs(params), P())
     fn = compat.shard_map(
         local,
         mesh=self.mesh,
         in_specs=(P(), self.batch_spec, P(), P(), P()),
-        out_specs=(P(), P(), self._update_specs(params), P()),
+        out_specs=specs + (P(),) if stats else specs,
     )
     return fn(params, batch, model_state, rng, step)
 
@@ -243,22 +261,54 @@ class TrainStep:
     batch = jax.tree.map(per_replica, batch)
     replicas = lax.with_sharding_constraint(jnp.arange(n, dtype=jnp.int32), split)
 
-    loss, aux, grads, model_state = lg.stacked_replica_grads(
-        self.loss_fn, has_aux=self.has_aux, compute_dtype=self.compute_dtype,
-        microbatches=self.microbatches, params=params, batch=batch,
-        model_state=model_state, rng=rng, step=step, replicas=replicas,
-        split=split,
+    if self.grad_stats_decay is None:
+      # No statistics: differentiate the mean of the replicas' losses, so
+      # the compiler sums each gradient inside the backward pass.
+      loss, aux, grads, model_state = lg.stacked_replica_grads(
+          self.loss_fn, has_aux=self.has_aux, compute_dtype=self.compute_dtype,
+          microbatches=self.microbatches, params=params, batch=batch,
+          model_state=model_state, rng=rng, step=step, replicas=replicas,
+          split=split,
+          # Collectives over the data axis inside loss_fn (cross-replica batch
+          # norm) run over the replicas, as they do under shard_map.
+          vmap_axes={"axis_name": axes[0] if len(axes) == 1 else None,
+                     "spmd_axis_name": axes if len(axes) > 1 else axes[0]},
+      )
+      grads = jax.tree.map(
+          lambda g, s: lax.with_sharding_constraint(g, NamedSharding(self.mesh, s)),
+          grads,
+          self._update_specs(params),
+      )
+      return loss, aux, grads, model_state
+    # Statistics need each unit's gradient: one gradient per replica, stacked.
+    def one(batch, replica):
+      return lg.replica_grads(
+          self.loss_fn, has_aux=self.has_aux, compute_dtype=self.compute_dtype,
+          microbatches=self.microbatches, params=params, batch=batch,
+          model_state=model_state, rng=rng, step=step, replica=replica,
+          with_sq_norms=True,
+      )
+
+    out = jax.vmap(
+        one,
         # Collectives over the data axis inside loss_fn (cross-replica batch
         # norm) run over the replicas, as they do under shard_map.
-        vmap_axes={"axis_name": axes[0] if len(axes) == 1 else None,
-                   "spmd_axis_name": axes if len(axes) > 1 else axes[0]},
-    )
+        axis_name=axes[0] if len(axes) == 1 else None,
+        spmd_axis_name=axes if len(axes) > 1 else axes[0],
+    )(batch, replicas)
+    loss, aux, grads, model_state = out[:4]
+    update = self._update_specs(params)
     grads = jax.tree.map(
-        lambda g, s: lax.with_sharding_constraint(g, NamedSharding(self.mesh, s)),
+        lambda g, s: lax.with_sharding_constraint(
+            jnp.mean(g.astype(lg.acc_dtype(g.dtype)), axis=0).astype(g.dtype),
+            NamedSharding(self.mesh, s),
+        ),
         grads,
-        self._update_specs(params),
+        update,
     )
-    return loss, aux, grads, model_state
+    return (jnp.mean(loss), lg.mean_stacked_aux(aux), grads,
+            lg.replicate_stacked_model_state(model_state),
+            jnp.mean(out[4]) / self.microbatches)
 
   def _gather_params(self, params: PyTree) -> PyTree:
     axes, alg = self.data_axes, self.grad_reduce
@@ -283,11 +333,15 @@ class TrainStep:
         lambda x: lax.with_sharding_constraint(x, self.batch_sharding), batch
     )
     grads_fn = self._grads_shard_map if self.param_layout is None else self._grads_gspmd
-    loss, aux, grads, model_state = grads_fn(
-        state.params, batch, state.model_state, state.rng, state.step
-    )
+    out = grads_fn(state.params, batch, state.model_state, state.rng, state.step)
+    loss, aux, grads, model_state = out[:4]
+    stats = None
+    if self.grad_stats_decay is not None:
+      global_batch = int(np.shape(jax.tree.leaves(batch)[0])[0])
+      stats = (out[4], self.num_replicas * self.microbatches, global_batch,
+               self.grad_stats_decay)
     new_state, metrics = apply_gradients(
-        state, grads, loss, self.optimizer, model_state
+        state, grads, loss, self.optimizer, model_state, stats
     )
     if self.shard_update and self.param_layout is None:
       new_state = new_state.replace(params=self._gather_params(new_state.params))
@@ -360,6 +414,8 @@ def make_train_step(
     comm_dtype: Any = None,
     aps: bool | None = None,
     rounding: str = "nearest",
+    grad_stats: bool = False,
+    grad_stats_decay: float | None = None,
 ) -> TrainStep:
   """Builds a synchronous data-parallel train step, `jit`-compiled over a mesh.
 
@@ -410,6 +466,26 @@ def make_train_step(
   so the non-finite skip still sees it. With `shard_update=True` the
   reduce-scatter carries the format and the all-gather of the new
   parameters stays float32. Rules and error bounds: `docs/algorithms.md`.
+
+  *Gradient-noise statistics.* With `grad_stats=True` the step splits the
+  global batch B into n = replicas × microbatches units of b = B/n examples
+  and, from the units' squared gradient norms (mean S_b) and that of their
+  average (S_B), estimates without bias the true gradient's squared norm
+  |G|² = (n·S_B − S_b)/(n − 1) and the per-example covariance trace
+  tr Σ = b·n·(S_b − S_B)/(n − 1) (McCandlish et al. 2018, appendix A). The
+  per-replica scalar travels in the all-reduce that already averages the
+  loss, so the statistics add no collective. Both are smoothed in the train
+  state (`state.grad_stats`, a debiased moving average with factor
+  `grad_stats_decay` per step, checkpointed with the state) and passed to
+  the optimizer as `optimizer.update(..., grad_stats=date_optax.GradStats)`
+  (optax's extra-args convention; plain transformations ignore them), which
+  is what `date_optax.adascale` and `date(..., lr_scaling="gain")` read.
+  Metrics gain "grad_noise_scale" (B_simple = tr Σ / |G|², of the smoothed
+  values) and "gain" (the AdaScale gain r the optimizer computed if it
+  applies one, `adascale` or `date(..., lr_scaling="gain")`, which for an
+  adaptive base applies sqrt(r); else AdaScale's gain of B over one unit,
+  S = n); "learning_rate" then includes the applied multiplier. A skipped step leaves the
+  statistics unchanged. Needs n >= 2.
 
   *Weight-update sharding.* With `shard_update=True` the gradients are
   reduce-scattered over the data axes instead: the optimizer state lives
@@ -465,6 +541,11 @@ def make_train_step(
       with the state's `rng`, or with `jax.random.PRNGKey(0)` when the state
       has none; the all-reduce folds in the replica index, so the keys
       depend on (step, replica) only, whatever the process layout.
+    grad_stats: measure gradient-noise statistics (see above); needs more
+      than one replica or `microbatches >= 2`.
+    grad_stats_decay: the moving-average factor per step, in [0, 1); None
+      means fairscale AdaScale's default for n units,
+      `max(1 - n/1000, 0) ** n` (0.938 for 8 units).
 
   Returns:
     A `TrainStep`: `state, metrics = step(state, batch)`, with
@@ -570,6 +651,10 @@ def make_train_step(
           "param_sharding the compiler places the gradient reductions; pass "
           "comm_dtype=None."
       )
+  decay = gs_lib.check_options(
+      grad_stats, grad_stats_decay,
+      compat.mesh_axis_sizes(mesh, axes), microbatches,
+  )
   return TrainStep(
       loss_fn,
       optimizer,
@@ -584,5 +669,6 @@ def make_train_step(
       microbatches=microbatches,
       param_layout=layout,
       comm=comm,
+      grad_stats_decay=decay,
   )
 

@@ -1,0 +1,151 @@
+"""Gradient-noise statistics measured inside the data-parallel step.
+
+The step splits the global batch ``B`` into ``n = replicas × microbatches``
+equal *units* of ``b = B/n`` examples and computes each unit's mean gradient
+``g_u`` before averaging them into ``ḡ``. With ``S_b = mean_u ‖g_u‖²`` and
+``S_B = ‖ḡ‖²``, unbiased estimates of the true gradient's squared norm and
+of the per-example covariance trace are (McCandlish et al. 2018, app. A)
+
+    |G|² = (B·S_B − b·S_b)/(B − b) = (n·S_B − S_b)/(n − 1),
+    tr Σ = (S_b − S_B)/(1/b − 1/B) = b·n·(S_b − S_B)/(n − 1).
+
+Each unit contributes one scalar, ``‖g_u‖²``; a replica sums its units'
+and the sum rides in the scalar all-reduce that already averages the loss
+(a stacked ``pmean``), so the statistics add no collective to the step.
+``S_B`` comes from the averaged gradient the step holds anyway.
+
+Either estimate alone can be negative on one step, so each is smoothed (an
+exponential moving average with bias correction, as fairscale's AdaScale
+does) and the smoothed values are divided, never the ratio smoothed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from date_optax._src import validation
+from date_optax._src.gain import (
+    GradStats,
+    adascale_gain,
+    find_gain_state,
+    noise_scale,
+)
+
+
+class GradStatsState(flax.struct.PyTreeNode):
+  """Smoothed gradient-noise statistics, kept in `TrainState.grad_stats`.
+
+  Attributes:
+    sq_norm: the biased EMA of the per-step estimates of ``|G|²``.
+    trace_cov: the biased EMA of the per-step estimates of ``tr Σ``.
+    weight: the EMA of 1 (``1 − decay^t`` for a constant decay); the
+      debiased averages are ``sq_norm / weight`` and ``trace_cov / weight``.
+    count: steps whose statistics were folded in (int32).
+  """
+
+  sq_norm: jax.Array
+  trace_cov: jax.Array
+  weight: jax.Array
+  count: jax.Array
+
+  @classmethod
+  def zeros(cls) -> GradStatsState:
+    z = jnp.zeros((), jnp.float32)
+    return cls(sq_norm=z, trace_cov=z, weight=z, count=jnp.zeros((), jnp.int32))
+
+
+def default_decay(units: int) -> float:
+  """fairscale's smoothing: ``max(1 − n/1000, 0) ** n`` per step for n units."""
+  return max(1.0 - units / 1000.0, 0.0) ** units
+
+
+def check_options(
+    grad_stats: Any, decay: Any, replicas: int, microbatches: int
+) -> float | None:
+  """Validates the step's `grad_stats`/`grad_stats_decay`; the decay or None."""
+  on = validation.check_bool("grad_stats", grad_stats)
+  if not on:
+    if decay is not None:
+      raise ValueError("grad_stats_decay is only used with grad_stats=True.")
+    return None
+  units = replicas * microbatches
+  if units < 2:
+    raise ValueError(
+        "grad_stats=True needs at least two gradients per step to compare: "
+        "more than one data-parallel replica, or microbatches >= 2 (got "
+        f"{replicas} replica x {microbatches} microbatch). Pass "
+        "microbatches=2 (or more) to measure on one device."
+    )
+  if decay is None:
+    return default_decay(units)
+  return float(
+      validation.check_real("grad_stats_decay", decay, low=0.0, high=1.0,
+                            high_inclusive=False)
+  )
+
+
+def sq_norm(tree: Any) -> jax.Array:
+  """Sum of squares of all leaves, in float32."""
+  leaves = jax.tree.leaves(tree)
+  if not leaves:
+    return jnp.zeros((), jnp.float32)
+  return sum(jnp.sum(jnp.square(jnp.asarray(x, jnp.float32))) for x in leaves)
+
+
+def estimates(
+    mean_unit_sq: jax.Array, mean_sq: jax.Array, units: int, batch_size: int
+) -> tuple[jax.Array, jax.Array]:
+  """Per-step unbiased ``(|G|², tr Σ)`` from ``S_b`` and ``S_B``.
+
+  Args:
+    mean_unit_sq: ``S_b``, the mean over the n units of ``‖g_u‖²``.
+    mean_sq: ``S_B = ‖ḡ‖²``.
+    units: ``n >= 2``.
+    batch_size: ``B`` (a multiple of n).
+  """
+  n = float(units)
+  b = batch_size / n
+  g2 = (n * mean_sq - mean_unit_sq) / (n - 1.0)
+  tr = (b * n / (n - 1.0)) * (mean_unit_sq - mean_sq)
+  return g2.astype(jnp.float32), tr.astype(jnp.float32)
+
+
+def update(
+    state: GradStatsState, g2: jax.Array, tr: jax.Array, decay: float
+) -> GradStatsState:
+  """Folds one step's estimates into the debiased EMAs."""
+  d = jnp.float32(decay)
+  return GradStatsState(
+      sq_norm=d * state.sq_norm + (1 - d) * g2,
+      trace_cov=d * state.trace_cov + (1 - d) * tr,
+      weight=d * state.weight + (1 - d),
+      count=state.count + 1,
+  )
+
+
+def smoothed(state: GradStatsState, batch_size: int) -> GradStats:
+  """The debiased averages as the `GradStats` passed to the optimizer."""
+  w = jnp.where(state.weight > 0, state.weight, 1.0)
+  return GradStats(
+      sq_norm=state.sq_norm / w,
+      trace_cov=state.trace_cov / w,
+      batch_size=jnp.float32(batch_size),
+  )
+
+
+def metrics(stats: GradStats, opt_state: Any, units: int) -> dict[str, jax.Array]:
+  """``grad_noise_scale`` (B_simple) and ``gain``.
+
+  ``gain`` is the gain the optimizer applied when its state records one
+  (:func:`date_optax.adascale`, ``date(..., lr_scaling="gain")``); otherwise
+  AdaScale's gain of this batch over one unit (``S = n``, fairscale's
+  default scale: replicas × microbatches).
+  """
+  found = find_gain_state(opt_state)
+  gain = found.gain if found is not None else adascale_gain(stats, float(units))
+  return {"grad_noise_scale": noise_scale(stats), "gain": jnp.asarray(gain, jnp.float32)}
+
