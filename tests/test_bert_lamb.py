@@ -267,7 +267,8 @@ def test_bert_scaling_quick_and_resume(tmp_path):
   spec.loader.exec_module(bench)
   out = str(tmp_path / "bs")
   argv = ["--quick", "--out", out]
-  # The study runs on one CPU device (B0 = 4 does not split over the test's 8).
+  # Each run is a subprocess of the example's CLI on 2 emulated devices (the
+  # study sets XLA_FLAGS for it; B0 = 4 does not split over the test's 8).
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1",
              JAX_PLATFORMS="cpu")
 
@@ -281,13 +282,18 @@ def test_bert_scaling_quick_and_resume(tmp_path):
     assert label in md
   assert "| iterations | 640 | 160 | 40 | 10 |" in md
   lines = open(out + ".jsonl").read().splitlines()
-  # 2 B0 runs (LAMB, AdamW shared by both rules) + 3 scales x 3 methods.
-  assert len(lines) == 11
+  # 2 B0 runs (LAMB, AdamW shared by both rules) + 3 scales x 3 methods, and
+  # the two gain rows (DATE lr_scaling="gain", AdaScale) at 64·B0 (quick mode).
+  assert len(lines) == 13
   assert os.path.getsize(out + ".png") > 10_000
   study()  # everything from the log
-  assert len(open(out + ".jsonl").read().splitlines()) == 11
+  assert len(open(out + ".jsonl").read().splitlines()) == 13
   recs = [json.loads(line) for line in lines]
   assert {r["tokens"] for r in recs} == {640 * 4 * 32}
+  # Every run measured the gradient noise through the step on 2 replicas.
+  assert all(r["key"]["devices"] == 2 and r["curves"]["grad_noise_scale"] for r in recs)
+  gain = [r for r in recs if r["key"]["method"] == "date_gain"]
+  assert len(gain) == 1 and 1.0 <= gain[0]["final_gain"] <= 64.0
 
 
 def _scaling_config(batch, **fields):
