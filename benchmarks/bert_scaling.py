@@ -107,6 +107,9 @@ def parse_args(argv=None):
   p.add_argument("--methods", default=",".join(METHODS),
                  help="comma-separated rows to run (two studies with disjoint rows may "
                       "share one log; `--report-only` then tables every row)")
+  p.add_argument("--scales", default=",".join(map(str, SCALES)),
+                 help="comma-separated k = B/B0 to run (with one learning rate per "
+                      "solver the larger batches need not wait for B0)")
   return p.parse_args(argv)
 
 
@@ -195,6 +198,8 @@ def main(argv=None) -> int:
     if batch == b0:
       key["method"] = "adamw" if method.startswith("adamw") else "lamb"
     ident = json.dumps(key, sort_keys=True)
+    if ident not in done and not (args.report_only or dry):
+      done.update(_runlog.load_runs(log_path))  # another study may have run it
     if ident not in done:
       if args.report_only or dry:
         return None
@@ -225,16 +230,20 @@ def main(argv=None) -> int:
 
   methods = METHODS if args.report_only else tuple(
       m for m in METHODS if m in args.methods.split(","))
+  scales = SCALES if args.report_only else tuple(int(k) for k in args.scales.split(","))
   # 1. The baselines at B0: a learning-rate grid, seed 0, best eval loss.
   grids = {"lamb": cfg["lamb_grid"], "adamw": cfg["adamw_grid"]}
   best = {}
   for solver, grid in grids.items():
     method = "lamb" if solver == "lamb" else "adamw_linear"
-    dry = not any((m in LAMB_FAMILY) == (solver == "lamb") for m in methods)
+    dry = 1 not in scales or not any((m in LAMB_FAMILY) == (solver == "lamb")
+                                     for m in methods)
     res = [(run(method, lr, b0, 0, dry), lr) for lr in grid]
     res = [(r, lr) for r, lr in res if r is not None]
     if res:
       best[solver] = min(res, key=lambda x: x[0]["eval_loss"])[1]
+    elif len(grid) == 1:  # nothing to choose: the other scales need not wait
+      best[solver] = grid[0]
 
   def cell(method, k, seed, dry):
     lr = best.get("lamb" if method in LAMB_FAMILY else "adamw")
@@ -257,7 +266,7 @@ def main(argv=None) -> int:
     if (method, k, seed) in seen:
       continue
     seen.add((method, k, seed))
-    dry = method not in methods or (
+    dry = method not in methods or k not in scales or (
         args.quick and method in ("date_gain", "adascale") and k not in (1, 64))
     r = cell(method, k, seed, dry)
     if r is not None:
