@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     if ident not in done and not (args.report_only or dry):
       done.update(_runlog.load_runs(log_path))  # another study may have run it
     if ident not in done:
-      if args.report_only or dry:
+      if args.report_only or dry or not _claim(log_path, ident):
         return None
       t = time.perf_counter()
       try:
@@ -274,6 +274,26 @@ def main(argv=None) -> int:
   command = " ".join(["python benchmarks/bert_scaling.py", *(argv or sys.argv[1:])])
   _report(out, cfg, best, table, grids, done, args.quick, command)
   return 0
+
+
+def _claim(log_path: str, ident: str) -> bool:
+  """Marks a run as taken by this process; False while another live one has it."""
+  import hashlib  # noqa: PLC0415
+
+  folder = log_path + ".claims"
+  os.makedirs(folder, exist_ok=True)
+  path = os.path.join(folder, hashlib.sha1(ident.encode()).hexdigest())
+  try:
+    with open(path) as f:
+      pid = int(f.read() or 0)
+    if pid != os.getpid():
+      os.kill(pid, 0)  # raises if that process is gone
+      return False
+  except (FileNotFoundError, ProcessLookupError, ValueError):
+    pass
+  with open(path, "w") as f:
+    f.write(str(os.getpid()))
+  return True
 
 
 def b_simple(rec: dict) -> float:
