@@ -154,7 +154,8 @@ def train_cli(method: str, lr: float, batch: int, seed: int, cfg: dict) -> dict:
     cmd = [sys.executable, "-m", "examples.bert_lamb.main", f"--config={CONFIG}",
            f"--workdir={workdir}", *overrides(method, lr, batch, seed, cfg)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
+    if proc.returncode != 0 or not os.path.exists(os.path.join(workdir, "results.json")):
+      # (a preempted run, SIGTERM, exits 0 without results)
       raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
     with open(os.path.join(workdir, "results.json")) as f:
       result = json.load(f)
