@@ -274,7 +274,7 @@ def test_bert_scaling_quick_and_resume(tmp_path):
 
   def study():
     subprocess.run([sys.executable, "benchmarks/bert_scaling.py", *argv], env=env,
-                   cwd=ROOT, check=True, timeout=900, capture_output=True)
+                   cwd=ROOT, check=True, timeout=1800, capture_output=True)
 
   study()
   md = open(out + ".md").read()
