@@ -276,7 +276,8 @@ def main(argv=None) -> int:
     r = cell(method, k, seed, dry)
     if r is not None:
       table.setdefault((method, k), []).append(r)
-  command = " ".join(["python benchmarks/bert_scaling.py", *(argv or sys.argv[1:])])
+  command = " ".join(["python benchmarks/bert_scaling.py", *(
+      a for a in (argv or sys.argv[1:]) if a != "--report-only")])
   _report(out, cfg, best, table, grids, done, args.quick, command)
   return 0
 
@@ -319,7 +320,7 @@ def _report(out, cfg, best, table, grids, done, quick, command):
       f"{platform.python_version()}.",
       f"Command: `{command}` (each run: `python -m examples.bert_lamb.main "
       f"--config={CONFIG}` with overrides); {len(walls)} runs, "
-      f"{sum(walls) / 60:.0f} min of run wall time.",
+      f"{sum(walls) / 60:.0f} min of run wall time (summed over parallel studies).",
       f"Model: {MODEL['num_layers']} pre-LN layers, width {MODEL['d_model']}, "
       f"{MODEL['num_heads']} heads, MLP {MODEL['mlp_dim']}, byte vocabulary; sequences of "
       f"{cfg['seq_len']} bytes; {tokens:,} training tokens per run; B0 = {b0} sequences; "
