@@ -310,7 +310,7 @@ def _scaling_config(batch, **fields):
 def _updates(tx, params, steps, stats):
   state, out = tx.init(params), []
   for i in range(steps):
-    grads = jax.tree.map(lambda p: jnp.sin((i + 1) * p + 0.3), params)
+    grads = jax.tree.map(lambda p, c=i + 1: jnp.sin(c * p + 0.3), params)
     u, state = tx.update(grads, state, params, grad_stats=stats)
     out.append(u)
   return out
