@@ -53,6 +53,20 @@ def train_loop(
   `batches` (a grain iterator) and the last metrics. On SIGTERM/SIGINT the
   step in flight is saved and the loop returns; rerunning resumes exactly.
 
+  Args:
+    config: reads `log_every_steps`, `checkpoint_every_steps`,
+      `save_checkpoints` and `progress_bar` (the last three optional).
+    workdir: checkpoints, `metrics.csv` and `results.json` (local or gs://).
+    train_step: `date_optax.parallel.make_train_step`'s step.
+    state: the fresh train state (its structure for the restore).
+    batches: a checkpointable iterator (`get_state`/`set_state`).
+    total_steps: the step to stop at.
+    eval_every: the evaluation cadence in steps.
+    evaluate: `evaluate(state)`, a dict of floats.
+    boundaries: steps always logged, evaluated and checkpointed.
+    scalars: `scalars(step)`, extra floats for each metrics row.
+    summary: `summary(state)`, extra entries of the result.
+
   Returns:
     The last train and eval metrics, "steps", `summary(state)` and the
     "params_checksum", also written to `workdir/results.json`; or
@@ -87,7 +101,7 @@ def train_loop(
         writer.write_scalars(step, row)
       show(step, {k: row[k] for k in ("loss", "learning_rate", *evals) if k in row})
       preempted = guard.should_stop(step)  # the same answer on every host
-      if ckpt and (preempted or step % ckpt_every == 0 or last):
+      if ckpt is not None and (preempted or step % ckpt_every == 0 or last):
         ckpt.save(step, state, force=True, metadata={
             "data": dp.iterator_state(batches), "metrics": metrics, "eval": evals})
       if preempted:
