@@ -39,7 +39,15 @@ myst_heading_anchors = 3
 
 # autodoc / napoleon: Google-style Args/Returns/Examples/References sections.
 autodoc_member_order = "bysource"
-autodoc_typehints = "description"
+autodoc_typehints = "signature"
+# Types go in the signatures (the docstrings' Args say what each one means).
+# Keep the package's type aliases (date_optax/_src/types.py) by name instead
+# of expanding them into long unions.
+autodoc_type_aliases = {
+    name: name
+    for name in ("PyTree", "ScalarOrSchedule", "Schedule", "MaskOrFn", "LayerAxes", "DType",
+                 "LossFn")
+}
 autodoc_default_options = {"members": True, "show-inheritance": False}
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
@@ -119,7 +127,17 @@ def _title_study_page(app, docname, source):
     source[0] = _HEADING.sub(lambda m: "#" * (len(m.group(1)) - shift) + " ", source[0])
 
 
+# Sphinx writes an aliased type inside a union as TypeAliasForwardRef('Name').
+_ALIAS_REF = re.compile(r"TypeAliasForwardRef\('([A-Za-z_.]+)'\)")
+
+
+def _alias_names(app, what, name, obj, options, signature, return_annotation):
+  clean = lambda s: _ALIAS_REF.sub(r"\1", s) if s else s
+  return clean(signature), clean(return_annotation)
+
+
 def setup(app):
+  app.connect("autodoc-process-signature", _alias_names)
   app.connect("source-read", _link_outside_docs)
   app.connect("source-read", _title_study_page)
   app.connect("autodoc-process-docstring", _escape_bars)
