@@ -84,10 +84,15 @@ def _link_outside_docs(app, docname, source):
 
 # Docstrings write absolute values and norms as |G|, which reStructuredText
 # would read as a substitution: escape bars outside ``literals`` and roles.
+# A module constant documented with autodata (api/*.rst) keeps only the text
+# written there, not the docstring of its type.
 _CODE_SPAN = re.compile(r"(:[a-z:]+:)?(``.*?``|`[^`]*`)")
 
 
 def _escape_bars(app, what, name, obj, options, lines):
+  if what == "data" and getattr(obj, "__doc__", None) == type(obj).__doc__:
+    lines.clear()  # a constant (tuple, dict, float): not its type's docstring
+    return
   for i, line in enumerate(lines):
     if "|" not in line:
       continue
