@@ -56,7 +56,7 @@ __all__ = [
     "scale_by_trust_ratio",
     "trust_ratio_bounds",
     "trust_ratios",
-    # LEGW schedules and the DATE engine (issue 3).
+    # LEGW schedules and the DATE engine.
     "Baseline",
     "MultiStageRecipe",
     "Recipe",
@@ -70,7 +70,7 @@ __all__ = [
     "schedules",
     "sqrt_scaling",
     "warmup_decay_schedule",
-    # Gradient-noise statistics and the gain (issue 21).
+    # Gradient-noise statistics and the gain.
     "AdaScaleState",
     "GradStats",
     "adascale",

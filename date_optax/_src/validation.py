@@ -180,8 +180,8 @@ def check_mask(name: str, value: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------
-# Checks of the trust-ratio transforms (issues 22 and 26): structure at
-# construction or trace time, never inside the jitted computation.
+# Checks of the trust-ratio transforms: the structure of masks, layer axes and
+# updates, at construction or trace time, never inside the jitted computation.
 
 
 def _keystr(path: Any) -> str:
