@@ -171,14 +171,13 @@ def check_trust_coefficient(value: Any) -> Any:
   the zero-norm rule's ratio 1 or a lower bound would be left) and ``c < 0``
   would reverse it.
   """
-  return check_positive("trust_coefficient", value)
-
-
-def resolve_alias(name: str, value: Any, alias: str, alias_value: Any) -> Any:
-  """The value of a keyword that also has an older alias; both is an error."""
-  if value is not None and alias_value is not None:
-    raise ValueError(f"{alias} is an alias of {name}: give one of them, not both.")
-  return value if alias_value is None else alias_value
+  try:
+    return check_positive("trust_coefficient", value)
+  except ValueError:
+    raise ValueError(
+        "trust_coefficient must be finite and > 0 (it multiplies every layer's "
+        f"trust ratio: 0 would zero the updates), got {value!r}."
+    ) from None
 
 
 def warn_deprecated_keyword(fn: str, old: str, new: str, *, stacklevel: int = 3) -> None:
