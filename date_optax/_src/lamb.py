@@ -77,7 +77,7 @@ def lamb(
   parameter dtype (complex parameters supported, as ``optax.lamb``); updates
   have dtype ``jnp.promote_types(param.dtype, grad.dtype)``, as optax.
 
-  Masks follow the package's one rule (README, "Masks"):
+  Masks follow the package's one rule (docs/guide/optimizers.md, "Masks"):
   ``weight_decay_mask`` and ``trust_ratio_mask``; if only one is given it is
   used for both (the ALBERT reference: the ratio follows the weight-decay
   exclusions); if both are given they are independent; if neither, every

@@ -80,7 +80,7 @@ def lars(
   (complex parameters supported); updates have dtype
   ``jnp.promote_types(param.dtype, grad.dtype)``, as optax.
 
-  Masks follow the package's one rule (README, "Masks"): if only one of
+  Masks follow the package's one rule (docs/guide/optimizers.md, "Masks"): if only one of
   ``trust_ratio_mask``/``weight_decay_mask`` is given it is used for both
   (TF's ``skip_list``: an excluded layer gets neither ratio nor decay); if
   both are given they are independent; if neither, every layer gets both.
@@ -387,7 +387,7 @@ def bounded_lars(
   :math:`\sum|x|^2` in float32 (complex parameters supported when the base
   supports them); updates have dtype ``jnp.promote_types(param, grad)``.
 
-  Masks follow the package's one rule (README, "Masks"): if only one of
+  Masks follow the package's one rule (docs/guide/optimizers.md, "Masks"): if only one of
   ``trust_ratio_mask``/``weight_decay_mask`` is given it is used for both;
   if both are given they are independent; if neither, every layer gets both.
   A layer outside the trust mask gets the plain base update

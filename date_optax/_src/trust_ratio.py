@@ -308,7 +308,7 @@ def scale_by_trust_ratio(
   (complex leaves included); the output has dtype
   ``jnp.promote_types(param.dtype, update.dtype)``, as optax.
 
-  Masks follow the package's one rule (see the README's masking table):
+  Masks follow the package's one rule (docs/guide/optimizers.md, "Masks"):
   ``trust_ratio_mask`` selects the layers that get the ratio,
   ``weight_decay_mask`` those that get :math:`\lambda w`; if only one is
   given it is used for both, if neither every layer gets both. A layer
