@@ -1,20 +1,26 @@
-"""The data-parallel train step compiled with `jax.jit` over a mesh.
+"""The data-parallel train steps compiled with `jax.jit` over a mesh.
 
 Each replica computes the *local* gradient of `loss_fn` on its slice of the
 global batch (`local_grads.replica_grads`: microbatches, model state, keys),
 the gradients are combined exactly once (mean over replicas), and
-`train_state.apply_gradients` applies the optimizer, skipping non-finite
-steps. Two ways to run the replicas, one program each:
+`replica_step.apply_update` applies the optimizer, skipping non-finite
+steps. Two builders, one program each:
 
-* Parameters replicated (no `param_sharding`): `shard_map` over the data
-  axes, with the chosen all-reduce ("psum", "ring", "torus") and, with
-  `shard_update=True`, an explicit reduce-scatter / all-gather.
-* Parameters sharded over non-data axes (`param_sharding`): plain GSPMD.
-  The replicas' forward passes are a `vmap` whose axis is laid out over the
-  data axes (`spmd_axis_name`), so each replica still sees only its slice;
-  the step differentiates the mean of their losses, so the compiler reduces
-  each gradient as the backward pass produces it, and inserts the other
+* `make_replicated_train_step` (`ReplicatedTrainStep`): parameters
+  replicated; `shard_map` over the data axes runs the per-replica body the
+  `pmap` step runs too (`replica_step.replica_step`), whose one reduction is
+  `grad_sync.sync_gradients` with any `GradSync` ("psum", "ring", "torus",
+  any payload) and, with `shard_update=True`, a reduce-scatter / all-gather.
+* `make_sharded_train_step` (`ShardedTrainStep`): parameters sharded over
+  non-data axes by `(regex, PartitionSpec)` rules, plain GSPMD. The
+  replicas' forward passes are a `vmap` whose axis is laid out over the data
+  axes (`spmd_axis_name`), so each replica still sees only its slice; the
+  step differentiates the mean of their losses, so the compiler reduces each
+  gradient as the backward pass produces it, and inserts the other
   reductions, including the exact cross-shard sums of trust-ratio norms.
+
+`make_train_step` is the one entry with flat keywords that picks between
+them.
 
 Why the gradient is local under `shard_map`: with `check_vma=True` JAX already
 sums the gradient of a replicated parameter over the mesh (the transpose of
@@ -37,24 +43,23 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from date_optax._src import validation
-from date_optax._src.parallel import collectives, compat
+from date_optax._src.parallel import compat
 from date_optax._src.parallel import grad_stats as gs_lib
 from date_optax._src.parallel import local_grads as lg
 from date_optax._src.parallel import param_sharding as ps
 from date_optax._src.parallel import update_sharding as us
+from date_optax._src.parallel.collectives import acc_dtype
 from date_optax._src.parallel.distributed import host_local_to_global, replicate_to_mesh
+from date_optax._src.parallel.grad_sync import GradSync, grad_sync_from
 from date_optax._src.parallel.mesh import auto_axes_mesh
-from date_optax._src.parallel.train_state import (
-    Metrics,
-    TrainState,
-    apply_gradients,
-    check_metrics,
-)
+from date_optax._src.parallel.replica_step import ReplicaResult, apply_update, replica_step
+from date_optax._src.parallel.step_config import StepConfig, step_config_from
+from date_optax._src.parallel.train_state import Metrics, TrainState, check_metrics
 from date_optax._src.types import LossFn, PyTree
 
 
 class TrainStep:
-  """A data-parallel train step over a mesh, as built by `make_train_step`.
+  """A data-parallel train step over a mesh: what both programs share.
 
   Call it as `state, metrics = step(state, batch)`.
   `step.init(params, model_state=None, rng=None)` builds a `TrainState` laid
@@ -63,12 +68,19 @@ class TrainStep:
   a global array (done automatically by the call for NumPy inputs);
   `step.batch_sharding` is the batch layout (for `prefetch_to_device`);
   `step.state_sharding(state)` the state's; `step.lower(state, batch)`
-  exposes the compiled program.
+  exposes the compiled program. The builders return one of its two kinds,
+  `ReplicatedTrainStep` or `ShardedTrainStep`.
 
   Args:
-    loss_fn, optimizer, mesh: see `make_train_step`, which validates all
-      arguments; construct through it.
-    **options: the keyword options of `make_train_step`.
+    loss_fn, optimizer, mesh: see `make_train_step`; the builders validate
+      every argument, construct through them.
+    config: the `StepConfig`.
+    data_axes: the mesh axes that carry replicas.
+    shard_update: split the optimizer state and update over the replicas.
+    grad_stats_decay: the statistics' decay, or None without them.
+
+  Returns:
+    The step (a callable object).
 
   Examples:
     >>> import optax
@@ -88,32 +100,18 @@ class TrainStep:
       optimizer: optax.GradientTransformation,
       mesh: jax.sharding.Mesh,
       *,
-      grad_reduce: str,
-      shard_update: bool,
-      compute_dtype: Any,
-      donate: bool,
-      has_aux: bool,
+      config: StepConfig,
       data_axes: tuple[Hashable, ...],
-      max_consecutive_skips: int | None,
-      microbatches: int = 1,
-      param_layout: tuple[str, Any] | None = None,
-      comm: tuple[str | None, bool, str] = (None, False, "nearest"),
+      shard_update: bool,
       grad_stats_decay: float | None = None,
   ):
     self.loss_fn = loss_fn
-    self.grad_stats_decay = grad_stats_decay
     self.optimizer = optimizer
     self.mesh = mesh
-    self.grad_reduce = grad_reduce
-    self.shard_update = shard_update
-    self.compute_dtype = compute_dtype
-    self.has_aux = has_aux
+    self.config = config
     self.data_axes = data_axes
-    self.max_consecutive_skips = max_consecutive_skips
-    self.microbatches = microbatches
-    self.param_layout = param_layout
-    self.comm = comm
-    self.donate = donate
+    self.shard_update = shard_update
+    self.grad_stats_decay = grad_stats_decay
     self.num_replicas = compat.mesh_axis_sizes(mesh, data_axes)
     self.batch_spec = P(us.axes_entry(data_axes))
     self.batch_sharding = NamedSharding(mesh, self.batch_spec)
@@ -121,21 +119,25 @@ class TrainStep:
     self._compiled: dict[Any, Any] = {}
     self._init_cache: dict[Any, Any] = {}
 
+  # The step-level options, as attributes (read by code written for the flat
+  # keywords).
+  microbatches = property(lambda self: self.config.microbatches)
+  compute_dtype = property(lambda self: self.config.compute_dtype)
+  donate = property(lambda self: self.config.donate)
+  has_aux = property(lambda self: self.config.has_aux)
+  max_consecutive_skips = property(lambda self: self.config.max_consecutive_skips)
+
   # -- layout ---------------------------------------------------------------
 
   def param_specs(self, params: PyTree) -> PyTree:
-    """The `PartitionSpec` of every parameter (all `P()` without a layout)."""
-    if self.param_layout is None:
-      return jax.tree.map(lambda _: P(), params)
-    return ps.resolve(self.param_layout, params, self.mesh)
+    """The `PartitionSpec` of every parameter (all `P()` when replicated)."""
+    return jax.tree.map(lambda _: P(), params)
 
   def _update_spec(self, shape: Sequence[int], spec: P) -> P:
     """Layout of a gradient / optimizer-state leaf mirroring a parameter."""
     if not self.shard_update:
       return spec
-    if self.param_layout is None:
-      return us.sharded_spec(shape, self.data_axes, self.num_replicas)
-    return ps.with_data_axes(shape, spec, self.mesh, self.data_axes, self.num_replicas)
+    return us.sharded_spec(shape, self.data_axes, self.num_replicas)
 
   def _update_specs(self, params: PyTree) -> PyTree:
     return jax.tree.map(
@@ -163,6 +165,9 @@ class TrainStep:
         rng=None if state.rng is None else self.replicated,
         grad_stats=jax.tree.map(lambda _: self.replicated, state.grad_stats),
     )
+
+  def _check_layout(self, params: PyTree) -> None:
+    """Hook run once per parameter structure at `init`."""
 
   def init(
       self, params: PyTree, model_state: PyTree = None, rng: Any = None
@@ -192,8 +197,8 @@ class TrainStep:
     key = (jax.tree.structure(inputs),
            tuple((x.shape, x.dtype) for x in jax.tree.leaves(inputs)))
     if key not in self._init_cache:
-      if self.param_layout is not None:  # warns once about unused rules
-        ps.resolve(self.param_layout, params, self.mesh, warn=True)
+      self._check_layout(params)
+
       def create(p, m, r):
         state = TrainState.create(p, self.optimizer, m, r)
         if self.grad_stats_decay is not None:
@@ -209,145 +214,28 @@ class TrainStep:
     lg.check_batch(batch, 1)
     return host_local_to_global(batch, self.batch_sharding)
 
-  # -- the replicas ---------------------------------------------------------
+  # -- the step -------------------------------------------------------------
 
-  def _grads_shard_map(self, params, batch, model_state, rng, step):
-    """Replicated parameters: shard_map and an explicit reduction."""
-    axes, n, alg = self.data_axes, self.num_replicas, self.grad_reduce
-    shapes = [np.shape(x) for x in jax.tree.leaves(params)]
-    stats = self.grad_stats_decay is not None
+  def _replicas(self, params, batch, model_state, rng, step) -> ReplicaResult:
+    """The replicas' losses and gradients, reduced: the program of each kind."""
+    raise NotImplementedError
 
-    def local(params, batch, model_state, rng, step):
-      params = compat.to_varying(params, axes)
-      replica = lg.replica_index(axes)
-      out = lg.replica_grads(
-          self.loss_fn, has_aux=self.has_aux, compute_dtype=self.compute_dtype,
-          microbatches=self.microbatches, params=params, batch=batch,
-          model_state=model_state, rng=rng, step=step, replica=replica,
-          with_sq_norms=stats,
-      )
-      loss, aux, grads, model_state = out[:4]
-      key = lg.comm_key(self.comm, rng, step)
-      if self.shard_update:
-        grads = us.reduce_scatter_mean(grads, shapes, axes, alg, n, self.comm, key)
-      else:
-        grads = us.mean_over_replicas(grads, axes, alg, n, comm=self.comm, key=key)
-      model_state = lg.replicate_model_state(model_state, axes, replica)
-      if not stats:
-        return lax.pmean(loss, axes), lg.mean_aux(aux, axes), grads, model_state
-      # The units' squared norms ride in the loss's scalar all-reduce.
-      loss, unit_sq = lax.pmean(jnp.stack([loss, out[4]]), axes)
-      return (loss, lg.mean_aux(aux, axes), grads, model_state,
-              unit_sq / self.microbatches)
-
-    specs = (P(), P(), self._update_specs(params), P())
-    fn = compat.shard_map(
-        local,
-        mesh=self.mesh,
-        in_specs=(P(), self.batch_spec, P(), P(), P()),
-        out_specs=specs + (P(),) if stats else specs,
-    )
-    return fn(params, batch, model_state, rng, step)
-
-  def _grads_gspmd(self, params, batch, model_state, rng, step):
-    """Sharded parameters: replicas as a vmap laid out over the data axes."""
-    n, axes = self.num_replicas, self.data_axes
-    split = NamedSharding(self.mesh, self.batch_spec)
-
-    def per_replica(x):
-      x = x.reshape((n, x.shape[0] // n) + x.shape[1:])
-      return lax.with_sharding_constraint(x, split)
-
-    batch = jax.tree.map(per_replica, batch)
-    replicas = lax.with_sharding_constraint(jnp.arange(n, dtype=jnp.int32), split)
-
-    if self.grad_stats_decay is None:
-      # No statistics: differentiate the mean of the replicas' losses, so
-      # the compiler sums each gradient inside the backward pass.
-      loss, aux, grads, model_state = lg.stacked_replica_grads(
-          self.loss_fn, has_aux=self.has_aux, compute_dtype=self.compute_dtype,
-          microbatches=self.microbatches, params=params, batch=batch,
-          model_state=model_state, rng=rng, step=step, replicas=replicas,
-          split=split,
-          # Collectives over the data axis inside loss_fn (cross-replica batch
-          # norm) run over the replicas, as they do under shard_map.
-          vmap_axes={"axis_name": axes[0] if len(axes) == 1 else None,
-                     "spmd_axis_name": axes if len(axes) > 1 else axes[0]},
-      )
-      grads = jax.tree.map(
-          lambda g, s: lax.with_sharding_constraint(g, NamedSharding(self.mesh, s)),
-          grads,
-          self._update_specs(params),
-      )
-      return loss, aux, grads, model_state
-    # Statistics need each unit's gradient: one gradient per replica, stacked.
-    def one(batch, replica):
-      return lg.replica_grads(
-          self.loss_fn, has_aux=self.has_aux, compute_dtype=self.compute_dtype,
-          microbatches=self.microbatches, params=params, batch=batch,
-          model_state=model_state, rng=rng, step=step, replica=replica,
-          with_sq_norms=True,
-      )
-
-    out = jax.vmap(
-        one,
-        # Collectives over the data axis inside loss_fn (cross-replica batch
-        # norm) run over the replicas, as they do under shard_map.
-        axis_name=axes[0] if len(axes) == 1 else None,
-        spmd_axis_name=axes if len(axes) > 1 else axes[0],
-    )(batch, replicas)
-    loss, aux, grads, model_state = out[:4]
-    update = self._update_specs(params)
-    grads = jax.tree.map(
-        lambda g, s: lax.with_sharding_constraint(
-            jnp.mean(g.astype(lg.acc_dtype(g.dtype)), axis=0).astype(g.dtype),
-            NamedSharding(self.mesh, s),
-        ),
-        grads,
-        update,
-    )
-    return (jnp.mean(loss), lg.mean_stacked_aux(aux), grads,
-            lg.replicate_stacked_model_state(model_state),
-            jnp.mean(out[4]) / self.microbatches)
-
-  def _gather_params(self, params: PyTree) -> PyTree:
-    axes, alg = self.data_axes, self.grad_reduce
-    shapes = [np.shape(x) for x in jax.tree.leaves(params)]
-    specs = self._update_specs(params)
-    params = jax.tree.map(
-        lambda x, s: lax.with_sharding_constraint(x, NamedSharding(self.mesh, s)),
-        params,
-        specs,
-    )
-    fn = compat.shard_map(
-        lambda p: us.all_gather_params(p, shapes, axes, alg, self.num_replicas),
-        mesh=self.mesh,
-        in_specs=(specs,),
-        out_specs=P(),
-    )
-    return fn(params)
+  def _after_update(self, state: TrainState) -> TrainState:
+    return state
 
   def _step(self, state: TrainState, batch: PyTree) -> tuple[TrainState, Metrics]:
     lg.check_batch(batch, self.num_replicas, self.microbatches)
     batch = jax.tree.map(
         lambda x: lax.with_sharding_constraint(x, self.batch_sharding), batch
     )
-    grads_fn = self._grads_shard_map if self.param_layout is None else self._grads_gspmd
-    out = grads_fn(state.params, batch, state.model_state, state.rng, state.step)
-    loss, aux, grads, model_state = out[:4]
-    stats = None
-    if self.grad_stats_decay is not None:
-      global_batch = int(np.shape(jax.tree.leaves(batch)[0])[0])
-      stats = (out[4], self.num_replicas * self.microbatches, global_batch,
-               self.grad_stats_decay)
-    new_state, metrics = apply_gradients(
-        state, grads, loss, self.optimizer, model_state, stats
+    result = self._replicas(state.params, batch, state.model_state, state.rng, state.step)
+    new_state, metrics = apply_update(
+        state, result, self.optimizer, self.config,
+        units=self.num_replicas * self.microbatches,
+        global_batch=int(np.shape(jax.tree.leaves(batch)[0])[0]),
+        grad_stats_decay=self.grad_stats_decay,
     )
-    if self.shard_update and self.param_layout is None:
-      new_state = new_state.replace(params=self._gather_params(new_state.params))
-    if self.has_aux:
-      metrics["aux"] = aux
-    return new_state, metrics
+    return self._after_update(new_state), metrics
 
   # -- calling --------------------------------------------------------------
 
@@ -397,6 +285,190 @@ class TrainStep:
     return state, metrics
 
 
+class ReplicatedTrainStep(TrainStep):
+  """The step of replicated parameters: `shard_map` and one explicit reduction.
+
+  As built by `make_replicated_train_step` (or `make_train_step` without
+  `param_sharding`). Each replica runs `replica_step` (loss, gradient, the
+  `grad_sync` reduction) inside `shard_map`; the optimizer runs on the mesh;
+  with `shard_update` the new parameters are all-gathered.
+
+  Args:
+    loss_fn, optimizer, mesh: see `make_replicated_train_step`.
+    grad_sync: the `GradSync`.
+    **options: those of `TrainStep`.
+
+  Returns:
+    The step (a callable object).
+
+  Examples:
+    >>> import optax
+    >>> import date_optax.parallel as dp
+    >>> step = dp.make_replicated_train_step(
+    ...     lambda p, b: (p * b).mean(), optax.sgd(0.1), dp.data_mesh(),
+    ...     grad_sync=dp.GradSync("ring"))
+    >>> isinstance(step, dp.ReplicatedTrainStep), step.grad_reduce
+    (True, 'ring')
+
+  References:
+    Goyal et al., "Accurate, Large Minibatch SGD", 2017; Xu et al.,
+    "Automatic Cross-Replica Sharding of Weight Update in Data-Parallel
+    Training", 2020.
+  """
+
+  def __init__(self, loss_fn, optimizer, mesh, *, grad_sync: GradSync, **options):
+    super().__init__(loss_fn, optimizer, mesh, **options)
+    self.grad_sync = grad_sync
+
+  @property
+  def grad_reduce(self) -> str:
+    """The all-reduce algorithm (`grad_sync.algorithm`)."""
+    return self.grad_sync.algorithm
+
+  def _replicas(self, params, batch, model_state, rng, step) -> ReplicaResult:
+    axes = self.data_axes
+
+    def body(params, batch, model_state, rng, step):
+      return replica_step(
+          self.loss_fn, self.config, self.grad_sync,
+          params=compat.to_varying(params, axes), batch=batch,
+          model_state=model_state, rng=rng, step=step, axes=axes,
+          scatter=self.shard_update, with_stats=self.grad_stats_decay is not None,
+      )
+
+    fn = compat.shard_map(
+        body,
+        mesh=self.mesh,
+        in_specs=(P(), self.batch_spec, P(), P(), P()),
+        out_specs=ReplicaResult(P(), P(), self._update_specs(params), P(), P()),
+    )
+    return fn(params, batch, model_state, rng, step)
+
+  def _after_update(self, state: TrainState) -> TrainState:
+    if not self.shard_update:
+      return state
+    params = state.params
+    shapes = [np.shape(x) for x in jax.tree.leaves(params)]
+    specs = self._update_specs(params)
+    params = jax.tree.map(
+        lambda x, s: lax.with_sharding_constraint(x, NamedSharding(self.mesh, s)),
+        params,
+        specs,
+    )
+    fn = compat.shard_map(
+        lambda p: us.all_gather_params(
+            p, shapes, self.data_axes, self.grad_reduce, self.num_replicas,
+            self.grad_sync.grid,
+        ),
+        mesh=self.mesh,
+        in_specs=(specs,),
+        out_specs=P(),
+    )
+    return state.replace(params=fn(params))
+
+
+class ShardedTrainStep(TrainStep):
+  """The step of sharded parameters: one GSPMD program, reductions by the compiler.
+
+  As built by `make_sharded_train_step` (or `make_train_step` with
+  `param_sharding`). The replicas are a `vmap` laid out over the data axes;
+  the gradient of the mean of their losses is reduced inside the backward
+  pass, and the optimizer runs on the sharded state.
+
+  Args:
+    loss_fn, optimizer, mesh: see `make_sharded_train_step`.
+    layout: the checked `param_sharding`.
+    **options: those of `TrainStep`.
+
+  Returns:
+    The step (a callable object).
+
+  Examples:
+    >>> import jax, optax
+    >>> from jax.sharding import PartitionSpec as P
+    >>> import date_optax.parallel as dp
+    >>> mesh = jax.make_mesh((4, 2), ("data", "model"))
+    >>> step = dp.make_sharded_train_step(
+    ...     lambda p, b: (p["w"] * b).mean(), optax.sgd(0.1), mesh,
+    ...     param_sharding=[("w", P("model"))])
+    >>> isinstance(step, dp.ShardedTrainStep), step.data_axes
+    (True, ('data',))
+
+  References:
+    Xu et al., "GSPMD: General and Scalable Parallelization for ML
+    Computation Graphs", 2021; Beyer, Zhai and Kolesnikov, "Big Vision",
+    2022, https://github.com/google-research/big_vision.
+  """
+
+  grad_reduce = "psum"  # the compiler places the reductions
+
+  def __init__(self, loss_fn, optimizer, mesh, *, layout: ps.Layout, **options):
+    super().__init__(loss_fn, optimizer, mesh, **options)
+    self.param_layout = layout
+
+  def param_specs(self, params: PyTree) -> PyTree:
+    """The `PartitionSpec` of every parameter, from the declared layout."""
+    return ps.resolve(self.param_layout, params, self.mesh)
+
+  def _update_spec(self, shape: Sequence[int], spec: P) -> P:
+    if not self.shard_update:
+      return spec
+    return ps.with_data_axes(shape, spec, self.mesh, self.data_axes, self.num_replicas)
+
+  def _check_layout(self, params: PyTree) -> None:
+    ps.resolve(self.param_layout, params, self.mesh, warn=True)  # unused rules warn
+
+  def _replicas(self, params, batch, model_state, rng, step) -> ReplicaResult:
+    """The replicas as a vmap laid out over the data axes."""
+    n, axes, config = self.num_replicas, self.data_axes, self.config
+    split = NamedSharding(self.mesh, self.batch_spec)
+
+    def per_replica(x):
+      x = x.reshape((n, x.shape[0] // n) + x.shape[1:])
+      return lax.with_sharding_constraint(x, split)
+
+    batch = jax.tree.map(per_replica, batch)
+    replicas = lax.with_sharding_constraint(jnp.arange(n, dtype=jnp.int32), split)
+    # Collectives over the data axis inside loss_fn (cross-replica batch norm)
+    # run over the replicas, as they do under shard_map.
+    vmap_axes = {"axis_name": axes[0] if len(axes) == 1 else None,
+                 "spmd_axis_name": axes if len(axes) > 1 else axes[0]}
+    constrain = lambda tree: jax.tree.map(
+        lambda g, s: lax.with_sharding_constraint(g, NamedSharding(self.mesh, s)),
+        tree,
+        self._update_specs(params),
+    )
+    if self.grad_stats_decay is None:
+      # No statistics: differentiate the mean of the replicas' losses, so
+      # the compiler sums each gradient inside the backward pass.
+      loss, aux, grads, model_state = lg.stacked_replica_grads(
+          self.loss_fn, has_aux=config.has_aux, compute_dtype=config.compute_dtype,
+          microbatches=config.microbatches, params=params, batch=batch,
+          model_state=model_state, rng=rng, step=step, replicas=replicas,
+          split=split, vmap_axes=vmap_axes,
+      )
+      return ReplicaResult(loss, aux, constrain(grads), model_state, None)
+
+    # Statistics need each unit's gradient: one gradient per replica, stacked.
+    def one(batch, replica):
+      return lg.replica_grads(
+          self.loss_fn, has_aux=config.has_aux, compute_dtype=config.compute_dtype,
+          microbatches=config.microbatches, params=params, batch=batch,
+          model_state=model_state, rng=rng, step=step, replica=replica,
+          with_sq_norms=True,
+      )
+
+    loss, aux, grads, model_state, sq = jax.vmap(one, **vmap_axes)(batch, replicas)
+    grads = jax.tree.map(
+        lambda g: jnp.mean(g.astype(acc_dtype(g.dtype)), axis=0).astype(g.dtype), grads
+    )
+    return ReplicaResult(
+        jnp.mean(loss), lg.mean_stacked_aux(aux), constrain(grads),
+        lg.replicate_stacked_model_state(model_state),
+        jnp.mean(sq) / config.microbatches,
+    )
+
+
 def make_train_step(
     loss_fn: LossFn,
     optimizer: optax.GradientTransformation,
@@ -416,6 +488,8 @@ def make_train_step(
     rounding: str = "nearest",
     grad_stats: bool = False,
     grad_stats_decay: float | None = None,
+    grad_sync: GradSync | None = None,
+    step_config: StepConfig | None = None,
 ) -> TrainStep:
   """Builds a synchronous data-parallel train step, `jit`-compiled over a mesh.
 
@@ -546,9 +620,15 @@ def make_train_step(
     grad_stats_decay: the moving-average factor per step, in [0, 1); None
       means fairscale AdaScale's default for n units,
       `max(1 - n/1000, 0) ** n` (0.938 for 8 units).
+    grad_sync: a `GradSync` holding `grad_reduce`, `comm_dtype`, `aps` and
+      `rounding` (and a torus `grid`); give it or those flat keywords.
+    step_config: a `StepConfig` holding `microbatches`, `compute_dtype`,
+      `donate`, `has_aux` and `max_consecutive_skips`; give it or those
+      flat keywords.
 
   Returns:
-    A `TrainStep`: `state, metrics = step(state, batch)`, with
+    A `TrainStep` (a `ReplicatedTrainStep`, or a `ShardedTrainStep` with
+    `param_sharding`): `state, metrics = step(state, batch)`, with
     `step.init(params, model_state=None, rng=None)` to build the state.
     `batch` is a pytree whose leaves have the global batch as leading
     dimension (NumPy arrays are this host's rows of it). `metrics` holds
@@ -564,7 +644,8 @@ def make_train_step(
     `optax.inject_hyperparams`).
 
   Raises:
-    ValueError: for arguments out of range, a spec that names a data axis or
+    ValueError: for arguments out of range, `grad_sync` or `step_config`
+      given with the flat keywords they hold, a spec that names a data axis or
       an unknown axis, or (at the call) a batch that does not divide over
       replicas × microbatches.
     TypeError: for arguments of the wrong kind, or (at the call) a `loss_fn`
@@ -594,6 +675,15 @@ def make_train_step(
     >>> int(state.step), float(metrics["loss"])
     (1, 1.0)
 
+    The same options as configs, the form the two builders take:
+
+    >>> sync = dp.GradSync("ring", comm_dtype="int8", rounding="stochastic")
+    >>> step = dp.make_train_step(loss_fn, date_optax.lamb(1e-2), mesh,
+    ...                           grad_sync=sync)
+    >>> state, metrics = step(step.init({"w": np.zeros((3, 1), np.float32)}), batch)
+    >>> int(state.step), float(metrics["loss"])
+    (1, 1.0)
+
   References:
     Goyal et al., "Accurate, Large Minibatch SGD", 2017; Ying et al., "Image
     Classification at Supercomputer Scale", 2018; Xu et al., "Automatic
@@ -605,25 +695,51 @@ def make_train_step(
     with Limited Numerical Precision", ICML 2015,
     https://arxiv.org/abs/1502.02551.
   """
-  comm = lg.check_comm(comm_dtype, aps, rounding)
-  microbatches = lg.check_common(
-      loss_fn, optimizer, grad_reduce, compute_dtype, max_consecutive_skips,
-      microbatches, collectives.ALGORITHMS,
+  sync = grad_sync_from(
+      grad_sync, grad_reduce=grad_reduce, comm_dtype=comm_dtype, aps=aps, rounding=rounding
   )
+  config = step_config_from(
+      step_config, microbatches=microbatches, compute_dtype=compute_dtype,
+      donate=donate, has_aux=has_aux, max_consecutive_skips=max_consecutive_skips,
+  )
+  options = dict(step_config=config, shard_update=shard_update, data_axes=data_axes,
+                 grad_stats=grad_stats, grad_stats_decay=grad_stats_decay)
+  if param_sharding is None:
+    return make_replicated_train_step(loss_fn, optimizer, mesh, grad_sync=sync, **options)
+  lg.check_fn_and_optimizer(loss_fn, optimizer)
+  if sync.algorithm != "psum":
+    raise ValueError(
+        f'param_sharding needs grad_reduce="psum" (the compiler places the '
+        f"reductions of a sharded step), got grad_sync={sync!r}."
+    )
+  if sync.comm_dtype is not None:
+    raise ValueError(
+        f"comm_dtype={sync.comm_dtype!r} needs replicated parameters: with "
+        "param_sharding the compiler places the gradient reductions; pass "
+        "comm_dtype=None."
+    )
+  return make_sharded_train_step(
+      loss_fn, optimizer, mesh, param_sharding=param_sharding, **options
+  )
+
+
+def _common(
+    loss_fn: Any,
+    optimizer: Any,
+    mesh: Any,
+    step_config: Any,
+    shard_update: Any,
+    data_axes: Any,
+    named: set[Hashable],
+) -> tuple[jax.sharding.Mesh, StepConfig, tuple[Hashable, ...]]:
+  """Checks what both builders take; the mesh, the config and the data axes."""
+  config = step_config_from(step_config)
+  lg.check_fn_and_optimizer(loss_fn, optimizer)
   if not isinstance(mesh, jax.sharding.Mesh):
     raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}.")
   mesh = auto_axes_mesh(mesh)
   validation.check_bool("shard_update", shard_update)
-  validation.check_bool("donate", donate)
-  validation.check_bool("has_aux", has_aux)
   if data_axes is None:
-    named = set()
-    if param_sharding is not None:
-      layout = ps.check_param_sharding(param_sharding, mesh, ())
-      specs = [s for _, s in layout[1]] if layout[0] == "rules" else jax.tree.leaves(
-          layout[1], is_leaf=lambda x: isinstance(x, P))
-      for s in specs:
-        named.update(ps.spec_axes(s) if isinstance(s, P) else ())
     axes = tuple(a for a in mesh.axis_names if a not in named)
   else:
     axes = lg.check_axes("data_axes", data_axes)
@@ -633,42 +749,185 @@ def make_train_step(
         f"data_axes must be a non-empty subset of the mesh axes {mesh.axis_names}, "
         f"got {data_axes!r}."
     )
-  if grad_reduce == "torus" and len(axes) != 2:
-    raise ValueError(
-        f'grad_reduce="torus" needs two data axes (a torus_mesh), got {axes}.'
-    )
-  layout = None
-  if param_sharding is not None:
-    layout = ps.check_param_sharding(param_sharding, mesh, axes)
-    if grad_reduce != "psum":
-      raise ValueError(
-          f'param_sharding needs grad_reduce="psum" (the compiler places the '
-          f"reductions of a sharded step), got {grad_reduce!r}."
-      )
-    if comm[0] is not None:
-      raise ValueError(
-          f"comm_dtype={comm_dtype!r} needs replicated parameters: with "
-          "param_sharding the compiler places the gradient reductions; pass "
-          "comm_dtype=None."
-      )
-  decay = gs_lib.check_options(
-      grad_stats, grad_stats_decay,
-      compat.mesh_axis_sizes(mesh, axes), microbatches,
+  return mesh, config, axes
+
+
+def make_replicated_train_step(
+    loss_fn: LossFn,
+    optimizer: optax.GradientTransformation,
+    mesh: jax.sharding.Mesh,
+    *,
+    grad_sync: GradSync | None = None,
+    step_config: StepConfig | None = None,
+    shard_update: bool = False,
+    data_axes: Sequence[Hashable] | None = None,
+    grad_stats: bool = False,
+    grad_stats_decay: float | None = None,
+) -> ReplicatedTrainStep:
+  """Builds the data-parallel step of replicated parameters (`shard_map`).
+
+  Every device of `data_axes` holds the parameters and a slice of the global
+  batch. The step reads as flax's `train_step`: each replica computes its
+  loss and gradient, the gradients are reduced once by
+  `sync_gradients(grads, data_axes, grad_sync)` (any algorithm, any payload
+  format), and the optimizer is applied; non-finite steps are skipped. The
+  `pmap` step runs the same per-replica body. Model state, keys,
+  microbatches, statistics and weight-update sharding are as described on
+  `make_train_step`.
+
+  Args:
+    loss_fn: `loss_fn(params, batch, *, model_state=..., rng=...)`, the mean
+      loss over the (micro)batch it is given, as for `make_train_step`.
+    optimizer: an optax gradient transformation.
+    mesh: the device mesh (`data_mesh`, `torus_mesh`, ...).
+    grad_sync: how the gradients are reduced, a `GradSync` (default: exact
+      `lax.psum`). A torus needs two data axes, or `grid=(X, Y)` with one.
+    step_config: a `StepConfig` (default: `StepConfig()`).
+    shard_update: split the optimizer state and update over the replicas
+      (the gradients are reduce-scattered, the parameters all-gathered).
+    data_axes: the mesh axes that carry replicas (default: all mesh axes).
+    grad_stats: measure gradient-noise statistics (needs two or more units).
+    grad_stats_decay: their moving-average factor, in [0, 1).
+
+  Returns:
+    A `ReplicatedTrainStep`: `state, metrics = step(state, batch)`, with
+    `step.init(params, model_state=None, rng=None)`; metrics as for
+    `make_train_step`.
+
+  Raises:
+    ValueError: arguments out of range, or a torus that does not fit the
+      data axes.
+    TypeError: arguments of the wrong kind.
+
+  Examples:
+    >>> import jax.numpy as jnp, numpy as np
+    >>> import date_optax
+    >>> import date_optax.parallel as dp
+    >>> def loss_fn(params, batch):
+    ...   return jnp.mean((batch["x"] @ params["w"] - batch["y"]) ** 2)
+    >>> step = dp.make_replicated_train_step(
+    ...     loss_fn, date_optax.lamb(1e-2), dp.data_mesh(),
+    ...     grad_sync=dp.GradSync("ring", comm_dtype="bfloat16"),
+    ...     step_config=dp.StepConfig(microbatches=2))
+    >>> state = step.init({"w": np.zeros((3, 1), np.float32)})
+    >>> batch = {"x": np.ones((16, 3), np.float32), "y": np.ones((16, 1), np.float32)}
+    >>> state, metrics = step(state, batch)
+    >>> int(state.step), float(metrics["loss"])
+    (1, 1.0)
+
+  References:
+    Goyal et al., "Accurate, Large Minibatch SGD", 2017; Ying et al., "Image
+    Classification at Supercomputer Scale", 2018; Xu et al., "Automatic
+    Cross-Replica Sharding of Weight Update in Data-Parallel Training", 2020;
+    Heek et al., "Flax: A neural network library and ecosystem for JAX",
+    2023 (examples/imagenet/train.py).
+  """
+  sync = grad_sync_from(grad_sync)
+  mesh, config, axes = _common(
+      loss_fn, optimizer, mesh, step_config, shard_update, data_axes, set()
   )
-  return TrainStep(
-      loss_fn,
-      optimizer,
-      mesh,
-      grad_reduce=grad_reduce,
-      shard_update=bool(shard_update),
-      compute_dtype=compute_dtype,
-      donate=bool(donate),
-      has_aux=bool(has_aux),
-      data_axes=axes,
-      max_consecutive_skips=max_consecutive_skips,
-      microbatches=microbatches,
-      param_layout=layout,
-      comm=comm,
-      grad_stats_decay=decay,
+  n = compat.mesh_axis_sizes(mesh, axes)
+  sync.check_replicas(axes, n)
+  decay = gs_lib.check_options(grad_stats, grad_stats_decay, n, config.microbatches)
+  return ReplicatedTrainStep(
+      loss_fn, optimizer, mesh, grad_sync=sync, config=config, data_axes=axes,
+      shard_update=bool(shard_update), grad_stats_decay=decay,
   )
 
+
+def make_sharded_train_step(
+    loss_fn: LossFn,
+    optimizer: optax.GradientTransformation,
+    mesh: jax.sharding.Mesh,
+    *,
+    param_sharding: Any,
+    step_config: StepConfig | None = None,
+    shard_update: bool = False,
+    data_axes: Sequence[Hashable] | None = None,
+    grad_stats: bool = False,
+    grad_stats_decay: float | None = None,
+) -> ShardedTrainStep:
+  """Builds the data-parallel step of sharded parameters (one GSPMD `jit`).
+
+  Parameters (and the optimizer state that mirrors them) are laid out over
+  mesh axes that carry no data (FSDP, tensor parallelism), declared as data
+  the way big_vision declares them: `(regex, PartitionSpec)` rules matched
+  (`re.fullmatch`) against '/'-joined parameter paths, first match wins,
+  unmatched parameters replicated. The step is one `jax.jit` program with
+  the state's shardings as in/out shardings: the replicas are a `vmap` over
+  the data axes, and the compiler inserts the reductions (the gradients are
+  summed inside the backward pass; trust-ratio norms over sharded layers
+  are exact). There is no reduction option: the compiler's `psum` is the
+  only one.
+
+  Args:
+    loss_fn: as for `make_train_step`.
+    optimizer: an optax gradient transformation.
+    mesh: the device mesh, e.g. `jax.make_mesh((4, 2), ("data", "model"))`.
+    param_sharding: a sequence of `(regex, PartitionSpec)` rules (or a
+      pytree of `PartitionSpec` shaped like the parameters). Specs may name
+      only non-data axes; a rule that matches no parameter warns at `init`.
+    step_config: a `StepConfig` (default: `StepConfig()`).
+    shard_update: also split the optimizer state and update over the data
+      axes.
+    data_axes: the mesh axes that carry replicas (default: the axes the
+      specs do not name).
+    grad_stats: measure gradient-noise statistics (needs two or more units).
+    grad_stats_decay: their moving-average factor, in [0, 1).
+
+  Returns:
+    A `ShardedTrainStep`: `state, metrics = step(state, batch)`, with
+    `step.init(params, model_state=None, rng=None)`; metrics as for
+    `make_train_step`.
+
+  Raises:
+    ValueError: a spec that names a data axis or an unknown axis, a pattern
+      that is not a regex, or other arguments out of range.
+    TypeError: arguments of the wrong kind.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp, numpy as np
+    >>> from jax.sharding import PartitionSpec as P
+    >>> import date_optax
+    >>> import date_optax.parallel as dp
+    >>> mesh = jax.make_mesh((4, 2), ("data", "model"))
+    >>> def loss_fn(params, batch):
+    ...   return jnp.mean((batch["x"] @ params["w"] - batch["y"]) ** 2)
+    >>> step = dp.make_sharded_train_step(
+    ...     loss_fn, date_optax.lamb(1e-2), mesh,
+    ...     param_sharding=[("w", P("model", None))])
+    >>> state = step.init({"w": np.zeros((4, 1), np.float32)})
+    >>> state.params["w"].sharding.spec
+    PartitionSpec('model', None)
+    >>> batch = {"x": np.ones((8, 4), np.float32), "y": np.ones((8, 1), np.float32)}
+    >>> state, metrics = step(state, batch)
+    >>> float(metrics["loss"])
+    1.0
+
+  References:
+    Xu et al., "GSPMD: General and Scalable Parallelization for ML
+    Computation Graphs", 2021; Beyer, Zhai and Kolesnikov, "Big Vision",
+    2022, https://github.com/google-research/big_vision (sharding rules).
+  """
+  if param_sharding is None:
+    raise TypeError(
+        "param_sharding must be a sequence of (regex, PartitionSpec) rules or a "
+        "pytree of PartitionSpec; for replicated parameters use "
+        "make_replicated_train_step."
+    )
+  if isinstance(mesh, jax.sharding.Mesh):
+    named: set[Hashable] = set()
+    for spec in ps.check_param_sharding(param_sharding, mesh, ()).declared_specs():
+      named.update(ps.spec_axes(spec))
+  else:
+    named = set()
+  mesh, config, axes = _common(
+      loss_fn, optimizer, mesh, step_config, shard_update, data_axes, named
+  )
+  layout = ps.check_param_sharding(param_sharding, mesh, axes)
+  n = compat.mesh_axis_sizes(mesh, axes)
+  decay = gs_lib.check_options(grad_stats, grad_stats_decay, n, config.microbatches)
+  return ShardedTrainStep(
+      loss_fn, optimizer, mesh, layout=layout, config=config, data_axes=axes,
+      shard_update=bool(shard_update), grad_stats_decay=decay,
+  )
