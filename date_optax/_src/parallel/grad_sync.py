@@ -29,6 +29,7 @@ from date_optax._src.parallel import low_precision as lp
 from date_optax._src.parallel import update_sharding as us
 from date_optax._src.parallel.collectives import ALGORITHMS, acc_dtype
 from date_optax._src.parallel.low_precision import CommFormat
+from date_optax._src.parallel.step_config import config_from
 from date_optax._src.types import PyTree
 
 
@@ -171,32 +172,14 @@ def grad_sync_from(
     aps: Any = None,
     rounding: Any = "nearest",
 ) -> GradSync:
-  """The builders' `grad_sync=`, or the config their flat keywords spell.
-
-  Raises:
-    ValueError: `grad_sync` and a flat keyword given together.
-    TypeError: `grad_sync` not a `GradSync`.
-  """
-  if grad_sync is None:
-    return GradSync(grad_reduce, grid, comm_dtype, aps, rounding)
-  if not isinstance(grad_sync, GradSync):
-    raise TypeError(
-        f"grad_sync must be a date_optax.parallel.GradSync, got {grad_sync!r}."
-    )
-  given = {
-      "grad_reduce": grad_reduce != "psum",
-      "grid": grid is not None,
-      "comm_dtype": comm_dtype is not None,
-      "aps": aps is not None,
-      "rounding": rounding != "nearest",
-  }
-  flat = [name for name, on in given.items() if on]
-  if flat:
-    raise ValueError(
-        f"pass grad_sync= or the flat keywords {', '.join(flat)}, not both: "
-        f"grad_sync={grad_sync!r} already holds them."
-    )
-  return grad_sync
+  """The builders' `grad_sync=`, or the config their flat keywords spell."""
+  return config_from(grad_sync, GradSync, {
+      "grad_reduce": ("algorithm", grad_reduce, "psum"),
+      "grid": ("grid", grid, None),
+      "comm_dtype": ("comm_dtype", comm_dtype, None),
+      "aps": ("aps", aps, None),
+      "rounding": ("rounding", rounding, "nearest"),
+  })
 
 
 def _check_key(sync: GradSync, key: Any) -> None:

@@ -69,6 +69,39 @@ class StepConfig:
     set_("has_aux", validation.check_bool("has_aux", self.has_aux))
 
 
+def _differs(value: Any, default: Any) -> bool:
+  if value is default:
+    return False
+  try:
+    return not bool(value == default)
+  except (TypeError, ValueError):
+    return True
+
+
+def config_from(
+    config: Any, cls: type, flat: dict[str, tuple[str, Any, Any]]
+) -> Any:
+  """A builder's config argument, or the config its flat keywords spell.
+
+  `flat` maps each flat keyword to `(field, value, default)`. A keyword that
+  differs from its default, given together with `config`, is refused, as is
+  a `config` of another type; the name of the argument is `cls`'s in
+  snake case (`grad_sync`, `step_config`).
+  """
+  name = "".join("_" + c.lower() if c.isupper() else c for c in cls.__name__)[1:]
+  if config is None:
+    return cls(**{field: value for field, value, _ in flat.values()})
+  if not isinstance(config, cls):
+    raise TypeError(f"{name} must be a date_optax.parallel.{cls.__name__}, got {config!r}.")
+  given = [k for k, (_, value, default) in flat.items() if _differs(value, default)]
+  if given:
+    raise ValueError(
+        f"pass {name}= or the flat keywords {', '.join(given)}, not both: "
+        f"{name}={config!r} already holds them."
+    )
+  return config
+
+
 def step_config_from(
     step_config: StepConfig | None,
     *,
@@ -78,29 +111,11 @@ def step_config_from(
     has_aux: Any = False,
     max_consecutive_skips: Any = None,
 ) -> StepConfig:
-  """The builders' `step_config=`, or the config their flat keywords spell.
-
-  Raises:
-    ValueError: `step_config` and a flat keyword given together.
-    TypeError: `step_config` not a `StepConfig`.
-  """
-  if step_config is None:
-    return StepConfig(microbatches, compute_dtype, donate, has_aux, max_consecutive_skips)
-  if not isinstance(step_config, StepConfig):
-    raise TypeError(
-        f"step_config must be a date_optax.parallel.StepConfig, got {step_config!r}."
-    )
-  given = {
-      "microbatches": microbatches != 1,
-      "compute_dtype": compute_dtype is not None,
-      "donate": donate is not True,
-      "has_aux": has_aux is not False,
-      "max_consecutive_skips": max_consecutive_skips is not None,
-  }
-  flat = [name for name, on in given.items() if on]
-  if flat:
-    raise ValueError(
-        f"pass step_config= or the flat keywords {', '.join(flat)}, not both: "
-        f"step_config={step_config!r} already holds them."
-    )
-  return step_config
+  """The builders' `step_config=`, or the config their flat keywords spell."""
+  return config_from(step_config, StepConfig, {
+      "microbatches": ("microbatches", microbatches, 1),
+      "compute_dtype": ("compute_dtype", compute_dtype, None),
+      "donate": ("donate", donate, True),
+      "has_aux": ("has_aux", has_aux, False),
+      "max_consecutive_skips": ("max_consecutive_skips", max_consecutive_skips, None),
+  })

@@ -816,11 +816,11 @@ def make_replicated_train_step(
     (1, 1.0)
 
   References:
-    Goyal et al., "Accurate, Large Minibatch SGD", 2017; Ying et al., "Image
-    Classification at Supercomputer Scale", 2018; Xu et al., "Automatic
-    Cross-Replica Sharding of Weight Update in Data-Parallel Training", 2020;
     Heek et al., "Flax: A neural network library and ecosystem for JAX",
-    2023 (examples/imagenet/train.py).
+    2023 (examples/imagenet/train.py, the train step it reads as); Goyal et
+    al., "Accurate, Large Minibatch SGD", 2017; Ying et al., "Image
+    Classification at Supercomputer Scale", 2018; Xu et al., "Automatic
+    Cross-Replica Sharding of Weight Update in Data-Parallel Training", 2020.
   """
   sync = grad_sync_from(grad_sync)
   mesh, config, axes = _common(
@@ -872,13 +872,11 @@ def make_sharded_train_step(
       axes.
     data_axes: the mesh axes that carry replicas (default: the axes the
       specs do not name).
-    grad_stats: measure gradient-noise statistics (needs two or more units).
-    grad_stats_decay: their moving-average factor, in [0, 1).
+    grad_stats: as for `make_replicated_train_step`.
+    grad_stats_decay: as for `make_replicated_train_step`.
 
   Returns:
-    A `ShardedTrainStep`: `state, metrics = step(state, batch)`, with
-    `step.init(params, model_state=None, rng=None)`; metrics as for
-    `make_train_step`.
+    A `ShardedTrainStep`, called and initialised as `make_train_step`'s.
 
   Raises:
     ValueError: a spec that names a data axis or an unknown axis, a pattern
