@@ -34,20 +34,19 @@ from date_optax._src.parallel.input_pipeline import (
 from date_optax._src.parallel.low_precision import COMM_DTYPES, ROUNDINGS
 from date_optax._src.parallel.mesh import data_mesh, torus_mesh
 from date_optax._src.parallel.pmap_step import PmapTrainStep, make_pmap_train_step
+from date_optax._src.parallel.replicated_step import (
+    ReplicatedTrainStep,
+    make_replicated_train_step,
+)
+from date_optax._src.parallel.sharded_step import ShardedTrainStep, make_sharded_train_step
+from date_optax._src.parallel.step_base import TrainStep
 from date_optax._src.parallel.step_config import StepConfig
 from date_optax._src.parallel.train_state import (
     NonFiniteError,
     TrainState,
     check_metrics,
 )
-from date_optax._src.parallel.train_step import (
-    ReplicatedTrainStep,
-    ShardedTrainStep,
-    TrainStep,
-    make_replicated_train_step,
-    make_sharded_train_step,
-    make_train_step,
-)
+from date_optax._src.parallel.train_step import make_train_step
 from date_optax._src.parallel.update_sharding import (
     bytes_per_device,
     update_shard_axis,
