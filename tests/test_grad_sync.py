@@ -258,6 +258,9 @@ def test_deprecated_torus_shape_warns_and_is_grid():
       ValueError, match=r"grid= or its deprecated name torus_shape=, not both"):
     dp.make_pmap_train_step(_loss, optax.sgd(1.0), grad_reduce="torus", grid=(4, 2),
                             torus_shape=(4, 2))
+  with pytest.warns(DeprecationWarning), pytest.raises(
+      ValueError, match=r"torus_shape \(the deprecated name of grid\): grid=\(4, 2\).*torus"):
+    dp.make_pmap_train_step(_loss, optax.sgd(1.0), torus_shape=(4, 2))
   # The default layout of a pmap torus is the most square grid.
   default = dp.make_pmap_train_step(_loss, optax.sgd(1.0), grad_reduce="torus")
   assert default.grid == (2, 4)

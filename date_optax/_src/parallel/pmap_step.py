@@ -243,8 +243,13 @@ def make_pmap_train_step(
           f"grid={grid!r} and torus_shape={torus_shape!r}."
       )
     grid, grid_name = torus_shape, "torus_shape"
-  sync = grad_sync_from(grad_sync, grad_reduce=grad_reduce, grid=grid,
-                        comm_dtype=comm_dtype, aps=aps, rounding=rounding)
+  try:
+    sync = grad_sync_from(grad_sync, grad_reduce=grad_reduce, grid=grid,
+                          comm_dtype=comm_dtype, aps=aps, rounding=rounding)
+  except (TypeError, ValueError) as e:
+    if grid_name == "grid" or "grid" not in str(e):
+      raise
+    raise type(e)(f"torus_shape (the deprecated name of grid): {e}") from e
   config = step_config_from(
       step_config, microbatches=microbatches, compute_dtype=compute_dtype,
       donate=donate, has_aux=has_aux, max_consecutive_skips=max_consecutive_skips,
