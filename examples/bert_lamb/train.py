@@ -98,7 +98,7 @@ def make_optimizer(
   if config.optimizer == "lamb":
     tx = date_optax.lamb(
         recipe.schedule, b1=config.b1, b2=config.b2, eps=config.eps,
-        weight_decay=config.weight_decay, mask=NO_DECAY, layer_axes=layer_axes)
+        weight_decay=config.weight_decay, weight_decay_mask=NO_DECAY, layer_axes=layer_axes)
   elif config.optimizer == "adamw":
     # inject_hyperparams records the learning rate for the step's metrics.
     tx = optax.inject_hyperparams(lambda learning_rate: optax.adamw(
