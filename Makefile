@@ -44,7 +44,7 @@ $(VENV)/.installed-docs: $(VENV)/.created pyproject.toml
 venv: $(VENV)/.installed-test
 
 demo: $(VENV)/.installed
-	$(PY) -m examples.mnist1d_lstm.demo
+	$(PY) -m benchmarks.demo
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -n $(JOBS) -q $(PYTEST_ARGS)
