@@ -15,8 +15,8 @@ iterations):
 and, for seed 0, DATE at 64·B0 from every momentum learning rate of the B0
 grid: how much the choice among near-equal baselines matters at 64x.
 
-The model, data, scaling methods and training loop are the MNIST-1D
-example's (`examples/mnist1d_lstm`, shared with `make demo`): one 64-unit
+The model, data, scaling methods and training loop are `benchmarks/tasks`'
+(shared with `make demo`; the model of `examples/mnist1d_lstm`): one 64-unit
 LSTM layer reading the 40-sample signal in 10 steps of 4, MNIST-1D generated
 locally.
 
@@ -56,13 +56,14 @@ from tqdm.auto import tqdm  # noqa: E402
 import date_optax  # noqa: E402
 
 # The sibling module shared by the studies (this folder is not a package) and
-# the MNIST-1D example's data, model, methods and in-memory training loop.
+# the tasks package: MNIST-1D data, model, methods and in-memory trainer.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import _runlog  # noqa: E402
 
-from examples.mnist1d_lstm import input_pipeline, methods  # noqa: E402
-from examples.mnist1d_lstm import train as lstm_train  # noqa: E402
+from benchmarks.tasks import data as input_pipeline  # noqa: E402
+from benchmarks.tasks import methods  # noqa: E402
+from benchmarks.tasks import trainer as lstm_train  # noqa: E402
 
 METHODS = ("linear", "adam", "legw", "date", "date_adam")
 LABELS = {

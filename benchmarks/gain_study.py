@@ -18,7 +18,7 @@ devices, so that the step measures the gradient-noise statistics:
 The rows ``date`` (defaults), ``linear`` and ``legw`` and the oracle grid
 are read from the oracle study's log (`--oracle-log`, default
 docs/oracle.jsonl: the same data order, initialisation and arithmetic, run
-by the in-memory trainer of `examples/mnist1d_lstm`). The oracle grid is
+by the in-memory trainer of `benchmarks/tasks`). The oracle grid is
 widened where its best point sits on an edge: peak learning rate x8 and
 x16 (or x1/8) of DATE's ``η0·sqrt(k)``, at the best point's warmup, seed 0
 first and the other seeds when the new point wins on seed 0.

@@ -99,7 +99,7 @@ def _optimizer(task: str, cfg: dict, batch: int):
   import optax
 
   import date_optax
-  from examples.mnist1d_lstm import methods
+  from benchmarks.tasks import methods
 
   if task == "lstm_lamb":
     steps = cfg["epochs"] * (cfg["num_train"] // batch)
@@ -120,7 +120,7 @@ def _model(task: str):
     from oracle import GhostBNCNN
 
     return GhostBNCNN(B0)
-  from examples.mnist1d_lstm import models
+  from benchmarks.tasks import models
 
   return models.LSTMClassifier()
 
@@ -198,7 +198,7 @@ def run(cfg: dict, out: str, tasks) -> dict[str, dict]:
   sys.path.insert(0, HERE)
   import _runlog
 
-  from examples.mnist1d_lstm import input_pipeline
+  from benchmarks.tasks import data as input_pipeline
 
   os.makedirs(out, exist_ok=True)
   log = os.path.join(out, "low_precision.jsonl")

@@ -58,13 +58,14 @@ import date_optax
 from date_optax import schedules
 
 # The sibling module shared by the studies (this folder is not a package) and
-# the MNIST-1D example's data, model and in-memory training loop.
+# the tasks package: MNIST-1D data, model and in-memory trainer.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import _runlog  # noqa: E402
 
-from examples.mnist1d_lstm import input_pipeline, models  # noqa: E402
-from examples.mnist1d_lstm import train as lstm_train  # noqa: E402
+from benchmarks.tasks import data as input_pipeline  # noqa: E402
+from benchmarks.tasks import models  # noqa: E402
+from benchmarks.tasks import trainer as lstm_train  # noqa: E402
 
 LR_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
 WARMUP_FRACTIONS = (0.05, 0.2)
@@ -156,9 +157,7 @@ def load_data(kind: str, cfg: dict, root: str) -> dict[str, np.ndarray]:
         cache_dir=os.path.join(root, "tmp", "mnist1d_cache"))
     return dict(x_train=d.x_train, y_train=d.y_train, x_test=d.x_test,
                 y_test=d.y_test, epochs=cfg["epochs"])
-  from examples.mnist_lstm import input_pipeline as digits  # noqa: PLC0415
-
-  d = digits.get_datasets(num_train=cfg["mnist_train"])
+  d = input_pipeline.load_digits(num_train=cfg["mnist_train"])
   return dict(x_train=d.x_train.reshape(len(d.x_train), -1), y_train=d.y_train,
               x_test=d.x_test.reshape(len(d.x_test), -1), y_test=d.y_test,
               epochs=cfg["mnist_epochs"])

@@ -46,13 +46,13 @@ from tqdm.auto import tqdm  # noqa: E402
 import date_optax  # noqa: E402
 
 # The sibling module shared by the studies (this folder is not a package) and
-# the MNIST-1D example's data, model, methods and in-memory training loop.
+# the tasks package: MNIST-1D data, model and in-memory trainer.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import _runlog  # noqa: E402
 
-from examples.mnist1d_lstm import input_pipeline  # noqa: E402
-from examples.mnist1d_lstm import train as lstm_train  # noqa: E402
+from benchmarks.tasks import data as input_pipeline  # noqa: E402
+from benchmarks.tasks import trainer as lstm_train  # noqa: E402
 
 SOLVERS = ("momentum", "adagrad", "rmsprop", "adam")
 SOLVER_LABELS = {

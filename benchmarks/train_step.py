@@ -219,14 +219,6 @@ def piece_step(mesh, opt, p_sh, s_sh, b_sh, pieces: tuple[str, ...]):
 
 def profile(args) -> list[dict]:
   """Times the plain 2-D step, plain + each piece, and the library step."""
-def _all_reduces(step, state, batch) -> int:
-  text = step.lower(state, batch).compile().as_text()
-  return sum(line.count(" all-reduce(") + line.count(" all-reduce-start(")
-             for line in text.splitlines())
-
-
-def grad_stats_cost(mesh_name: str, args) -> dict:
-  """The library step with grad_stats=True over the same step without."""
   params = make_params(args.width, args.depth, args.d_in)
   rng = np.random.default_rng(1)
   batch = {"x": rng.normal(size=(args.batch, args.d_in)).astype(np.float32),
@@ -273,6 +265,21 @@ def grad_stats_cost(mesh_name: str, args) -> dict:
   base = statistics.median(times["plain"])
   return [{"variant": k, "ms": 1e3 * statistics.median(v),
            "ratio": statistics.median(v) / base} for k, v in times.items()]
+
+
+def _all_reduces(step, state, batch) -> int:
+  text = step.lower(state, batch).compile().as_text()
+  return sum(line.count(" all-reduce(") + line.count(" all-reduce-start(")
+             for line in text.splitlines())
+
+
+def grad_stats_cost(mesh_name: str, args) -> dict:
+  """The library step with grad_stats=True over the same step without."""
+  params = make_params(args.width, args.depth, args.d_in)
+  rng = np.random.default_rng(1)
+  batch = {"x": rng.normal(size=(args.batch, args.d_in)).astype(np.float32),
+           "y": rng.normal(size=(args.batch, 8)).astype(np.float32)}
+  opt = date_optax.lamb(1e-3, weight_decay=1e-2)
   if mesh_name == "data (8,)":
     mesh, rules = dp.data_mesh(), None
   else:

@@ -1,5 +1,5 @@
-"""`make demo` (examples/mnist1d_lstm/demo.py) and the MNIST-1D code it shares
-with the example and the benchmarks: data, scaling methods, training loop."""
+"""`make demo` (benchmarks/demo.py) and the MNIST-1D code it shares with the
+studies in benchmarks/tasks: data, scaling methods, in-memory training loop."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
-from examples.mnist1d_lstm import demo, input_pipeline, methods, models  # noqa: E402
-from examples.mnist1d_lstm import train as lstm_train  # noqa: E402
+from benchmarks import demo  # noqa: E402
+from benchmarks.tasks import data as input_pipeline  # noqa: E402
+from benchmarks.tasks import methods, models  # noqa: E402
+from benchmarks.tasks import trainer as lstm_train  # noqa: E402
 
 
 def _momentum_baseline(b0, lr, warmup_epochs, epochs, n):

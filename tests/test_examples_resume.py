@@ -57,17 +57,17 @@ def _assert_same(resumed_dir, reference_dir):
 
 
 # example -> (train module, smoke config, step the "signal" arrives at, the
-# module whose PreemptionGuard the loop uses).
+# module whose PreemptionGuard the loop uses: the examples' one loop).
 EXAMPLES = {
     "mnist1d_lstm": ("examples.mnist1d_lstm.train", "examples.mnist1d_lstm.configs.smoke",
-                     6, "examples.mnist1d_lstm.train"),
+                     6, "examples._loop"),
     "mnist_lstm": ("examples.mnist_lstm.train", "examples.mnist_lstm.configs.smoke",
-                   3, "examples.mnist1d_lstm.train"),  # the shared loop
+                   3, "examples._loop"),
     "resnet50_imagenet": ("examples.resnet50_imagenet.train",
                           "examples.resnet50_imagenet.configs.smoke", 3,
-                          "date_optax.checkpoint"),
+                          "examples._loop"),
     "bert_lamb": ("examples.bert_lamb.train", "examples.bert_lamb.configs.smoke", 12,
-                  "examples.bert_lamb.train"),
+                  "examples._loop"),
 }
 # Three smoke runs of bert_lamb take minutes (8-device compiles of two stages).
 SLOW_IN_PROCESS = {"bert_lamb"}

@@ -58,6 +58,7 @@ import os
 import platform
 import sysconfig
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import grain
@@ -369,6 +370,50 @@ def train_loader(vocab: Vocab, batch_size: int, seq_len: int, *, seed: int = 0,
   source = Windows(_token_ids(vocab, "train"), seq_len, f"train/{vocab.kind}/{vocab.sha256[:12]}")
   return dp.data_loader(source, batch_size, seed=seed,
                         operations=(MaskWindow(vocab, mask_rate),))
+
+
+class StagedBatches:
+  """One iterator over the stages' loaders: stage `stage_of(step)`'s batch at each step.
+
+  Checkpointable as a grain iterator is (`get_state`/`set_state`, for
+  `date_optax.parallel.iterator_state` and `restore_iterator`): the state is
+  the stage, the steps read and that stage's loader state, which `set_state`
+  checks against a fresh loader of the stage (seed, shard, data).
+
+  Args:
+    loader: `loader(stage)` builds the stage's grain loader.
+    stage_of: the stage of a step (counted from 0), e.g.
+      `date_optax.MultiStageRecipe.stage_of`.
+  """
+
+  def __init__(self, loader: Callable[[int], Any], stage_of: Callable[[int], int]):
+    self._loader, self._stage_of = loader, stage_of
+    self._step, self._stage, self._it = 0, 0, iter(loader(0))
+
+  def __iter__(self) -> StagedBatches:
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    stage = int(self._stage_of(self._step))
+    if stage != self._stage:  # the earlier stage's iterator is done with
+      self._stage, self._it = stage, iter(self._loader(stage))
+    self._step += 1
+    return next(self._it)
+
+  def get_state(self) -> str:
+    inner = self._it.get_state()
+    inner = inner.decode() if isinstance(inner, bytes) else inner
+    return json.dumps({"stage": self._stage, "step": self._step, "loader": inner})
+
+  def set_state(self, state: str | bytes) -> None:
+    import jax  # noqa: PLC0415
+    import date_optax.parallel as dp  # noqa: PLC0415
+
+    saved = json.loads(state)
+    self._stage, self._step = saved["stage"], saved["step"]
+    self._it = iter(self._loader(self._stage))
+    n = jax.process_count()  # this process's state, in iterator_state's layout
+    dp.restore_iterator(self._it, {"process_count": n, "states": [saved["loader"]] * n})
 
 
 def eval_set(seq_len: int, *, seed: int = 0, mask_rate: float = 0.15,

@@ -13,18 +13,15 @@ stage 2 runs 4x longer sequences at its own batch and its learning rate
 re-warms from 0. The step is `date_optax.parallel.make_train_step` on a
 ("data", "model") mesh with `param_sharding`, `shard_update`,
 `microbatches`, bf16 compute and dropout keys; evaluation is
-`date_optax.parallel.evaluate` (exact over the held-out set). Checkpoints
-(orbax) and `PreemptionGuard` make it resumable; the stage boundary is
-always checkpointed, and stage 2 starts from that checkpoint when run
+`date_optax.parallel.evaluate` (exact over the held-out set). The
+examples' loop (`examples/_loop.py`) makes it resumable; the stage boundary
+is always checkpointed, and stage 2 starts from that checkpoint when run
 separately.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
-import os
 import time
 from typing import Any
 
@@ -32,13 +29,11 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
-from etils import epath
 from jax.sharding import PartitionSpec as P
 
 import date_optax
 import date_optax.parallel as dp
-from date_optax import diagnostics
-from date_optax.checkpoint import CheckpointManager, PreemptionGuard, tree_checksum
+from examples import _loop
 from examples.bert_lamb import input_pipeline, models
 
 #: Parameters without weight decay or trust ratio: biases, layer norms and
@@ -149,10 +144,12 @@ def make_optimizer(
   if config.optimizer == "lamb":
     tx = date_optax.lamb(
         recipe.schedule, b1=config.b1, b2=config.b2, eps=config.eps,
-        weight_decay=config.weight_decay, mask=NO_DECAY, layer_axes=layer_axes)
+        weight_decay=config.weight_decay, weight_decay_mask=NO_DECAY, layer_axes=layer_axes)
   elif config.optimizer == "adamw":
-    tx = optax.adamw(recipe.schedule, b1=config.b1, b2=config.b2, eps=config.eps,
-                     weight_decay=config.weight_decay, mask=NO_DECAY)
+    # inject_hyperparams records the learning rate for the step's metrics.
+    tx = optax.inject_hyperparams(lambda learning_rate: optax.adamw(
+        learning_rate, b1=config.b1, b2=config.b2, eps=config.eps,
+        weight_decay=config.weight_decay, mask=NO_DECAY))(learning_rate=recipe.schedule)
   else:
     raise ValueError(f"config.optimizer must be 'lamb' or 'adamw', got {config.optimizer!r}.")
   return tx, recipe
@@ -227,7 +224,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   mesh = make_mesh(config)
   model = create_model(config, vocab)
   tx, recipe = make_optimizer(config)
-  gain = config.lr_scaling == "gain" or config.get("adascale", False)
   stages = stage_configs(config)
   total_steps = recipe.total_steps if config.num_train_steps <= 0 else min(
       config.num_train_steps, recipe.total_steps)
@@ -260,7 +256,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       vocab=vocab)
   num_eval = len(eval_data["inputs"])
 
-  def evaluate() -> dict[str, float]:
+  def evaluate(state) -> dict[str, float]:
     # Exact: per-sequence sums averaged over every held-out window by
     # dp.evaluate, times the number of windows, give the corpus totals.
     out = dp.evaluate(metric_fn, state.params, eval_data, mesh,
@@ -270,105 +266,34 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             "eval_accuracy": out["correct"] * num_eval / count}
 
   # One grain loader per stage (its own length, batch and seed); the
-  # checkpoint holds the position of the stage's iterator.
-  def stage_iterator(s: int):
-    cfg = stages[s]
-    return iter(input_pipeline.train_loader(
-        vocab, cfg["batch_size"], cfg["seq_len"], seed=config.seed + 1000 * s,
-        mask_rate=config.mask_rate))
-
-  data_iters: dict[int, Any] = {}
-
-  def next_batch(step: int):
-    s = recipe.stage_of(step)
-    if s not in data_iters:
-      data_iters.clear()  # an earlier stage's iterator is done with
-      data_iters[s] = stage_iterator(s)
-    return next(data_iters[s])
-
-  def data_metadata(step: int) -> dict[str, Any]:
-    s = recipe.stage_of(step - 1)
-    if s not in data_iters:  # nothing read yet in this process: a fresh position
-      data_iters[s] = stage_iterator(s)
-    return {"data_stage": s, "data": dp.iterator_state(data_iters[s])}
-
-  with contextlib.ExitStack() as stack:
-    ckpt = None
-    if config.save_checkpoints:
-      ckpt = stack.enter_context(CheckpointManager(
-          os.path.join(workdir, "checkpoints"), max_to_keep=3,
-          save_interval_steps=config.checkpoint_every_steps))
-      if ckpt.latest_step() is not None:
-        state, meta = ckpt.restore(state)
-        if "data_stage" not in meta:
-          raise ValueError(
-              f"the checkpoint in {ckpt.directory} has no data-iterator state (written "
-              "before the grain pipeline); start from a fresh workdir.")
-        data_iters[meta["data_stage"]] = stage_iterator(meta["data_stage"])
-        dp.restore_iterator(data_iters[meta["data_stage"]], meta["data"])
-    guard = stack.enter_context(PreemptionGuard())
-    writer = stack.enter_context(diagnostics.MetricWriter(
-        workdir, tensorboard=None, resume_step=int(state.step)))
-    step = int(state.step)
-    boundaries = set(recipe.boundaries[1:])
-    if jax.process_index() == 0:
-      desc = "; ".join(
-          f"stage {i + 1}: L={c['seq_len']} B={c['batch_size']} "
-          f"{r.total_steps} steps, peak lr {r.peak_learning_rate:.4g}, warmup {r.warmup_steps}"
-          for i, (c, r) in enumerate(zip(stages, recipe.stages)))
-      print(f"{config.optimizer} on {jax.device_count()} devices, mesh "
-            f"{dict(mesh.shape)}; {desc}; running steps {step + 1}..{total_steps}", flush=True)
-    metrics: dict[str, float] = {}
-    eval_metrics: dict[str, float] = {}
-    bar = stack.enter_context(_progress(config, total_steps, step))
-    while step < total_steps:
-      state, m = step_fn(state, next_batch(step))
-      step += 1
-      bar.update(1)
-      logged = step % config.log_every_steps == 0 or step == total_steps or step in boundaries
-      if logged:
-        metrics = {k: float(v) for k, v in m.items() if k not in ("trust_ratios", "aux")}
-        metrics["accuracy"] = float(m["aux"]["accuracy"])
-        if not (gain and "learning_rate" in metrics):  # else the step's, gain applied
-          metrics["learning_rate"] = float(recipe.schedule(step - 1))
-        metrics["stage"] = float(recipe.stage_of(step - 1) + 1)
-        metrics["tokens"] = float(_tokens_seen(stages, recipe, step))
-        writer.write_scalars(step, metrics)
-        bar.set_postfix(loss=f"{metrics['loss']:.3f}", lr=f"{metrics['learning_rate']:.3g}")
-      if step % config.eval_every_steps == 0 or step == total_steps or step in boundaries:
-        eval_metrics = evaluate()
-        # "tokens" once per step: the train metrics already carry it when logged.
-        extra = {} if logged else {"tokens": float(_tokens_seen(stages, recipe, step))}
-        writer.write_scalars(step, {**eval_metrics, **extra})
-      preempted = guard.should_stop(step)
-      if ckpt is not None and (preempted or step in boundaries
-                               or step % config.checkpoint_every_steps == 0):
-        # The stage boundary is always saved: stage 2 starts from it.
-        ckpt.save(step, state, force=True, metadata=data_metadata(step))
-      if preempted:
-        if jax.process_index() == 0:
-          print(f"{guard.received}: saved step {step} of {total_steps} in {workdir}; "
-                "rerun the same command to resume.", flush=True)
-        return {"preempted_at_step": step}
-    if not eval_metrics or step != total_steps:
-      eval_metrics = evaluate()
-    if ckpt is not None and ckpt.latest_step() != step and step > 0:
-      ckpt.save(step, state, force=True, metadata=data_metadata(step))
-  result = {
-      **metrics, **eval_metrics, "steps": step,
-      "stage_boundaries": list(recipe.boundaries),
-      "tokens": _tokens_seen(stages, recipe, step),
-      "eval_sequences": num_eval, "eval_seq_len": eval_len,
-      "corpus_sha256": data["sha256"], "python": data["python"],
-      "tokenizer": vocab.kind, "vocab_size": vocab.size,
-      "tokenizer_sha256": vocab.sha256,
-      "wall_time": time.perf_counter() - start,
-      "params_checksum": tree_checksum(state.params),
-  }
+  # checkpoint holds the stage and its loader's position.
+  batches = input_pipeline.StagedBatches(
+      lambda s: input_pipeline.train_loader(
+          vocab, stages[s]["batch_size"], stages[s]["seq_len"], seed=config.seed + 1000 * s,
+          mask_rate=config.mask_rate),
+      recipe.stage_of)
   if jax.process_index() == 0:
-    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-    epath.Path(workdir, "results.json").write_text(json.dumps(result, indent=1))
-  return result
+    desc = "; ".join(
+        f"stage {i + 1}: L={c['seq_len']} B={c['batch_size']} "
+        f"{r.total_steps} steps, peak lr {r.peak_learning_rate:.4g}, warmup {r.warmup_steps}"
+        for i, (c, r) in enumerate(zip(stages, recipe.stages)))
+    print(f"{config.optimizer} on {jax.device_count()} devices, mesh "
+          f"{dict(mesh.shape)}; {desc}", flush=True)
+  # The stage boundary is always logged, evaluated and checkpointed: stage 2
+  # starts from it when run separately.
+  return _loop.train_loop(
+      config, workdir, step_fn, state, batches, total_steps=total_steps,
+      eval_every=config.eval_every_steps, evaluate=evaluate,
+      boundaries=recipe.boundaries[1:],
+      scalars=lambda step: {"stage": float(recipe.stage_of(step - 1) + 1),
+                            "tokens": float(_tokens_seen(stages, recipe, step))},
+      summary=lambda state: {
+          "stage_boundaries": list(recipe.boundaries),
+          "tokens": _tokens_seen(stages, recipe, int(state.step)),
+          "eval_sequences": num_eval, "eval_seq_len": eval_len,
+          "corpus_sha256": data["sha256"], "python": data["python"],
+          "tokenizer": vocab.kind, "vocab_size": vocab.size,
+          "tokenizer_sha256": vocab.sha256, "wall_time": time.perf_counter() - start})
 
 
 def _tokens_seen(stages, recipe, step: int) -> int:
@@ -378,22 +303,3 @@ def _tokens_seen(stages, recipe, step: int) -> int:
     n = min(max(step - begin, 0), r.total_steps)
     total += n * cfg["batch_size"] * cfg["seq_len"]
   return total
-
-
-def _progress(config, total: int, initial: int):
-  if not config.progress_bar or jax.process_index() != 0:
-    return _NoBar()
-  from tqdm.auto import tqdm  # noqa: PLC0415  (an `examples` extra)
-
-  return tqdm(total=total, initial=initial, unit="step", mininterval=2.0)
-
-
-class _NoBar(contextlib.AbstractContextManager):
-  def __exit__(self, *exc):
-    return None
-
-  def update(self, n):
-    del n
-
-  def set_postfix(self, **kwargs):
-    del kwargs

@@ -1,17 +1,12 @@
 """MNIST-1D, generated locally by the `mnist1d` package, as NumPy arrays.
 
-The one MNIST-1D loader of the repository: this example, the demo
-(`demo.py`, run by `make demo`) and the studies in `benchmarks/` read the data
-through `load_mnist1d`. MNIST-1D (Greydanus, "Scaling down deep learning",
-2020, https://arxiv.org/abs/2011.14439) draws 40-sample 1-D signals of the ten
-digits; nothing is downloaded.
-
-The training loop of this example (`train.fit`) reads the arrays through
-grain (`date_optax.parallel.data_loader` over `ArraySource`), with the
-iterator's state in every checkpoint. The in-memory loop `train.train` of
-the demo and the studies keeps each epoch's shuffled arrays on the devices
-and scans over them in one compiled call: that is what makes grids of
-hundreds of short runs fast, and those runs have no checkpoints to resume.
+MNIST-1D (Greydanus, "Scaling down deep learning", 2020,
+https://arxiv.org/abs/2011.14439) draws 40-sample 1-D signals of the ten
+digits; nothing is downloaded. The training loop (`train.fit`, on
+`examples/_loop.py`) reads the arrays through grain
+(`date_optax.parallel.data_loader` over `ArraySource`), with the iterator's
+state in every checkpoint. The studies in `benchmarks/` and `make demo` read
+the same data through `benchmarks/tasks/data.py`.
 """
 
 from __future__ import annotations

@@ -17,11 +17,8 @@ parameters.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
-import json
-import os
 import time
 from typing import Any
 
@@ -29,11 +26,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
-from etils import epath
 
 import date_optax
 import date_optax.parallel as dp
-from date_optax import diagnostics
+from examples import _loop
 from examples.resnet50_imagenet import input_pipeline, models
 
 
@@ -54,29 +50,31 @@ def make_baseline(config: ml_collections.ConfigDict) -> date_optax.Baseline:
 def make_optimizer(
     config: ml_collections.ConfigDict,
 ) -> tuple[optax.GradientTransformation, date_optax.Recipe]:
-  """The optimizer at `config.batch_size` and the recipe it follows."""
+  """The optimizer at `config.batch_size` and the recipe it follows.
+
+  "lars": LARS on the LEGW recipe of the baseline; "date": `date_optax.date`
+  of the momentum baseline in `config.date_baseline`, on its DATE recipe.
+  """
+  if config.optimizer not in ("lars", "date"):
+    raise ValueError(f"config.optimizer must be 'lars' or 'date', got {config.optimizer!r}.")
   baseline = make_baseline(config)
   skip = date_optax.exclude_bias_and_norm
   if config.optimizer == "lars":
     recipe = date_optax.scale_recipe(baseline, config.batch_size)
-    tx = date_optax.lars(
+    return date_optax.lars(
         recipe.schedule, weight_decay=config.weight_decay, momentum=config.momentum,
         trust_coefficient=config.trust_coefficient, trust_ratio_mask=skip,
-    )
-    return tx, recipe
-  if config.optimizer == "date":
-    d = config.date_baseline
-    baseline = dataclasses.replace(
-        baseline, learning_rate=d.learning_rate, warmup_epochs=d.warmup_epochs,
-        decay="roller_coaster",
-    )
-    recipe = date_optax.date_recipe(baseline, config.batch_size)
-    tx = date_optax.date(
-        baseline, config.batch_size, weight_decay=d.weight_decay,
-        weight_decay_mask=skip, trust_ratio_mask=skip,
-    )
-    return tx, recipe
-  raise ValueError(f"config.optimizer must be 'lars' or 'date', got {config.optimizer!r}.")
+    ), recipe
+  d = config.date_baseline
+  baseline = dataclasses.replace(
+      baseline, learning_rate=d.learning_rate, warmup_epochs=d.warmup_epochs,
+      decay="roller_coaster",
+  )
+  recipe = date_optax.date_recipe(baseline, config.batch_size)
+  return date_optax.date(
+      baseline, config.batch_size, learning_rate=recipe.schedule,
+      weight_decay=d.weight_decay, weight_decay_mask=skip, trust_ratio_mask=skip,
+  ), recipe
 
 
 def create_model(config: ml_collections.ConfigDict, num_replicas: int) -> models.ResNet:
@@ -157,74 +155,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                                              train=False))(jax.random.key(config.seed))
   state = step_fn.init(variables["params"], model_state=variables["batch_stats"])
 
-  with contextlib.ExitStack() as stack:
-    ckpt = stack.enter_context(date_optax.checkpoint.CheckpointManager(
-        os.path.join(workdir, "checkpoints"), max_to_keep=2,
-        save_interval_steps=config.checkpoint_every_steps,
-    ))
-    train_iter = dp.prefetch_to_device(iter(loader), step_fn.batch_sharding)
-    if ckpt.latest_step() is not None:
-      state, meta = ckpt.restore(state)
-      dp.restore_iterator(train_iter, meta.get("data"))
-    guard = stack.enter_context(date_optax.checkpoint.PreemptionGuard())
-    # Host 0 writes (MetricWriter is a no-op elsewhere), to local or gs:// paths;
-    # rows logged after the restored checkpoint by an interrupted run are dropped.
-    writer = stack.enter_context(diagnostics.MetricWriter(
-        workdir, tensorboard=None, resume_step=int(state.step)))
-    eval_every = max(1, round(config.eval_every_epochs * recipe.steps_per_epoch))
+  def evaluate(state) -> dict[str, float]:
+    variables = {"params": state.params, "batch_stats": state.model_state}
+    correct = count = 0.0
+    for chunk in _eval_chunks(config):
+      n = len(chunk["label"])
+      out = dp.evaluate(metric_fn, variables, chunk, mesh, batch_size=config.eval_batch_size)
+      correct += out["accuracy"] * n
+      count += n
+    return {"eval_accuracy": correct / max(count, 1.0)}
 
-    def evaluate() -> dict[str, float]:
-      variables = {"params": state.params, "batch_stats": state.model_state}
-      correct = count = 0.0
-      for chunk in _eval_chunks(config):
-        n = len(chunk["label"])
-        out = dp.evaluate(metric_fn, variables, chunk, mesh,
-                          batch_size=config.eval_batch_size)
-        correct += out["accuracy"] * n
-        count += n
-      return {"eval_accuracy": correct / max(count, 1.0)}
-
-    step = int(state.step)
-    metrics: dict[str, float] = {}
-    eval_metrics: dict[str, float] = {}
-    if jax.process_index() == 0:
-      print(f"{config.model}: batch {config.batch_size} on {num_replicas} devices "
-            f"({jax.process_count()} hosts), peak lr {recipe.peak_learning_rate:.4g}, "
-            f"warmup {recipe.warmup_steps} of {recipe.total_steps} steps; "
-            f"running steps {step + 1}..{total_steps}", flush=True)
-    while step < total_steps:
-      state, m = step_fn(state, next(train_iter))
-      step += 1
-      if step % config.log_every_steps == 0 or step == total_steps:
-        metrics = {k: float(v) for k, v in m.items() if k not in ("trust_ratios", "aux")}
-        metrics["accuracy"] = float(m["aux"]["accuracy"])
-        metrics["learning_rate"] = float(recipe.schedule(step - 1))
-        writer.write_scalars(step, metrics)
-        if jax.process_index() == 0:
-          print(f"step {step}: loss {metrics['loss']:.4f} lr "
-                f"{metrics['learning_rate']:.4g} ({time.perf_counter() - start:.0f} s)",
-                flush=True)
-      if step % eval_every == 0 or step == total_steps:
-        eval_metrics = evaluate()
-        writer.write_scalars(step, eval_metrics)
-        if jax.process_index() == 0:
-          print(f"step {step}: eval accuracy {eval_metrics['eval_accuracy']:.4f}", flush=True)
-      preempted = guard.should_stop(step)  # the same answer on every host
-      if preempted or step % config.checkpoint_every_steps == 0:
-        # The iterator's position (every host's) is saved with the state.
-        ckpt.save(step, state, force=True,
-                  metadata={"data": dp.iterator_state(train_iter)})
-      if preempted:
-        if jax.process_index() == 0:
-          print(f"{guard.received}: saved step {step} of {total_steps} in {workdir}; "
-                "rerun the same command to resume.", flush=True)
-        return {"preempted_at_step": step}
-    if ckpt.latest_step() != step:
-      ckpt.save(step, state, force=True, metadata={"data": dp.iterator_state(train_iter)})
-  result = {**metrics, **eval_metrics, "steps": step,
-            "wall_time": time.perf_counter() - start,
-            "params_checksum": date_optax.checkpoint.tree_checksum(
-                {"params": state.params, "batch_stats": state.model_state})}
   if jax.process_index() == 0:
-    epath.Path(workdir, "results.json").write_text(json.dumps(result, indent=1))
-  return result
+    print(f"{config.model}: batch {config.batch_size} on {num_replicas} devices "
+          f"({jax.process_count()} hosts), peak lr {recipe.peak_learning_rate:.4g}, "
+          f"warmup {recipe.warmup_steps} of {recipe.total_steps} steps", flush=True)
+  # Every host's grain iterator position is saved with the state.
+  batches = dp.prefetch_to_device(iter(loader), step_fn.batch_sharding)
+  return _loop.train_loop(
+      config, workdir, step_fn, state, batches, total_steps=total_steps,
+      eval_every=max(1, round(config.eval_every_epochs * recipe.steps_per_epoch)),
+      evaluate=evaluate, summary=lambda state: {"wall_time": time.perf_counter() - start})

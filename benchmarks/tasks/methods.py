@@ -1,8 +1,9 @@
 """Ways of scaling a baseline tuned at ``B0`` to a batch ``B = k·B0``.
 
-The one method table of the repository: the example (`train.py`), the demo
-(`demo.py`) and the studies in `benchmarks/` build their optimizers here, from
-a `date_optax.Baseline` (the run tuned at ``B0``).
+The method table of the studies: the demo (`benchmarks/demo.py`) and the
+studies in `benchmarks/` build their optimizers here, from a
+`date_optax.Baseline` (the run tuned at ``B0``). The MNIST-1D example
+(`examples/mnist1d_lstm/train.py`) runs three of them (date, baseline, linear).
 """
 
 from __future__ import annotations

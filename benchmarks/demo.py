@@ -15,10 +15,11 @@ It prints a table (test accuracy, iterations, wall time) and writes
 ``demo.png`` (accuracy and learning rate against the epoch), ``results.md``
 and ``results.json`` into ``--workdir``.
 
-Run from the repository root: ``python -m examples.mnist1d_lstm.demo --help``
+Run from the repository root: ``python -m benchmarks.demo --help``
 (``make demo`` runs it with the defaults). The data, model, scaling methods
-and training loop are this example's (`input_pipeline`, `models`, `methods`,
-`train.train`), shared with the studies in ``benchmarks/``.
+and in-memory training loop are ``benchmarks/tasks``' (`data`, `models`,
+`methods`, `trainer.train`), shared with the other studies in ``benchmarks/``;
+the model is that of ``examples/mnist1d_lstm``.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ DEFAULTS = dict(
 def build_parser() -> argparse.ArgumentParser:
   """The demo's flags."""
   p = argparse.ArgumentParser(
-      prog="python -m examples.mnist1d_lstm.demo",
+      prog="python -m benchmarks.demo",
       description=__doc__.split("\n\n", 1)[1],
       formatter_class=argparse.RawDescriptionHelpFormatter,
   )
@@ -135,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
   import jax  # noqa: PLC0415  (after XLA_FLAGS)
 
   import date_optax.parallel as dp  # noqa: PLC0415
-  from examples.mnist1d_lstm import input_pipeline, methods, train  # noqa: PLC0415
+  from benchmarks.tasks import data as input_pipeline  # noqa: PLC0415
+  from benchmarks.tasks import methods, trainer  # noqa: PLC0415
 
   if jax.device_count() < args.devices:
     print(f"note: JAX had already started with {jax.device_count()} device(s); "
@@ -163,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
   for method, short, label, batch, run_mesh in runs:
     tx, schedule = methods.scaled_run(method, tuned, batch)
     results.append(_train_with_progress(
-        train.train, data, tx, schedule, batch, args, run_mesh, label, short))
+        trainer.train, data, tx, schedule, batch, args, run_mesh, label, short))
   out = _write_outputs(results, args, tuned, time.perf_counter() - t0)
   print(out["table"])
   print(f"\nWrote {out['png']}, {out['md']} and {out['json']}.")
