@@ -267,13 +267,14 @@ def test_bert_scaling_quick_and_resume(tmp_path):
   spec.loader.exec_module(bench)
   out = str(tmp_path / "bs")
   argv = ["--quick", "--out", out]
-  # The study runs on one CPU device (B0 = 4 does not split over the test's 8).
+  # Each run is a subprocess of the example's CLI on 2 emulated devices (the
+  # study sets XLA_FLAGS for it; B0 = 4 does not split over the test's 8).
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1",
              JAX_PLATFORMS="cpu")
 
   def study():
     subprocess.run([sys.executable, "benchmarks/bert_scaling.py", *argv], env=env,
-                   cwd=ROOT, check=True, timeout=900, capture_output=True)
+                   cwd=ROOT, check=True, timeout=1800, capture_output=True)
 
   study()
   md = open(out + ".md").read()
@@ -281,10 +282,68 @@ def test_bert_scaling_quick_and_resume(tmp_path):
     assert label in md
   assert "| iterations | 640 | 160 | 40 | 10 |" in md
   lines = open(out + ".jsonl").read().splitlines()
-  # 2 B0 runs (LAMB, AdamW shared by both rules) + 3 scales x 3 methods.
-  assert len(lines) == 11
+  # 2 B0 runs (LAMB, AdamW shared by both rules) + 3 scales x 3 methods, and
+  # the two gain rows (DATE lr_scaling="gain", AdaScale) at 64·B0 (quick mode).
+  assert len(lines) == 13
   assert os.path.getsize(out + ".png") > 10_000
   study()  # everything from the log
-  assert len(open(out + ".jsonl").read().splitlines()) == 11
+  assert len(open(out + ".jsonl").read().splitlines()) == 13
   recs = [json.loads(line) for line in lines]
   assert {r["tokens"] for r in recs} == {640 * 4 * 32}
+  # Every run measured the gradient noise through the step on 2 replicas.
+  assert all(r["key"]["devices"] == 2 and r["curves"]["grad_noise_scale"] for r in recs)
+  gain = [r for r in recs if r["key"]["method"] == "date_gain"]
+  assert len(gain) == 1 and 1.0 <= gain[0]["final_gain"] <= 64.0
+
+
+def _scaling_config(batch, **fields):
+  from examples.bert_lamb.configs import scaling
+
+  config = scaling.get_config()
+  config.base_batch_size, config.batch_size = 2, batch
+  config.num_train_tokens = 2 * 32 * 400
+  config.base_warmup_ratio = 1 / 20
+  config.update(fields)
+  return config
+
+
+def _updates(tx, params, steps, stats):
+  state, out = tx.init(params), []
+  for i in range(steps):
+    grads = jax.tree.map(lambda p, c=i + 1: jnp.sin(c * p + 0.3), params)
+    u, state = tx.update(grads, state, params, grad_stats=stats)
+    out.append(u)
+  return out
+
+
+def test_bert_gain_optimizers_are_the_lamb_baseline_at_b0_and_scale_by_the_gain():
+  config = _scaling_config(2)
+  params = jax.jit(lambda key: train.create_model(config).init(
+      key, jnp.zeros((1, 32), jnp.int32), train=False)["params"])(jax.random.key(0))
+  sq_norm, trace_cov = 0.5, 40.0  # B_simple = 80
+  stats = date_optax.GradStats(sq_norm=jnp.float32(sq_norm),
+                               trace_cov=jnp.float32(trace_cov), batch_size=jnp.float32(2))
+  ref = _updates(train.make_optimizer(config)[0], params, 4, stats)
+  for fields in (dict(lr_scaling="gain"), dict(adascale=True)):
+    got = _updates(train.make_optimizer(_scaling_config(2, **fields))[0], params, 4, stats)
+    for a, b in zip(ref, got):
+      jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-9), a, b)
+  # At B = 8 (k = 4): DATE-gain is the LAMB baseline on the unscaled recipe
+  # (lr_scaling="none", warmup ratio x k) times sqrt(r), AdaScale's gain
+  # r = (1 + B_simple/B0) / (1 + B_simple/B).
+  b_simple = trace_cov / sq_norm
+  r = (1 + b_simple / 2) / (1 + b_simple / 8)
+  stats8 = stats._replace(batch_size=jnp.float32(8)) if hasattr(stats, "_replace") else \
+      date_optax.GradStats(sq_norm=stats.sq_norm, trace_cov=stats.trace_cov,
+                           batch_size=jnp.float32(8))
+  plain = _updates(train.make_optimizer(_scaling_config(8, lr_scaling="none"))[0],
+                   params, 3, stats8)
+  gain = _updates(train.make_optimizer(_scaling_config(8, lr_scaling="gain"))[0],
+                  params, 3, stats8)
+  for a, b in zip(plain, gain):
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(
+        y, np.sqrt(r) * np.asarray(x), rtol=1e-4, atol=1e-9), a, b)
+  with pytest.raises(ValueError, match="two_stage"):
+    train.make_optimizer(_scaling_config(8, lr_scaling="gain", two_stage=True))
+  with pytest.raises(ValueError, match="adascale"):
+    train.make_optimizer(_scaling_config(8, lr_scaling="gain", adascale=True))

@@ -84,8 +84,10 @@ def make_recipe(config: ml_collections.ConfigDict) -> date_optax.MultiStageRecip
         num_examples=stage["num_train_tokens"] // stage["seq_len"],
         decay=date_optax.schedules.Poly(power=config.decay_power),
     )
+    # With the measured gain the step multiplies the baseline's peak LR.
+    lr_scaling = "none" if config.lr_scaling == "gain" else config.lr_scaling
     recipes.append(date_optax.scale_recipe(
-        baseline, stage["batch_size"], lr_scaling=config.lr_scaling,
+        baseline, stage["batch_size"], lr_scaling=lr_scaling,
         warmup_scaling=config.warmup_scaling))
   return date_optax.multi_stage(recipes)
 
@@ -93,8 +95,52 @@ def make_recipe(config: ml_collections.ConfigDict) -> date_optax.MultiStageRecip
 def make_optimizer(
     config: ml_collections.ConfigDict,
 ) -> tuple[optax.GradientTransformation, date_optax.MultiStageRecipe]:
-  """LAMB (or AdamW, for comparison) on the multi-stage schedule."""
+  """LAMB (or AdamW, for comparison) on the multi-stage schedule.
+
+  Two gain-aware variants of the LAMB baseline read the statistics of a step
+  built with `config.grad_stats` (one stage only): `config.lr_scaling =
+  "gain"` is `date_optax.date(..., lr_scaling="gain")` over the baseline (its
+  LAMB as the solver, the recipe's schedule at the baseline's peak LR times
+  the measured sqrt(gain)); `config.adascale` is `date_optax.adascale` over
+  the baseline's LAMB and its schedule at `base_batch_size`, on AdaScale's
+  scale-invariant clock.
+  """
   recipe = make_recipe(config)
+  gain = config.lr_scaling == "gain" or config.get("adascale", False)
+  if gain and (config.two_stage or config.optimizer != "lamb"):
+    raise ValueError(
+        'config.lr_scaling="gain" and config.adascale need one stage '
+        "(config.two_stage=False) and config.optimizer='lamb'.")
+  if config.lr_scaling == "gain" and config.get("adascale", False):
+    raise ValueError('config.adascale=True needs config.lr_scaling != "gain".')
+  if config.get("adascale", False):
+    base = config.copy_and_resolve_references()
+    base.batch_size = config.base_batch_size
+    base.lr_scaling = "none"
+    tx = date_optax.adascale(
+        date_optax.lamb(1.0, b1=config.b1, b2=config.b2, eps=config.eps,
+                        weight_decay=config.weight_decay, mask=NO_DECAY,
+                        layer_axes=layer_axes),
+        config.batch_size / config.base_batch_size,
+        learning_rate=make_recipe(base).schedule)
+    return tx, recipe
+  if config.lr_scaling == "gain":
+    stage = stage_configs(config)[0]
+    # LAMB as DATE's solver: Adam's direction plus the decay, the ratio
+    # measured on that update and unbounded (the baseline's own ratios).
+    baseline = date_optax.Baseline(
+        batch_size=config.base_batch_size, learning_rate=config.base_learning_rate,
+        warmup_ratio=config.base_warmup_ratio, epochs=1,
+        num_examples=stage["num_train_tokens"] // stage["seq_len"],
+        decay=date_optax.schedules.Poly(power=config.decay_power),
+        optimizer=optax.chain(
+            optax.scale_by_adam(b1=config.b1, b2=config.b2, eps=config.eps),
+            optax.add_decayed_weights(config.weight_decay, NO_DECAY)),
+        optimizer_options=dict(trust_ratio_mask=NO_DECAY, layer_axes=layer_axes),
+        ratio_bounds=(0.0, 1e30))
+    tx = date_optax.date(baseline, stage["batch_size"], lr_scaling="gain",
+                         ratio_source="update", learning_rate=recipe.schedule)
+    return tx, recipe
   if config.optimizer == "lamb":
     tx = date_optax.lamb(
         recipe.schedule, b1=config.b1, b2=config.b2, eps=config.eps,
@@ -197,7 +243,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   step_fn = dp.make_train_step(
       loss_fn, tx, mesh, has_aux=True, compute_dtype=compute_dtype,
       shard_update=config.shard_update, microbatches=config.microbatches,
-      param_sharding=rules or None)
+      param_sharding=rules or None, grad_stats=config.get("grad_stats", False))
   tokens = jnp.zeros((1, stages[0]["seq_len"]), jnp.int32)
   params = jax.jit(lambda key: model.init(key, tokens, train=False)["params"])(
       jax.random.key(config.seed))

@@ -73,7 +73,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.base_batch_size = 4
   config.base_learning_rate = 5e-3
   config.base_warmup_ratio = BERT_BASE_WARMUP_RATIO
-  config.lr_scaling = "sqrt"  # "sqrt", "linear" or "none"
+  # "sqrt", "linear", "none", or "gain": date_optax.date(..., lr_scaling="gain")
+  # over the LAMB baseline, the measured sqrt(gain) in place of sqrt(k)
+  # (needs grad_stats and one stage).
+  config.lr_scaling = "sqrt"
+  # AdaScale (date_optax.adascale) over the LAMB baseline and its schedule at
+  # base_batch_size (needs grad_stats and one stage).
+  config.adascale = False
   config.warmup_scaling = "linear"  # "linear" (warmup ratio x k), "sqrt" or "none"
   config.decay_power = 1.0
   config.b1 = 0.9
@@ -87,6 +93,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.shard_update = True
   config.microbatches = 2
   config.half_precision = True
+  # Gradient-noise statistics in the step (B_simple and the gain in the
+  # metrics); needs devices on "data" x microbatches >= 2.
+  config.grad_stats = False
   config.cpu_devices = 8  # main.py emulates this many devices on a CPU host (0: off)
 
   # Evaluation, logging, checkpoints.
