@@ -713,6 +713,22 @@ def all_reduce(
   less than one grid step (nearest: half), so the per-layer bound doubles.
   The rules and the error bounds are in `docs/algorithms.md`.
 
+  With `block_size` (MX-style block scaling) or `measured_shift` ("ring"
+  and "torus" only) the scales are measured on what is sent instead of
+  fixed by APS: every message (each partial sum a device sends on, and the
+  final sum it gathers) carries, per group, the power of two
+  `2^e = min{2^e : m · 2^-e <= fmt_max}` of the group's current max-abs
+  `m` beside the payload `round(x · 2^-e)`, one 8-bit exponent per group
+  packed into the same message. Groups are blocks of `block_size`
+  consecutive elements of one layer (layers are zero-padded to whole
+  blocks), or with `measured_shift=True` each layer's piece of the message.
+  The receiver decodes to float32, adds its own float32 row and measures
+  again, so early hops and sums that cancel use the whole range, where APS
+  pays for the worst case `N · M` at every hop; one rounding errs by at
+  most `eps_fmt · m`. No `pmax` is issued (APS defaults to off; `aps=True`
+  beside them changes no value): a group holding a NaN or Inf arrives as
+  NaN on every device, other groups are unaffected.
+
   Args:
     tree: a pytree of arrays.
     axis_name: an axis name or a tuple of names (two for "torus").
@@ -729,6 +745,12 @@ def all_reduce(
       `comm_dtype` and a `key`).
     key: a PRNG key (`jax.random.key` or a raw `PRNGKey`) for
       `rounding="stochastic"`; not used otherwise.
+    block_size: None (no block scales) or the elements per block scale, an
+      integer in [1, 65536] (MX uses 32); needs a low-precision `comm_dtype`
+      and "ring" or "torus".
+    measured_shift: one scale per layer piece of every message, measured at
+      every hop (needs a low-precision `comm_dtype` and "ring" or "torus";
+      excludes `block_size`, whose blocks are measured already).
 
   Returns:
     The sum over all devices of the named axes, each leaf in its own dtype.
@@ -737,7 +759,10 @@ def all_reduce(
     ValueError: for an unknown algorithm, `comm_dtype` or `rounding`,
       `aps=True` or `rounding="stochastic"` without a low-precision
       `comm_dtype`, a stochastic rounding without `key`, or a `key` with
-      `rounding="nearest"`.
+      `rounding="nearest"`; `block_size` outside [1, 65536], `block_size`
+      or `measured_shift=True` without a low-precision `comm_dtype` or with
+      "psum", or both at once.
+    TypeError: `block_size` not an integer, `measured_shift` not a bool.
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -772,12 +797,27 @@ def all_reduce(
     >>> bool(abs(float(sums.mean()) / mesh.size - 0.3) < 0.05)
     True
 
+    Block scales: a block of small values beside a block of large ones in
+    the same layer keeps its precision (APS would scale both by the large
+    one's worst case).
+
+    >>> b = jax.shard_map(
+    ...     lambda t: dp.all_reduce(t, "data", algorithm="ring",
+    ...                             comm_dtype="int8", block_size=32),
+    ...     mesh=mesh, in_specs=P("data"), out_specs=P("data"), check_vma=False)
+    >>> v = jnp.tile(jnp.concatenate([jnp.full(32, 1e-3), jnp.full(32, 1e3)]),
+    ...              mesh.size)
+    >>> out = b(v).reshape(mesh.size, 64)[0]
+    >>> bool(jnp.allclose(out[:32], mesh.size * 1e-3, rtol=0.02))
+    True
+
   References:
     Ying et al., "Image Classification at Supercomputer Scale", 2018;
     Han, Demmel and You, "Auto-Precision Scaling for Distributed Deep
     Learning", 2020, https://arxiv.org/abs/2003.00119; Gupta et al., "Deep
     Learning with Limited Numerical Precision", ICML 2015,
-    https://arxiv.org/abs/1502.02551.
+    https://arxiv.org/abs/1502.02551; Open Compute Project, "OCP
+    Microscaling Formats (MX) Specification v1.0", 2023 (block scales).
   """
   _algorithm(algorithm)  # validates the name
   fmt = lp.comm_format(comm_dtype)
