@@ -83,13 +83,12 @@ def ring_sum(tree, **kw):
   from jax.sharding import PartitionSpec as P
 
   import date_optax.parallel as dp
-  from date_optax._src.parallel import compat
 
   mesh = dp.data_mesh()
-  fn = jax.jit(compat.shard_map(
+  fn = jax.jit(jax.shard_map(
       lambda t: jax.tree.map(lambda v: v[None], dp.all_reduce(
           jax.tree.map(lambda v: v[0], t), "data", algorithm="ring", **kw)),
-      mesh=mesh, in_specs=P("data"), out_specs=P("data")))
+      mesh=mesh, in_specs=P("data"), out_specs=P("data"), check_vma=False))
   return jax.tree.map(lambda v: np.asarray(v)[0], fn(tree))
 
 
@@ -122,8 +121,9 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--seeds", type=int, default=1)
   args = parser.parse_args(argv)
-  import jax
   import platform
+
+  import jax
 
   worst: dict = {}
   for seed in range(args.seeds):

@@ -450,3 +450,36 @@ def test_one_step_int8_gradient_within_2_percent_per_layer_with_block_scales():
   # Today's APS shift is several times worse on the same gradients.
   assert min(v[0] for v in errs[("int8", "aps")].values()) > 3 * max(
       v[0] for v in errs[("int8", "block32")].values())
+
+
+@pytest.mark.parametrize("alg,kw", _cases(
+    [("ring", dict(block_size=8)), ("torus", dict(measured_shift=True))],
+    [(a, k) for a in ("ring", "torus")
+     for k in (dict(block_size=8), dict(measured_shift=True), {})]))
+def test_reduce_scatter_for_a_sharded_update_matches_the_all_reduce(alg, kw):
+  """The shard of `low_precision_reduce_scatter` is the all-reduce's row k
+  (one leaf of n·c elements, c a multiple of the block, is the same layout)."""
+  from date_optax._src.parallel import collectives
+
+  rng = np.random.default_rng(8)
+  x = {"w": (rng.normal(size=(N, N * 32)) * 3.0).astype(np.float32)}
+  full = _reduce(x, alg, comm_dtype="int8", aps=False, **kw)["w"][0]
+  mesh, axes = MESHES[alg]()
+  fmt = lp.comm_format("int8")
+
+  def shard(t):
+    rows = t[0].reshape(N, 32)
+    (a, b) = collectives.low_precision_reduce_scatter(
+        [rows[:, :16], rows[:, 16:]], axes, alg, None, fmt, **kw)
+    return jnp.concatenate([a, b])[None]
+
+  fn = jax.jit(compat.shard_map(shard, mesh=mesh, in_specs=P(axes), out_specs=P(axes)))
+  got = np.asarray(fn(x["w"]))
+  if not kw.get("measured_shift"):  # blocks of 8 in 16 columns, or no groups
+    np.testing.assert_array_equal(got.reshape(-1), full)
+  else:  # two groups per row instead of one: within the a-priori bound
+    exact = x["w"].astype(np.float64).sum(0)
+    r, c = _constants(alg)
+    eps = fmt.eps
+    m = np.abs(x["w"]).max()
+    assert np.abs(got.reshape(-1) - exact).max() <= eps * (1 + eps) ** (r - 1) * c * m

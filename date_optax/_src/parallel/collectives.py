@@ -470,6 +470,56 @@ def _scaled_sum(
   return out
 
 
+def low_precision_reduce_scatter(
+    blocks: list[jax.Array],
+    axes: Any,
+    algorithm: str,
+    grid: tuple[int, int] | None,
+    fmt: Any,
+    *,
+    block_size: int | None = None,
+    measured_shift: bool = False,
+) -> list[jax.Array]:
+  """Reduce-scatters float32 `(n, c_i)` arrays with the payload in `fmt`.
+
+  Device k (row-major over `axes`) gets row k of the sum of each array,
+  `(c_i,)`, rounded as the final sum would travel (the shard of a sharded
+  update). With `block_size` each array's columns are zero-padded to whole
+  blocks (2 blocks' worth of alignment for the torus) so that no block
+  mixes two arrays; with `measured_shift` each array's piece is one group.
+  """
+  widths = [b.shape[1] for b in blocks]
+  if block_size is None and not measured_shift:
+    chunk = fmt.round(reduce_scatter_blocks(
+        jnp.concatenate(blocks, axis=1), axes, algorithm, grid=grid, fmt=fmt))
+    padded_widths = widths
+  else:
+    if algorithm == "psum":
+      raise ValueError(
+          "block_size/measured_shift need algorithm 'ring' or 'torus', got 'psum'."
+      )
+    if block_size is not None:
+      blocks = [_pad_to(b, block_size) for b in blocks]
+      codec, ids = lp.ScaledFormat(fmt, block_size=block_size), None
+    else:
+      codec = lp.ScaledFormat(fmt, groups=len(blocks))
+      ids = np.concatenate([np.full(b.shape[1], i, np.int32) for i, b in enumerate(blocks)])
+    padded_widths = [b.shape[1] for b in blocks]
+    buf = jnp.concatenate(blocks, axis=1)
+    unit = (2 if algorithm == "torus" else 1) * (block_size or 1)
+    buf = _pad_to(buf, unit)
+    if ids is not None:
+      ids = np.pad(ids, (0, buf.shape[1] - ids.size), mode="edge")
+      ids = np.tile(ids, (buf.shape[0], 1))
+    chunk = reduce_scatter_blocks(buf, axes, algorithm, grid=grid, fmt=codec, gids=ids)
+    chunk = codec.round(chunk, None if ids is None else jnp.asarray(ids[0]))
+  out, offset = [], 0
+  for w, pw in zip(widths, padded_widths, strict=True):
+    out.append(chunk[offset : offset + w])
+    offset += pw
+  return out
+
+
 def low_precision_sum(
     xs: list[jax.Array],
     axes: Any,
