@@ -20,6 +20,12 @@ and divides by `2^k_l` after the reduction. `M_l` comes from one small
 `pmax` over the replicas of a vector with two entries per layer (its max-abs
 and a non-finite flag), taken before the payload.
 
+`ScaledFormat` measures the scales instead (block scaling after the OCP
+Microscaling formats, MX, 2023, and the measured per-layer shift): every
+message carries, per block of `block_size` elements or per layer piece, the
+exponent of the group's current max-abs beside the payload, re-measured at
+every hop, so no `pmax` is needed and no worst case `N · M` is paid.
+
 Rounding is to nearest by default. `StochasticRounding` rounds each value
 instead to one of its two neighbouring grid points, the upper with
 probability equal to the distance from the lower in units of the grid step,
