@@ -6,7 +6,8 @@ per-replica body (`replica_step.replica_step`), for an all-reduce mean or,
 with weight-update sharding, a reduce-scatter mean. The options travel as one
 frozen `GradSync`, validated when it is built: the algorithm ("psum", "ring",
 "torus"), the torus layout (`grid`), the payload format (`comm_dtype`),
-Auto-Precision Scaling (`aps`) and the rounding.
+Auto-Precision Scaling (`aps`), the rounding, and the scales measured at
+every hop (`block_size`, `measured_shift`).
 
 The algorithms themselves (neighbour exchanges, packing) live in
 `collectives`; the formats and APS in `low_precision`. This module wires them
@@ -59,6 +60,15 @@ class GradSync:
     rounding: "nearest" or "stochastic" (unbiased; needs a low-precision
       `comm_dtype`). The steps draw the key of step s as
       `fold_in(fold_in(rng, 0x5352), s)` (`low_precision.rounding_key`).
+    block_size: None, or the elements per scale of MX-style block scaling,
+      an integer in [1, 65536] (MX uses 32): every message carries one
+      power-of-two scale per block of one layer, measured on what is sent
+      at every hop. Needs a low-precision `comm_dtype` and "ring" or
+      "torus"; APS then defaults to off.
+    measured_shift: one power-of-two scale per layer piece of every
+      message, measured at every hop instead of APS's worst case `N · M`.
+      Needs a low-precision `comm_dtype` and "ring" or "torus"; excludes
+      `block_size`.
 
   Returns:
     The config (a frozen dataclass; `dataclasses.replace` gives variants).
@@ -66,8 +76,11 @@ class GradSync:
   Raises:
     ValueError: an unknown algorithm, format or rounding; `grid` without
       "torus" or not two positive integers; `aps=True` or
-      `rounding="stochastic"` without a low-precision `comm_dtype`.
-    TypeError: `aps` not None or a bool.
+      `rounding="stochastic"` without a low-precision `comm_dtype`;
+      `block_size` outside [1, 65536]; `block_size` or `measured_shift`
+      without a low-precision `comm_dtype`, with "psum", or both at once.
+    TypeError: `aps` not None or a bool, `block_size` not an integer,
+      `measured_shift` not a bool.
 
   Examples:
     >>> import date_optax.parallel as dp
@@ -79,13 +92,16 @@ class GradSync:
     ... except ValueError as e:
     ...   print(str(e)[:55])
     rounding="stochastic" needs a low-precision comm_dtype
+    >>> dp.GradSync("ring", comm_dtype="int8", block_size=32).uses_aps
+    False
 
   References:
     Ying et al., "Image Classification at Supercomputer Scale", 2018; Han,
     Demmel and You, "Auto-Precision Scaling for Distributed Deep Learning",
     2020, https://arxiv.org/abs/2003.00119; Gupta et al., "Deep Learning
     with Limited Numerical Precision", ICML 2015,
-    https://arxiv.org/abs/1502.02551.
+    https://arxiv.org/abs/1502.02551; Open Compute Project, "OCP
+    Microscaling Formats (MX) Specification v1.0", 2023 (block scales).
   """
 
   algorithm: str = "psum"
@@ -93,6 +109,8 @@ class GradSync:
   comm_dtype: Any = None
   aps: bool | None = None
   rounding: str = "nearest"
+  block_size: int | None = None
+  measured_shift: bool = False
 
   def __post_init__(self) -> None:
     if not isinstance(self.algorithm, str) or self.algorithm not in ALGORITHMS:
@@ -114,7 +132,13 @@ class GradSync:
       object.__setattr__(self, "grid", grid)
     fmt = lp.comm_format(self.comm_dtype)
     object.__setattr__(self, "comm_dtype", None if fmt is None else fmt.name)
-    lp.resolve_aps(fmt, self.aps)  # aps=True without a format, or not a bool
+    # aps=True without a format or not a bool; block_size/measured_shift out
+    # of range, without a format, with "psum" or both at once.
+    _, block_size, measured_shift = lp.resolve_scaling(
+        fmt, self.aps, self.block_size, self.measured_shift, self.algorithm
+    )
+    object.__setattr__(self, "block_size", block_size)
+    object.__setattr__(self, "measured_shift", measured_shift)
     lp.resolve_rounding(fmt, self.rounding)  # unknown, or stochastic without a format
 
   @property
@@ -125,7 +149,14 @@ class GradSync:
   @property
   def uses_aps(self) -> bool:
     """Whether Auto-Precision Scaling is applied (the `aps=None` default resolved)."""
-    return lp.resolve_aps(self.format, self.aps)
+    return lp.resolve_scaling(
+        self.format, self.aps, self.block_size, self.measured_shift, self.algorithm
+    )[0]
+
+  @property
+  def measures_scales(self) -> bool:
+    """Whether every message carries scales measured on it (blocks or layers)."""
+    return self.block_size is not None or self.measured_shift
 
   def rounding_key(self, rng: Any, step: jax.Array) -> Any:
     """The step's stochastic-rounding key, or None for round-to-nearest."""
@@ -171,6 +202,8 @@ def grad_sync_from(
     comm_dtype: Any = None,
     aps: Any = None,
     rounding: Any = "nearest",
+    block_size: Any = None,
+    measured_shift: Any = False,
 ) -> GradSync:
   """The builders' `grad_sync=`, or the config their flat keywords spell."""
   return config_from(grad_sync, GradSync, {
@@ -179,6 +212,8 @@ def grad_sync_from(
       "comm_dtype": ("comm_dtype", comm_dtype, None),
       "aps": ("aps", aps, None),
       "rounding": ("rounding", rounding, "nearest"),
+      "block_size": ("block_size", block_size, None),
+      "measured_shift": ("measured_shift", measured_shift, False),
   })
 
 
@@ -219,7 +254,8 @@ def _sum(
   if whole:
     parts = [xs[i] for i in whole]
     reduced = _exact_sum(parts, axes, sync) if fmt is None else collectives.low_precision_sum(
-        parts, axes, sync.algorithm, sync.grid, fmt
+        parts, axes, sync.algorithm, sync.grid, fmt,
+        block_size=sync.block_size, measured_shift=sync.measured_shift,
     )
     for i, r in zip(whole, reduced, strict=True):
       out[i] = r
@@ -229,16 +265,19 @@ def _sum(
       groups.setdefault(xs[i].dtype, []).append(i)
   for idxs in groups.values():
     blocks = [us.to_blocks(xs[i], dims[i], n) for i in idxs]
-    chunk = collectives.reduce_scatter_blocks(
-        jnp.concatenate(blocks, axis=1), axes, sync.algorithm, grid=sync.grid, fmt=fmt
-    )
-    if fmt is not None:  # the shard is the final sum: rounded as it would travel
-      chunk = fmt.round(chunk)
-    offset = 0
-    for i, b in zip(idxs, blocks, strict=True):
-      c = b.shape[1]
-      out[i] = us.shard_from_chunk(chunk[offset : offset + c], xs[i].shape, dims[i], n)
-      offset += c
+    if fmt is None:
+      chunk = collectives.reduce_scatter_blocks(
+          jnp.concatenate(blocks, axis=1), axes, sync.algorithm, grid=sync.grid
+      )
+      widths = np.cumsum([0] + [b.shape[1] for b in blocks])
+      chunks = [chunk[a:b] for a, b in zip(widths[:-1], widths[1:], strict=True)]
+    else:  # the shards are final sums: rounded as they would travel
+      chunks = collectives.low_precision_reduce_scatter(
+          blocks, axes, sync.algorithm, sync.grid, fmt,
+          block_size=sync.block_size, measured_shift=sync.measured_shift,
+      )
+    for i, c in zip(idxs, chunks, strict=True):
+      out[i] = us.shard_from_chunk(c, xs[i].shape, dims[i], n)
   return out
 
 
@@ -256,13 +295,16 @@ def _reduce(tree: PyTree, axes: Any, sync: GradSync, key: Any, scatter: bool) ->
     for i, r in zip(exact, reduced, strict=True):
       out[i] = r
   if low:
-    xs, scaling = lp.prepare(
-        [leaves[i].astype(jnp.float32) for i in low], compat.as_tuple(axes), n, fmt,
-        sync.uses_aps,
-    )
+    xs = [leaves[i].astype(jnp.float32) for i in low]
+    scaling = None
+    # Scales measured at every hop need no pmax (a non-finite group travels
+    # as its NaN code); APS beside them shifts first.
+    if sync.uses_aps or not sync.measures_scales:
+      xs, scaling = lp.prepare(xs, compat.as_tuple(axes), n, fmt, sync.uses_aps)
     reduced = _sum(xs, [dims[i] for i in low], axes, sync, n, lp.device_format(fmt, axes, key))
     for j, i in enumerate(low):
-      out[i] = scaling.undo(j, reduced[j]).astype(leaves[i].dtype)
+      r = reduced[j] if scaling is None else scaling.undo(j, reduced[j])
+      out[i] = r.astype(leaves[i].dtype)
   return jax.tree.unflatten(treedef, out)
 
 
@@ -340,6 +382,8 @@ def all_reduce(
     aps: bool | None = None,
     rounding: str = "nearest",
     key: Any = None,
+    block_size: int | None = None,
+    measured_shift: bool = False,
 ) -> PyTree:
   """Sums a pytree over named axes with the chosen algorithm and payload format.
 
@@ -372,6 +416,22 @@ def all_reduce(
   less than one grid step (nearest: half), so the per-layer bound doubles.
   The rules and the error bounds are in `docs/algorithms.md`.
 
+  With `block_size` (MX-style block scaling) or `measured_shift` ("ring"
+  and "torus" only) the scales are measured on what is sent instead of
+  fixed by APS: every message (each partial sum a device sends on, and the
+  final sum it gathers) carries, per group, the power of two
+  `2^e = min{2^e : m · 2^-e <= fmt_max}` of the group's current max-abs
+  `m` beside the payload `round(x · 2^-e)`, one 8-bit exponent per group
+  packed into the same message. Groups are blocks of `block_size`
+  consecutive elements of one layer (layers are zero-padded to whole
+  blocks), or with `measured_shift=True` each layer's piece of the message.
+  The receiver decodes to float32, adds its own float32 row and measures
+  again, so early hops and sums that cancel use the whole range, where APS
+  pays for the worst case `N · M` at every hop; one rounding errs by at
+  most `eps_fmt · m`. No `pmax` is issued (APS defaults to off; `aps=True`
+  beside them changes no value): a group holding a NaN or Inf arrives as
+  NaN on every device, other groups are unaffected.
+
   The options are those of `GradSync` (validated there); `sync_gradients`
   is the same reduction as a mean, for gradients.
 
@@ -391,6 +451,12 @@ def all_reduce(
       `comm_dtype` and a `key`).
     key: a PRNG key (`jax.random.key` or a raw `PRNGKey`) for
       `rounding="stochastic"`; not used otherwise.
+    block_size: None (no block scales) or the elements per block scale, an
+      integer in [1, 65536] (MX uses 32); needs a low-precision `comm_dtype`
+      and "ring" or "torus".
+    measured_shift: one scale per layer piece of every message, measured at
+      every hop (needs a low-precision `comm_dtype` and "ring" or "torus";
+      excludes `block_size`, whose blocks are measured already).
 
   Returns:
     The sum over all devices of the named axes, each leaf in its own dtype.
@@ -399,7 +465,10 @@ def all_reduce(
     ValueError: for an unknown algorithm, `comm_dtype` or `rounding`,
       `aps=True` or `rounding="stochastic"` without a low-precision
       `comm_dtype`, `grid` without "torus", a stochastic rounding without
-      `key`, or a `key` with `rounding="nearest"`.
+      `key`, or a `key` with `rounding="nearest"`; `block_size` outside
+      [1, 65536], `block_size` or `measured_shift=True` without a
+      low-precision `comm_dtype` or with "psum", or both at once.
+    TypeError: `block_size` not an integer, `measured_shift` not a bool.
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -434,13 +503,28 @@ def all_reduce(
     >>> bool(abs(float(sums.mean()) / mesh.size - 0.3) < 0.05)
     True
 
+    Block scales: a block of small values beside a block of large ones in
+    the same layer keeps its precision (APS would scale both by the large
+    one's worst case).
+
+    >>> b = jax.shard_map(
+    ...     lambda t: dp.all_reduce(t, "data", algorithm="ring",
+    ...                             comm_dtype="int8", block_size=32),
+    ...     mesh=mesh, in_specs=P("data"), out_specs=P("data"), check_vma=False)
+    >>> v = jnp.tile(jnp.concatenate([jnp.full(32, 1e-3), jnp.full(32, 1e3)]),
+    ...              mesh.size)
+    >>> out = b(v).reshape(mesh.size, 64)[0]
+    >>> bool(jnp.allclose(out[:32], mesh.size * 1e-3, rtol=0.02))
+    True
+
   References:
     Ying et al., "Image Classification at Supercomputer Scale", 2018;
     Han, Demmel and You, "Auto-Precision Scaling for Distributed Deep
     Learning", 2020, https://arxiv.org/abs/2003.00119; Gupta et al., "Deep
     Learning with Limited Numerical Precision", ICML 2015,
-    https://arxiv.org/abs/1502.02551.
+    https://arxiv.org/abs/1502.02551; Open Compute Project, "OCP
+    Microscaling Formats (MX) Specification v1.0", 2023 (block scales).
   """
-  sync = GradSync(algorithm, grid, comm_dtype, aps, rounding)
+  sync = GradSync(algorithm, grid, comm_dtype, aps, rounding, block_size, measured_shift)
   _check_key(sync, key)
   return _reduce(tree, axis_name, sync, key, scatter=False)

@@ -149,6 +149,8 @@ def make_pmap_train_step(
     comm_dtype: Any = None,
     aps: bool | None = None,
     rounding: str = "nearest",
+    block_size: int | None = None,
+    measured_shift: bool = False,
     grad_stats: bool = False,
     grad_stats_decay: float | None = None,
     grad_sync: GradSync | None = None,
@@ -183,11 +185,14 @@ def make_pmap_train_step(
     aps: Auto-Precision Scaling, as in `make_train_step`.
     rounding: "nearest" or "stochastic", as in `make_train_step` (same keys:
       the pmap index is the replica index).
+    block_size: MX-style block scales, as in `make_train_step`.
+    measured_shift: the measured per-layer shift, as in `make_train_step`.
     grad_stats: measure gradient-noise statistics, as in `make_train_step`
       (same estimates, state, metrics and `grad_stats=` to the optimizer).
     grad_stats_decay: their moving-average factor, as in `make_train_step`.
     grad_sync: a `GradSync` holding `grad_reduce`, `grid`, `comm_dtype`,
-      `aps` and `rounding`; give it or those flat keywords.
+      `aps`, `rounding`, `block_size` and `measured_shift`; give it or those
+      flat keywords.
     step_config: a `StepConfig` holding `microbatches`, `compute_dtype`,
       `donate`, `has_aux` and `max_consecutive_skips`; give it or those
       flat keywords.
@@ -245,7 +250,8 @@ def make_pmap_train_step(
     grid, grid_name = torus_shape, "torus_shape"
   try:
     sync = grad_sync_from(grad_sync, grad_reduce=grad_reduce, grid=grid,
-                          comm_dtype=comm_dtype, aps=aps, rounding=rounding)
+                          comm_dtype=comm_dtype, aps=aps, rounding=rounding,
+                          block_size=block_size, measured_shift=measured_shift)
   except (TypeError, ValueError) as e:
     if grid_name == "grid" or "grid" not in str(e):
       raise

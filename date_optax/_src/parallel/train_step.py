@@ -59,6 +59,8 @@ def make_train_step(
     comm_dtype: Any = None,
     aps: bool | None = None,
     rounding: str = "nearest",
+    block_size: int | None = None,
+    measured_shift: bool = False,
     grad_stats: bool = False,
     grad_stats_decay: float | None = None,
     grad_sync: GradSync | None = None,
@@ -188,13 +190,23 @@ def make_train_step(
       with the state's `rng`, or with `jax.random.PRNGKey(0)` when the state
       has none; the all-reduce folds in the replica index, so the keys
       depend on (step, replica) only, whatever the process layout.
+    block_size: None, or MX-style block scaling: one power-of-two scale per
+      block of this many elements of a layer (an integer in [1, 65536]; MX
+      uses 32), measured at every hop and carried beside the payload.
+      Needs a low-precision `comm_dtype` and "ring" or "torus" (see
+      `GradSync` and `docs/algorithms.md`).
+    measured_shift: one scale per layer piece of every message, measured at
+      every hop (allows for cancellation, unlike APS's worst case). Needs a
+      low-precision `comm_dtype` and "ring" or "torus"; excludes
+      `block_size`.
     grad_stats: measure gradient-noise statistics (see above); needs more
       than one replica or `microbatches >= 2`.
     grad_stats_decay: the moving-average factor per step, in [0, 1); None
       means fairscale AdaScale's default for n units,
       `max(1 - n/1000, 0) ** n` (0.938 for 8 units).
-    grad_sync: a `GradSync` holding `grad_reduce`, `comm_dtype`, `aps` and
-      `rounding` (and a torus `grid`); give it or those flat keywords.
+    grad_sync: a `GradSync` holding `grad_reduce`, `comm_dtype`, `aps`,
+      `rounding`, `block_size` and `measured_shift` (and a torus `grid`);
+      give it or those flat keywords.
     step_config: a `StepConfig` holding `microbatches`, `compute_dtype`,
       `donate`, `has_aux` and `max_consecutive_skips`; give it or those
       flat keywords.
@@ -269,7 +281,8 @@ def make_train_step(
     https://arxiv.org/abs/1502.02551.
   """
   sync = grad_sync_from(
-      grad_sync, grad_reduce=grad_reduce, comm_dtype=comm_dtype, aps=aps, rounding=rounding
+      grad_sync, grad_reduce=grad_reduce, comm_dtype=comm_dtype, aps=aps, rounding=rounding,
+      block_size=block_size, measured_shift=measured_shift,
   )
   config = step_config_from(
       step_config, microbatches=microbatches, compute_dtype=compute_dtype,
