@@ -173,7 +173,7 @@ def test_shard_update_program_has_one_reduce_scatter_and_one_all_gather():
 def test_pmap_equals_jit():
   """pmap with the torus all-reduce over a 2x4 grid == jit over a mesh with psum."""
   step = dp.make_pmap_train_step(pm.loss_fn, OPTIMIZERS["lamb"](), grad_reduce="torus",
-                                 torus_shape=(2, 4), donate=False)
+                                 grid=(2, 4), donate=False)
   state = step.init(pm.init_params())
   for batch in BATCHES:
     state, metrics = step(state, batch)

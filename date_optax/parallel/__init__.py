@@ -4,12 +4,13 @@ Meshes (`data_mesh`, `torus_mesh`), all-reduce algorithms over named axes
 (`psum_all_reduce`, `ring_all_reduce`, `torus_all_reduce`) with their cost
 model, low-precision gradient payloads with Auto-Precision Scaling, train
 steps for `jit` over a mesh and for `pmap` (with weight-update sharding and
-non-finite step skipping), multi-host set-up, distributed
-evaluation and a per-host input pipeline.
+non-finite step skipping) built from two frozen configs (`GradSync`: how
+gradients are reduced, by `sync_gradients`; `StepConfig`: the step's own
+options), multi-host set-up, distributed evaluation and a per-host input
+pipeline.
 """
 
 from date_optax._src.parallel.collectives import (
-    all_reduce,
     psum_all_reduce,
     ring_all_reduce,
     torus_all_reduce,
@@ -18,6 +19,7 @@ from date_optax._src.parallel.cost_model import AllReduceCost, allreduce_cost
 from date_optax._src.parallel.distributed import host_local_to_global, initialize
 from date_optax._src.parallel.evaluation import evaluate, pad_batch
 from date_optax._src.parallel.grad_stats import GradStatsState
+from date_optax._src.parallel.grad_sync import GradSync, all_reduce, sync_gradients
 from date_optax._src.parallel.hlo import collective_permute_rounds
 from date_optax._src.parallel.input_pipeline import (
     ArraySource,
@@ -32,12 +34,19 @@ from date_optax._src.parallel.input_pipeline import (
 from date_optax._src.parallel.low_precision import COMM_DTYPES, ROUNDINGS
 from date_optax._src.parallel.mesh import data_mesh, torus_mesh
 from date_optax._src.parallel.pmap_step import PmapTrainStep, make_pmap_train_step
+from date_optax._src.parallel.replicated_step import (
+    ReplicatedTrainStep,
+    make_replicated_train_step,
+)
+from date_optax._src.parallel.sharded_step import ShardedTrainStep, make_sharded_train_step
+from date_optax._src.parallel.step_base import TrainStep
+from date_optax._src.parallel.step_config import StepConfig
 from date_optax._src.parallel.train_state import (
     NonFiniteError,
     TrainState,
     check_metrics,
 )
-from date_optax._src.parallel.train_step import TrainStep, make_train_step
+from date_optax._src.parallel.train_step import make_train_step
 from date_optax._src.parallel.update_sharding import (
     bytes_per_device,
     update_shard_axis,
@@ -50,8 +59,12 @@ __all__ = [
     "ArraySource",
     "DevicePrefetch",
     "GradStatsState",
+    "GradSync",
     "NonFiniteError",
     "PmapTrainStep",
+    "ReplicatedTrainStep",
+    "ShardedTrainStep",
+    "StepConfig",
     "TrainState",
     "TrainStep",
     "all_reduce",
@@ -68,12 +81,15 @@ __all__ = [
     "initialize",
     "iterator_state",
     "make_pmap_train_step",
+    "make_replicated_train_step",
+    "make_sharded_train_step",
     "make_train_step",
     "pad_batch",
     "prefetch_to_device",
     "psum_all_reduce",
     "restore_iterator",
     "ring_all_reduce",
+    "sync_gradients",
     "torus_all_reduce",
     "torus_mesh",
     "update_shard_axis",

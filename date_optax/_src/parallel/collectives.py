@@ -13,6 +13,10 @@ real hardware `lax.psum` lets XLA pick an equivalent schedule. Their rounds are
 unrolled: the compiled program holds one collective-permute per ring and
 round, so its length grows with the ring lengths (`2(P-1)` rounds for a ring
 over P devices, `2(X-1) + 2(Y-1)` for an X×Y torus).
+
+The hops take an optional payload format; choosing it (APS, rounding keys)
+and the public `all_reduce` live in `grad_sync`, the one place that wires a
+reduction together.
 """
 
 from __future__ import annotations
@@ -31,7 +35,12 @@ from date_optax._src.parallel.low_precision import CommFormat
 from date_optax._src.types import PyTree
 
 
-def _acc_dtype(dtype: Any) -> np.dtype:
+def acc_dtype(dtype: Any) -> np.dtype:
+  """The dtype a sum or mean of `dtype` accumulates in, the package's one rule.
+
+  Floats in float32 or wider, booleans and integers narrower than 32 bits in
+  int32, other integers as they are.
+  """
   dtype = jnp.dtype(dtype)
   if jnp.issubdtype(dtype, jnp.inexact):
     return jnp.promote_types(dtype, jnp.float32)
@@ -52,7 +61,7 @@ def _reduce_tree(tree: PyTree, flat_reduce: Callable[[jax.Array], jax.Array]) ->
   leaves = [jnp.asarray(x) for x in leaves]
   groups: dict[np.dtype, list[int]] = {}
   for i, x in enumerate(leaves):
-    groups.setdefault(_acc_dtype(x.dtype), []).append(i)
+    groups.setdefault(acc_dtype(x.dtype), []).append(i)
   out: list[Any] = list(leaves)
   for acc, idxs in groups.items():
     sizes = [leaves[i].size for i in idxs]
@@ -556,45 +565,6 @@ def low_precision_sum(
   return out
 
 
-def _low_precision_all_reduce(
-    tree: PyTree,
-    axes: Any,
-    algorithm: str,
-    grid: tuple[int, int] | None,
-    fmt: CommFormat,
-    aps: bool,
-    key: Any = None,
-    block_size: int | None = None,
-    measured_shift: bool = False,
-) -> PyTree:
-  """`all_reduce` with the float leaves' payload in `fmt` (APS optional).
-
-  With a `key` the payload is rounded stochastically (`lp.device_format`).
-  With `block_size`/`measured_shift` and no APS there is no `pmax`: a
-  non-finite value travels as its group's NaN code.
-  """
-  leaves, treedef = jax.tree.flatten(tree)
-  leaves = [jnp.asarray(x) for x in leaves]
-  floats, others = lp.split_floats(leaves)
-  out: list[Any] = list(leaves)
-  if others:
-    reduced = all_reduce([leaves[i] for i in others], axes, algorithm=algorithm, grid=grid)
-    for i, r in zip(others, reduced, strict=True):
-      out[i] = r
-  if floats:
-    xs = [leaves[i].astype(jnp.float32) for i in floats]
-    scaled = block_size is not None or measured_shift
-    scaling = None
-    if aps or not scaled:
-      xs, scaling = lp.prepare(xs, compat.as_tuple(axes), compat.axis_size(axes), fmt, aps)
-    red = low_precision_sum(xs, axes, algorithm, grid, lp.device_format(fmt, axes, key),
-                            block_size=block_size, measured_shift=measured_shift)
-    for j, i in enumerate(floats):
-      r = red[j] if scaling is None else scaling.undo(j, red[j])
-      out[i] = r.astype(leaves[i].dtype)
-  return jax.tree.unflatten(treedef, out)
-
-
 def psum_all_reduce(tree: PyTree, axis_name: Any) -> PyTree:
   """Sums a pytree over named axes with `lax.psum`, accumulating in float32.
 
@@ -624,7 +594,7 @@ def psum_all_reduce(tree: PyTree, axis_name: Any) -> PyTree:
 
   def reduce_leaf(x):
     x = jnp.asarray(x)
-    return _cast_back(lax.psum(x.astype(_acc_dtype(x.dtype)), axes), x.dtype)
+    return _cast_back(lax.psum(x.astype(acc_dtype(x.dtype)), axes), x.dtype)
 
   return jax.tree.map(reduce_leaf, tree)
 
@@ -717,173 +687,3 @@ def torus_all_reduce(
   """
   grid = None if grid is None else tuple(grid)
   return _reduce_tree(tree, blockwise_all_reduce("torus", axes, grid))
-
-
-def all_reduce(
-    tree: PyTree,
-    axis_name: Any,
-    *,
-    algorithm: str = "psum",
-    grid: tuple[int, int] | None = None,
-    comm_dtype: Any = None,
-    aps: bool | None = None,
-    rounding: str = "nearest",
-    key: Any = None,
-    block_size: int | None = None,
-    measured_shift: bool = False,
-) -> PyTree:
-  """Sums a pytree over named axes with the chosen algorithm and payload format.
-
-  With `comm_dtype` the float leaves travel in a low-precision format
-  (bfloat16, float8_e4m3fn, float8_e5m2, int8, int4 or float4_e2m1fn):
-  they are summed in float32, rounded to the format, and for "ring" and
-  "torus" every partial sum is rounded to the format again before it is sent
-  to the next device, as hardware adding in the format would; the final sum
-  is rounded once more and gathered in the format, so all devices agree.
-  "psum" casts, calls `lax.psum` on the format and casts back (XLA on CPU
-  accumulates it wider and rounds once; other backends may differ). Integer
-  formats round to nearest and saturate at ±qmax before sending.
-
-  With `aps` (Auto-Precision Scaling, default on for formats of 8 bits or
-  fewer) each leaf is multiplied before the cast by `2^k`,
-  `k = floor(log2(fmt_max / (N · M)))` with `M` the leaf's max-abs over all
-  N replicas, so the sum cannot overflow and small layers use the whole
-  range; `M` comes from one extra `pmax` of a vector of two floats per leaf,
-  issued before the payload. A leaf that is NaN/Inf on any replica comes out
-  NaN everywhere (integer and 4-bit float formats cannot carry a NaN).
-
-  With `rounding="stochastic"` every rounding (each device's first cast,
-  each partial sum it sends, the final sum) goes to one of the two
-  neighbouring values of the format, the upper with probability equal to
-  the distance from the lower in grid steps: unbiased, `E[round(x)] = x`
-  inside the range (Gupta et al. 2015). Each rounding draws from
-  `fold_in(fold_in(key, d), i)`, `d` the device's row-major index over
-  `axis_name` and `i` the rounding's rank in the program, so `key` may be
-  the same on every device; pass a new key per step. One rounding errs by
-  less than one grid step (nearest: half), so the per-layer bound doubles.
-  The rules and the error bounds are in `docs/algorithms.md`.
-
-  With `block_size` (MX-style block scaling) or `measured_shift` ("ring"
-  and "torus" only) the scales are measured on what is sent instead of
-  fixed by APS: every message (each partial sum a device sends on, and the
-  final sum it gathers) carries, per group, the power of two
-  `2^e = min{2^e : m · 2^-e <= fmt_max}` of the group's current max-abs
-  `m` beside the payload `round(x · 2^-e)`, one 8-bit exponent per group
-  packed into the same message. Groups are blocks of `block_size`
-  consecutive elements of one layer (layers are zero-padded to whole
-  blocks), or with `measured_shift=True` each layer's piece of the message.
-  The receiver decodes to float32, adds its own float32 row and measures
-  again, so early hops and sums that cancel use the whole range, where APS
-  pays for the worst case `N · M` at every hop; one rounding errs by at
-  most `eps_fmt · m`. No `pmax` is issued (APS defaults to off; `aps=True`
-  beside them changes no value): a group holding a NaN or Inf arrives as
-  NaN on every device, other groups are unaffected.
-
-  Args:
-    tree: a pytree of arrays.
-    axis_name: an axis name or a tuple of names (two for "torus").
-    algorithm: "psum" (`lax.psum`), "ring" (`ring_all_reduce`) or "torus"
-      (`torus_all_reduce`).
-    grid: for "torus" over a single axis, its `(X, Y)` layout.
-    comm_dtype: None or "float32" (exact, float32 accumulation), or one of
-      "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8", "int4",
-      "float4_e2m1fn" (names or dtypes).
-    aps: scale each leaf by a power of two before the cast (None: True for
-      formats of at most 8 bits, False for bfloat16). Needs a low-precision
-      `comm_dtype`.
-    rounding: "nearest" (default) or "stochastic" (needs a low-precision
-      `comm_dtype` and a `key`).
-    key: a PRNG key (`jax.random.key` or a raw `PRNGKey`) for
-      `rounding="stochastic"`; not used otherwise.
-    block_size: None (no block scales) or the elements per block scale, an
-      integer in [1, 65536] (MX uses 32); needs a low-precision `comm_dtype`
-      and "ring" or "torus".
-    measured_shift: one scale per layer piece of every message, measured at
-      every hop (needs a low-precision `comm_dtype` and "ring" or "torus";
-      excludes `block_size`, whose blocks are measured already).
-
-  Returns:
-    The sum over all devices of the named axes, each leaf in its own dtype.
-
-  Raises:
-    ValueError: for an unknown algorithm, `comm_dtype` or `rounding`,
-      `aps=True` or `rounding="stochastic"` without a low-precision
-      `comm_dtype`, a stochastic rounding without `key`, or a `key` with
-      `rounding="nearest"`; `block_size` outside [1, 65536], `block_size`
-      or `measured_shift=True` without a low-precision `comm_dtype` or with
-      "psum", or both at once.
-    TypeError: `block_size` not an integer, `measured_shift` not a bool.
-
-  Examples:
-    >>> import jax, jax.numpy as jnp
-    >>> from jax.sharding import PartitionSpec as P
-    >>> import date_optax.parallel as dp
-    >>> mesh = dp.data_mesh()
-    >>> f = jax.shard_map(
-    ...     lambda t: dp.all_reduce(t, "data", algorithm="ring"), mesh=mesh,
-    ...     in_specs=P("data"), out_specs=P("data"), check_vma=False)
-    >>> bool((f(jnp.ones(mesh.size)) == mesh.size).all())
-    True
-    >>> g = jax.shard_map(
-    ...     lambda t: dp.all_reduce(t, "data", algorithm="ring",
-    ...                             comm_dtype="int8"),
-    ...     mesh=mesh, in_specs=P("data"), out_specs=P("data"), check_vma=False)
-    >>> out = g(jnp.full(mesh.size, 1e-6))  # plain int8 rounding would give 0
-    >>> bool(jnp.allclose(out, mesh.size * 1e-6, rtol=0.1))
-    True
-
-    Stochastic rounding: 0.3 on every device rounds to 0 in int4 without
-    APS, but stochastically to 1 with probability 0.3, so the mean over keys
-    of the sum approaches 0.3 per device.
-
-    >>> h = jax.jit(jax.shard_map(
-    ...     lambda t, k: dp.all_reduce(t, "data", algorithm="ring",
-    ...                                comm_dtype="int4", aps=False,
-    ...                                rounding="stochastic", key=k),
-    ...     mesh=mesh, in_specs=(P("data"), P()), out_specs=P("data"),
-    ...     check_vma=False))
-    >>> x = jnp.full(mesh.size, 0.3)
-    >>> sums = jnp.stack([h(x, jax.random.key(i))[0] for i in range(200)])
-    >>> bool(abs(float(sums.mean()) / mesh.size - 0.3) < 0.05)
-    True
-
-    Block scales: a block of small values beside a block of large ones in
-    the same layer keeps its precision (APS would scale both by the large
-    one's worst case).
-
-    >>> b = jax.shard_map(
-    ...     lambda t: dp.all_reduce(t, "data", algorithm="ring",
-    ...                             comm_dtype="int8", block_size=32),
-    ...     mesh=mesh, in_specs=P("data"), out_specs=P("data"), check_vma=False)
-    >>> v = jnp.tile(jnp.concatenate([jnp.full(32, 1e-3), jnp.full(32, 1e3)]),
-    ...              mesh.size)
-    >>> out = b(v).reshape(mesh.size, 64)[0]
-    >>> bool(jnp.allclose(out[:32], mesh.size * 1e-3, rtol=0.02))
-    True
-
-  References:
-    Ying et al., "Image Classification at Supercomputer Scale", 2018;
-    Han, Demmel and You, "Auto-Precision Scaling for Distributed Deep
-    Learning", 2020, https://arxiv.org/abs/2003.00119; Gupta et al., "Deep
-    Learning with Limited Numerical Precision", ICML 2015,
-    https://arxiv.org/abs/1502.02551; Open Compute Project, "OCP
-    Microscaling Formats (MX) Specification v1.0", 2023 (block scales).
-  """
-  _algorithm(algorithm)  # validates the name
-  fmt = lp.comm_format(comm_dtype)
-  aps, block_size, measured_shift = lp.resolve_scaling(
-      fmt, aps, block_size, measured_shift, algorithm
-  )
-  rounding = lp.resolve_rounding(fmt, rounding)
-  if rounding == "stochastic" and key is None:
-    raise ValueError('rounding="stochastic" needs a PRNG key: pass key=.')
-  if rounding == "nearest" and key is not None:
-    raise ValueError('key is only used with rounding="stochastic"; pass key=None.')
-  grid = None if grid is None else tuple(grid)
-  if fmt is not None:
-    return _low_precision_all_reduce(tree, axis_name, algorithm, grid, fmt, aps, key,
-                                     block_size, measured_shift)
-  if algorithm == "psum":
-    # One psum per leaf, unpacked: XLA fuses and schedules them itself.
-    return psum_all_reduce(tree, axis_name)
-  return _reduce_tree(tree, blockwise_all_reduce(algorithm, axis_name, grid))

@@ -30,14 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from date_optax._src import validation
-from date_optax._src.parallel import low_precision as lp
+from date_optax._src.parallel.collectives import acc_dtype
 from date_optax._src.types import LossFn, PyTree
-
-
-def acc_dtype(dtype: Any) -> np.dtype:
-  """Accumulation dtype of a float: float32 or wider."""
-  return jnp.promote_types(jnp.dtype(dtype), jnp.float32)
 
 
 def is_float(x: Any) -> bool:
@@ -412,37 +406,14 @@ def mean_stacked_aux(aux: Any) -> Any:
 # ---------------------------------------------------------------------------
 
 
-def check_common(
-    loss_fn, optimizer, grad_reduce, compute_dtype, max_consecutive_skips,
-    microbatches, algorithms,
-) -> int:
+def check_fn_and_optimizer(loss_fn: Any, optimizer: Any) -> None:
+  """`loss_fn` is callable and `optimizer` looks like an optax transformation."""
   if not callable(loss_fn):
     raise TypeError(f"loss_fn must be callable, got {loss_fn!r}.")
   if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
     raise TypeError(
         f"optimizer must be an optax.GradientTransformation, got {optimizer!r}."
     )
-  validation.check_choice("grad_reduce", grad_reduce, algorithms)
-  check_float_dtype("compute_dtype", compute_dtype)
-  if max_consecutive_skips is not None:
-    validation.check_int("max_consecutive_skips", max_consecutive_skips, low=0)
-  return validation.check_int("microbatches", microbatches, low=1)
-
-
-def check_comm(
-    comm_dtype: Any, aps: Any, rounding: Any = "nearest"
-) -> tuple[str | None, bool, str]:
-  """Validates `comm_dtype`/`aps`/`rounding`: (format name or None, APS on,
-  rounding)."""
-  fmt = lp.comm_format(comm_dtype)
-  return ((None if fmt is None else fmt.name), lp.resolve_aps(fmt, aps),
-          lp.resolve_rounding(fmt, rounding))
-
-
-def comm_key(comm: tuple[Any, bool, str], rng: Any, step: jax.Array) -> Any:
-  """The step's stochastic-rounding key (`low_precision.rounding_key`), or
-  None for round-to-nearest."""
-  return lp.rounding_key(rng, step) if comm[2] == "stochastic" else None
 
 
 #: Floating dtypes a step computes in (``compute_dtype``), by name.

@@ -16,6 +16,7 @@ more dimension of each such leaf.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import warnings
 from collections.abc import Hashable, Sequence
@@ -26,9 +27,6 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from date_optax._src.parallel import update_sharding as us
-
-Rules = list[tuple[re.Pattern, P]]
-
 
 def path_name(path: Sequence[Any]) -> str:
   """'/'-joined names of a key path: dict keys, attribute names, indices."""
@@ -85,13 +83,66 @@ def _check_spec(where: str, spec: Any, mesh: jax.sharding.Mesh, data_axes) -> P:
   return spec
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class RuleLayout:
+  """A layout declared as `(compiled regex, PartitionSpec)` rules, first match wins."""
+
+  rules: tuple[tuple[re.Pattern, P], ...]
+
+  def declared_specs(self) -> list[P]:
+    return [s for _, s in self.rules]
+
+  def leaf_specs(self, flat: list[tuple[Any, Any]], treedef: Any, warn: bool) -> list[Any]:
+    used = [False] * len(self.rules)
+    specs = []
+    for path, _ in flat:
+      name = path_name(path)
+      spec = P()
+      for i, (regex, s) in enumerate(self.rules):
+        if regex.fullmatch(name):
+          spec, used[i] = s, True
+          break
+      specs.append(spec)
+    if warn:
+      for (regex, _), u in zip(self.rules, used, strict=True):
+        if not u:
+          names = ", ".join(path_name(p) for p, _ in flat[:6])
+          warnings.warn(
+              f"param_sharding: rule {regex.pattern!r} matches no parameter "
+              f"(parameter paths look like: {names}, ...).",
+              stacklevel=5,
+          )
+    return specs
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TreeLayout:
+  """A layout declared as a pytree of `PartitionSpec` shaped like the parameters."""
+
+  tree: Any
+
+  def declared_specs(self) -> list[P]:
+    return [s for s in jax.tree.leaves(self.tree, is_leaf=_is_spec) if isinstance(s, P)]
+
+  def leaf_specs(self, flat: list[tuple[Any, Any]], treedef: Any, warn: bool) -> list[Any]:
+    del flat, warn  # a tree names every parameter
+    try:
+      specs = treedef.flatten_up_to(self.tree)
+    except (ValueError, TypeError) as e:
+      raise ValueError(
+          "param_sharding must be a pytree of PartitionSpec with the structure of "
+          f"the parameters, or a list of (regex, PartitionSpec) rules: {e}"
+      ) from e
+    return [P() if s is None else s for s in specs]
+
+
+Layout = RuleLayout | TreeLayout
+
+
 def check_param_sharding(
     param_sharding: Any, mesh: jax.sharding.Mesh, data_axes: Sequence[Hashable]
-) -> tuple[str, Any]:
-  """Validates what can be checked before the parameters are known.
-
-  Returns ("rules", [(compiled regex, spec), ...]) or ("tree", spec pytree).
-  """
+) -> Layout:
+  """Validates what can be checked before the parameters are known."""
   data_axes = tuple(data_axes)
   if isinstance(param_sharding, (list, tuple)) and all(
       isinstance(r, (list, tuple)) and len(r) == 2 and isinstance(r[0], str)
@@ -106,53 +157,24 @@ def check_param_sharding(
             f"param_sharding: rule {i} pattern {pattern!r} is not a regex: {e}."
         ) from e
       rules.append((regex, _check_spec(f"rule {pattern!r}", spec, mesh, data_axes)))
-    return "rules", rules
+    return RuleLayout(tuple(rules))
   for path, spec in jax.tree_util.tree_flatten_with_path(
       param_sharding, is_leaf=_is_spec
   )[0]:
     _check_spec(f"the spec at {path_name(path) or '<root>'}", spec, mesh, data_axes)
-  return "tree", param_sharding
+  return TreeLayout(param_sharding)
 
 
 def resolve(
-    layout: tuple[str, Any],
+    layout: Layout,
     params: Any,
     mesh: jax.sharding.Mesh,
     *,
     warn: bool = False,
 ) -> Any:
   """The `PartitionSpec` of every parameter, as a pytree shaped like `params`."""
-  kind, value = layout
   flat, treedef = jax.tree_util.tree_flatten_with_path(params)
-  if kind == "rules":
-    used = [False] * len(value)
-    specs = []
-    for path, _ in flat:
-      name = path_name(path)
-      spec = P()
-      for i, (regex, s) in enumerate(value):
-        if regex.fullmatch(name):
-          spec, used[i] = s, True
-          break
-      specs.append(spec)
-    if warn:
-      for (regex, _), u in zip(value, used, strict=True):
-        if not u:
-          names = ", ".join(path_name(p) for p, _ in flat[:6])
-          warnings.warn(
-              f"param_sharding: rule {regex.pattern!r} matches no parameter "
-              f"(parameter paths look like: {names}, ...).",
-              stacklevel=4,
-          )
-  else:
-    try:
-      specs = treedef.flatten_up_to(value)
-    except (ValueError, TypeError) as e:
-      raise ValueError(
-          "param_sharding must be a pytree of PartitionSpec with the structure of "
-          f"the parameters, or a list of (regex, PartitionSpec) rules: {e}"
-      ) from e
-    specs = [P() if s is None else s for s in specs]
+  specs = layout.leaf_specs(flat, treedef, warn)
   for (path, x), spec in zip(flat, specs, strict=True):
     if not isinstance(spec, P):
       raise TypeError(

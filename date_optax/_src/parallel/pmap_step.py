@@ -1,12 +1,14 @@
 """The data-parallel train step with `jax.pmap`, for code with per-device state.
 
-It computes what the `jit` step computes (`local_grads.replica_grads` per
-device, one reduction, `train_state.apply_gradients`), on a state with a
-leading device axis.
+It runs the body the `shard_map` step runs (`replica_step.replica_step`:
+loss, gradient, one `grad_sync` reduction; then `replica_step.apply_update`)
+inside `pmap`, on a state with a leading device axis.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,19 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax import lax
 
-from date_optax._src import validation
-from date_optax._src.parallel import collectives
 from date_optax._src.parallel import grad_stats as gs_lib
 from date_optax._src.parallel import local_grads as lg
-from date_optax._src.parallel import update_sharding as us
-from date_optax._src.parallel.train_state import (
-    Metrics,
-    TrainState,
-    apply_gradients,
-    check_metrics,
-)
+from date_optax._src.parallel.grad_sync import GradSync, grad_sync_from, most_square_grid
+from date_optax._src.parallel.replica_step import apply_update, replica_step
+from date_optax._src.parallel.step_config import StepConfig, step_config_from
+from date_optax._src.parallel.train_state import Metrics, TrainState, check_metrics
 from date_optax._src.types import LossFn, PyTree
 
 
@@ -56,68 +52,52 @@ class PmapTrainStep:
     Goyal et al., "Accurate, Large Minibatch SGD", 2017.
   """
 
-  def __init__(self, loss_fn, optimizer, *, axis_name, grad_reduce, torus_shape,
-               compute_dtype, donate, has_aux, max_consecutive_skips, devices,
-               microbatches=1, comm=(None, False, "nearest"), grad_stats_decay=None):
-    self.grad_stats_decay = grad_stats_decay
-    self.microbatches = microbatches
-    self.comm = comm
+  def __init__(self, loss_fn, optimizer, *, axis_name: str, grad_sync: GradSync,
+               config: StepConfig, devices: Sequence[Any],
+               grad_stats_decay: float | None = None):
     self.loss_fn = loss_fn
     self.optimizer = optimizer
     self.axis_name = axis_name
-    self.grad_reduce = grad_reduce
-    self.compute_dtype = compute_dtype
-    self.has_aux = has_aux
-    self.max_consecutive_skips = max_consecutive_skips
-    self.devices = list(jax.local_devices() if devices is None else devices)
+    self.grad_sync = grad_sync
+    self.config = config
+    self.grad_stats_decay = grad_stats_decay
+    self.devices = list(devices)
     self.num_replicas = len(self.devices)
-    if grad_reduce == "torus":
-      if torus_shape is None:
-        torus_shape = _most_square(self.num_replicas)
-      if int(np.prod(torus_shape)) != self.num_replicas:
-        raise ValueError(
-            f"torus_shape {tuple(torus_shape)} must multiply to the number of "
-            f"devices, {self.num_replicas}."
-        )
-    self.torus_shape = None if torus_shape is None else tuple(torus_shape)
     self._pmapped = jax.pmap(
         self._body,
         axis_name=axis_name,
         devices=self.devices,
-        donate_argnums=(0,) if donate else (),
+        donate_argnums=(0,) if config.donate else (),
     )
 
+  # The options, as attributes (read by code written for the flat keywords).
+  grad_reduce = property(lambda self: self.grad_sync.algorithm)
+  grid = property(lambda self: self.grad_sync.grid)
+  microbatches = property(lambda self: self.config.microbatches)
+  compute_dtype = property(lambda self: self.config.compute_dtype)
+  has_aux = property(lambda self: self.config.has_aux)
+  max_consecutive_skips = property(lambda self: self.config.max_consecutive_skips)
+
+  @property
+  def torus_shape(self) -> tuple[int, int] | None:
+    """Deprecated name of `grid`."""
+    warnings.warn("PmapTrainStep.torus_shape is deprecated; read .grid.",
+                  DeprecationWarning, stacklevel=2)
+    return self.grid
+
   def _body(self, state, batch):
-    axis = self.axis_name
-    replica = lax.axis_index(axis)
-    with_stats = self.grad_stats_decay is not None
-    out = lg.replica_grads(
-        self.loss_fn, has_aux=self.has_aux, compute_dtype=self.compute_dtype,
-        microbatches=self.microbatches, params=state.params, batch=batch,
+    """One replica's step: loss, gradient, one reduction, update."""
+    result = replica_step(
+        self.loss_fn, self.config, self.grad_sync, params=state.params, batch=batch,
         model_state=state.model_state, rng=state.rng, step=state.step,
-        replica=replica, with_sq_norms=with_stats,
+        axes=(self.axis_name,), with_stats=self.grad_stats_decay is not None,
     )
-    loss, aux, grads, model_state = out[:4]
-    grads = us.mean_over_replicas(
-        grads, axis, self.grad_reduce, self.num_replicas, self.torus_shape,
-        comm=self.comm, key=lg.comm_key(self.comm, state.rng, state.step),
+    return apply_update(
+        state, result, self.optimizer, self.config,
+        units=self.num_replicas * self.microbatches,
+        global_batch=self.num_replicas * int(np.shape(jax.tree.leaves(batch)[0])[0]),
+        grad_stats_decay=self.grad_stats_decay,
     )
-    stats = None
-    if with_stats:
-      # The units' squared norms ride in the loss's scalar all-reduce.
-      loss, unit_sq = lax.pmean(jnp.stack([loss, out[4]]), axis)
-      global_batch = self.num_replicas * int(np.shape(jax.tree.leaves(batch)[0])[0])
-      stats = (unit_sq / self.microbatches, self.num_replicas * self.microbatches,
-               global_batch, self.grad_stats_decay)
-    else:
-      loss = lax.pmean(loss, axis)
-    model_state = lg.replicate_model_state(model_state, axis, replica)
-    new_state, metrics = apply_gradients(
-        state, grads, loss, self.optimizer, model_state, stats
-    )
-    if self.has_aux:
-      metrics["aux"] = lg.mean_aux(aux, axis)
-    return new_state, metrics
 
   def init(
       self, params: PyTree, model_state: PyTree = None, rng: Any = None
@@ -153,21 +133,13 @@ class PmapTrainStep:
     return state, metrics
 
 
-def _most_square(n: int) -> tuple[int, int]:
-  """The X×Y grid of n devices closest to square, X <= Y."""
-  rows = int(np.floor(np.sqrt(n)))
-  while n % rows:
-    rows -= 1
-  return rows, n // rows
-
-
 def make_pmap_train_step(
     loss_fn: LossFn,
     optimizer: optax.GradientTransformation,
     *,
     axis_name: str = "batch",
     grad_reduce: str = "psum",
-    torus_shape: tuple[int, int] | None = None,
+    grid: tuple[int, int] | None = None,
     compute_dtype: Any = None,
     donate: bool = True,
     has_aux: bool = False,
@@ -179,6 +151,9 @@ def make_pmap_train_step(
     rounding: str = "nearest",
     grad_stats: bool = False,
     grad_stats_decay: float | None = None,
+    grad_sync: GradSync | None = None,
+    step_config: StepConfig | None = None,
+    torus_shape: tuple[int, int] | None = None,
 ) -> PmapTrainStep:
   """Builds the same data-parallel train step with `jax.pmap` (older code).
 
@@ -193,8 +168,8 @@ def make_pmap_train_step(
     optimizer: an optax gradient transformation.
     axis_name: the pmap axis name.
     grad_reduce: "psum", "ring" or "torus".
-    torus_shape: `(X, Y)` for "torus" (default: the most square grid of the
-      devices).
+    grid: `(X, Y)` for "torus" (default: the most square grid of the
+      devices), the name `torus_all_reduce` and `GradSync` use.
     compute_dtype: e.g. `jnp.bfloat16` for the forward/backward computation;
       parameters, optimizer state, loss and reductions stay float32.
     donate: donate the input state's buffers.
@@ -211,6 +186,13 @@ def make_pmap_train_step(
     grad_stats: measure gradient-noise statistics, as in `make_train_step`
       (same estimates, state, metrics and `grad_stats=` to the optimizer).
     grad_stats_decay: their moving-average factor, as in `make_train_step`.
+    grad_sync: a `GradSync` holding `grad_reduce`, `grid`, `comm_dtype`,
+      `aps` and `rounding`; give it or those flat keywords.
+    step_config: a `StepConfig` holding `microbatches`, `compute_dtype`,
+      `donate`, `has_aux` and `max_consecutive_skips`; give it or those
+      flat keywords.
+    torus_shape: deprecated name of `grid` (warns; removed in the next
+      release).
 
   Returns:
     A `PmapTrainStep`: `state, metrics = step(state, global_batch)` and
@@ -234,6 +216,11 @@ def make_pmap_train_step(
     >>> state, metrics = sr(sr.init({"w": np.zeros((3, 1), np.float32)}), batch)
     >>> float(metrics["loss"])
     1.0
+    >>> torus = dp.make_pmap_train_step(
+    ...     loss_fn, date_optax.lars(0.1), grad_sync=dp.GradSync("torus", grid=(2, 4)))
+    >>> state, metrics = torus(torus.init({"w": np.zeros((3, 1), np.float32)}), batch)
+    >>> float(metrics["loss"])
+    1.0
 
   References:
     Goyal et al., "Accurate, Large Minibatch SGD", 2017; Ying et al., "Image
@@ -242,36 +229,41 @@ def make_pmap_train_step(
     https://arxiv.org/abs/2003.00119; Gupta et al., "Deep Learning with
     Limited Numerical Precision", ICML 2015, https://arxiv.org/abs/1502.02551.
   """
-  comm = lg.check_comm(comm_dtype, aps, rounding)
-  microbatches = lg.check_common(
-      loss_fn, optimizer, grad_reduce, compute_dtype, max_consecutive_skips,
-      microbatches, collectives.ALGORITHMS,
+  grid_name = "grid"
+  if torus_shape is not None:
+    warnings.warn(
+        "make_pmap_train_step(torus_shape=...) is deprecated: pass grid=(X, Y), the "
+        "name torus_all_reduce and GradSync use.",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    if grid is not None:
+      raise ValueError(
+          f"pass grid= or its deprecated name torus_shape=, not both: got "
+          f"grid={grid!r} and torus_shape={torus_shape!r}."
+      )
+    grid, grid_name = torus_shape, "torus_shape"
+  try:
+    sync = grad_sync_from(grad_sync, grad_reduce=grad_reduce, grid=grid,
+                          comm_dtype=comm_dtype, aps=aps, rounding=rounding)
+  except (TypeError, ValueError) as e:
+    if grid_name == "grid" or "grid" not in str(e):
+      raise
+    raise type(e)(f"torus_shape (the deprecated name of grid): {e}") from e
+  config = step_config_from(
+      step_config, microbatches=microbatches, compute_dtype=compute_dtype,
+      donate=donate, has_aux=has_aux, max_consecutive_skips=max_consecutive_skips,
   )
+  lg.check_fn_and_optimizer(loss_fn, optimizer)
   if not isinstance(axis_name, str):
     raise TypeError(f"axis_name must be a str, got {axis_name!r}.")
-  if torus_shape is not None:
-    if grad_reduce != "torus":
-      raise ValueError('torus_shape is only used with grad_reduce="torus".')
-    if len(tuple(torus_shape)) != 2:
-      raise ValueError(f"torus_shape must be (X, Y), got {torus_shape!r}.")
-    for i, d in enumerate(torus_shape):
-      validation.check_int(f"torus_shape[{i}]", d, low=1)
-  validation.check_bool("donate", donate)
-  validation.check_bool("has_aux", has_aux)
-  n_devices = len(jax.local_devices() if devices is None else list(devices))
-  decay = gs_lib.check_options(grad_stats, grad_stats_decay, n_devices, microbatches)
+  devices = list(jax.local_devices() if devices is None else devices)
+  if sync.algorithm == "torus" and sync.grid is None:
+    sync = dataclasses.replace(sync, grid=most_square_grid(len(devices)))
+  sync.check_replicas((axis_name,), len(devices), grid_name=grid_name)
+  decay = gs_lib.check_options(grad_stats, grad_stats_decay, len(devices),
+                               config.microbatches)
   return PmapTrainStep(
-      loss_fn,
-      optimizer,
-      axis_name=axis_name,
-      grad_reduce=grad_reduce,
-      torus_shape=torus_shape,
-      compute_dtype=compute_dtype,
-      donate=bool(donate),
-      has_aux=bool(has_aux),
-      max_consecutive_skips=max_consecutive_skips,
-      devices=devices,
-      microbatches=microbatches,
-      comm=comm,
-      grad_stats_decay=decay,
+      loss_fn, optimizer, axis_name=axis_name, grad_sync=sync, config=config,
+      devices=devices, grad_stats_decay=decay,
   )

@@ -1,26 +1,16 @@
-"""The data-parallel train step compiled with `jax.jit` over a mesh.
+"""`make_train_step`: the one entry with flat keywords for a step over a mesh.
 
-Each replica computes the *local* gradient of `loss_fn` on its slice of the
-global batch (`local_grads.replica_grads`: microbatches, model state, keys),
-the gradients are combined exactly once (mean over replicas), and
-`train_state.apply_gradients` applies the optimizer, skipping non-finite
-steps. Two ways to run the replicas, one program each:
+It builds a `GradSync` and a `StepConfig` from its keywords and picks one of
+the two builders, each with one program:
 
-* Parameters replicated (no `param_sharding`): `shard_map` over the data
-  axes, with the chosen all-reduce ("psum", "ring", "torus") and, with
-  `shard_update=True`, an explicit reduce-scatter / all-gather.
-* Parameters sharded over non-data axes (`param_sharding`): plain GSPMD.
-  The replicas' forward passes are a `vmap` whose axis is laid out over the
-  data axes (`spmd_axis_name`), so each replica still sees only its slice;
-  the step differentiates the mean of their losses, so the compiler reduces
-  each gradient as the backward pass produces it, and inserts the other
-  reductions, including the exact cross-shard sums of trust-ratio norms.
-
-Why the gradient is local under `shard_map`: with `check_vma=True` JAX already
-sums the gradient of a replicated parameter over the mesh (the transpose of
-the implicit broadcast), so reducing it again would multiply it by the number
-of replicas. The step differentiates with respect to a device-varying copy of
-the parameters (`compat.to_varying`), which is local under every setting.
+* `make_replicated_train_step` (`replicated_step`): parameters replicated;
+  `shard_map` over the data axes with the per-replica body the `pmap` step
+  runs too, whose one reduction is `grad_sync.sync_gradients` ("psum",
+  "ring", "torus", any payload) and, with `shard_update=True`, a
+  reduce-scatter / all-gather.
+* `make_sharded_train_step` (`sharded_step`): parameters sharded over
+  non-data axes by `(regex, PartitionSpec)` rules; one GSPMD program whose
+  reductions the compiler places.
 """
 
 from __future__ import annotations
@@ -29,372 +19,27 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import optax
-from jax import lax
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
-from date_optax._src import validation
-from date_optax._src.parallel import collectives, compat
-from date_optax._src.parallel import grad_stats as gs_lib
 from date_optax._src.parallel import local_grads as lg
-from date_optax._src.parallel import param_sharding as ps
-from date_optax._src.parallel import update_sharding as us
-from date_optax._src.parallel.distributed import host_local_to_global, replicate_to_mesh
-from date_optax._src.parallel.mesh import auto_axes_mesh
-from date_optax._src.parallel.train_state import (
-    Metrics,
-    TrainState,
-    apply_gradients,
-    check_metrics,
+from date_optax._src.parallel.grad_sync import GradSync, grad_sync_from
+from date_optax._src.parallel.replicated_step import (
+    ReplicatedTrainStep,
+    make_replicated_train_step,
 )
-from date_optax._src.types import LossFn, PyTree
+from date_optax._src.parallel.sharded_step import ShardedTrainStep, make_sharded_train_step
+from date_optax._src.parallel.step_base import TrainStep
+from date_optax._src.parallel.step_config import StepConfig, step_config_from
+from date_optax._src.types import LossFn
 
-
-class TrainStep:
-  """A data-parallel train step over a mesh, as built by `make_train_step`.
-
-  Call it as `state, metrics = step(state, batch)`.
-  `step.init(params, model_state=None, rng=None)` builds a `TrainState` laid
-  out on the mesh (parameters and optimizer state sharded as declared);
-  `step.shard_batch(batch)` turns this host's part of the global batch into
-  a global array (done automatically by the call for NumPy inputs);
-  `step.batch_sharding` is the batch layout (for `prefetch_to_device`);
-  `step.state_sharding(state)` the state's; `step.lower(state, batch)`
-  exposes the compiled program.
-
-  Args:
-    loss_fn, optimizer, mesh: see `make_train_step`, which validates all
-      arguments; construct through it.
-    **options: the keyword options of `make_train_step`.
-
-  Examples:
-    >>> import optax
-    >>> import date_optax.parallel as dp
-    >>> step = dp.make_train_step(lambda p, b: (p * b).mean(), optax.sgd(0.1),
-    ...                           dp.data_mesh())
-    >>> isinstance(step, dp.TrainStep), step.num_replicas == len(step.mesh.devices.flat)
-    (True, True)
-
-  References:
-    Goyal et al., "Accurate, Large Minibatch SGD", 2017.
-  """
-
-  def __init__(
-      self,
-      loss_fn: LossFn,
-      optimizer: optax.GradientTransformation,
-      mesh: jax.sharding.Mesh,
-      *,
-      grad_reduce: str,
-      shard_update: bool,
-      compute_dtype: Any,
-      donate: bool,
-      has_aux: bool,
-      data_axes: tuple[Hashable, ...],
-      max_consecutive_skips: int | None,
-      microbatches: int = 1,
-      param_layout: tuple[str, Any] | None = None,
-      comm: tuple[str | None, bool, str] = (None, False, "nearest"),
-      grad_stats_decay: float | None = None,
-  ):
-    self.loss_fn = loss_fn
-    self.grad_stats_decay = grad_stats_decay
-    self.optimizer = optimizer
-    self.mesh = mesh
-    self.grad_reduce = grad_reduce
-    self.shard_update = shard_update
-    self.compute_dtype = compute_dtype
-    self.has_aux = has_aux
-    self.data_axes = data_axes
-    self.max_consecutive_skips = max_consecutive_skips
-    self.microbatches = microbatches
-    self.param_layout = param_layout
-    self.comm = comm
-    self.donate = donate
-    self.num_replicas = compat.mesh_axis_sizes(mesh, data_axes)
-    self.batch_spec = P(us.axes_entry(data_axes))
-    self.batch_sharding = NamedSharding(mesh, self.batch_spec)
-    self.replicated = NamedSharding(mesh, P())
-    self._compiled: dict[Any, Any] = {}
-    self._init_cache: dict[Any, Any] = {}
-
-  # -- layout ---------------------------------------------------------------
-
-  def param_specs(self, params: PyTree) -> PyTree:
-    """The `PartitionSpec` of every parameter (all `P()` without a layout)."""
-    if self.param_layout is None:
-      return jax.tree.map(lambda _: P(), params)
-    return ps.resolve(self.param_layout, params, self.mesh)
-
-  def _update_spec(self, shape: Sequence[int], spec: P) -> P:
-    """Layout of a gradient / optimizer-state leaf mirroring a parameter."""
-    if not self.shard_update:
-      return spec
-    if self.param_layout is None:
-      return us.sharded_spec(shape, self.data_axes, self.num_replicas)
-    return ps.with_data_axes(shape, spec, self.mesh, self.data_axes, self.num_replicas)
-
-  def _update_specs(self, params: PyTree) -> PyTree:
-    return jax.tree.map(
-        lambda x, s: self._update_spec(np.shape(x), s),
-        params,
-        self.param_specs(params),
-    )
-
-  def state_sharding(self, state: Any) -> Any:
-    """NamedShardings for a `TrainState` (or its `jax.eval_shape`)."""
-    named = lambda s: NamedSharding(self.mesh, s)
-    param_specs = self.param_specs(state.params)
-    update_specs = self._update_specs(state.params)
-    opt_specs = ps.state_specs(
-        state.opt_state, state.params, update_specs,
-        default=lambda shape: self._update_spec(shape, P()),
-    )
-    return state.replace(
-        step=self.replicated,
-        params=jax.tree.map(named, param_specs),
-        opt_state=jax.tree.map(named, opt_specs),
-        consecutive_skips=self.replicated,
-        total_skips=self.replicated,
-        model_state=jax.tree.map(lambda _: self.replicated, state.model_state),
-        rng=None if state.rng is None else self.replicated,
-        grad_stats=jax.tree.map(lambda _: self.replicated, state.grad_stats),
-    )
-
-  def init(
-      self, params: PyTree, model_state: PyTree = None, rng: Any = None
-  ) -> TrainState:
-    """A fresh `TrainState` for `params`, placed on the mesh.
-
-    Args:
-      params: the parameters; host (NumPy) arrays with the same value on
-        every process, or arrays already on the mesh.
-      model_state: state the model updates in its forward pass (flax's
-        `{"batch_stats": ...}`), or None. With one, the step calls
-        `loss_fn(params, batch, model_state=...)`.
-      rng: an int seed or a key (`jax.random.key` or a raw `PRNGKey`), or
-        None. With one, the step calls `loss_fn(..., rng=key)` with a key
-        folded from (step, replica, microbatch).
-
-    Returns:
-      A `TrainState` laid out by `state_sharding`.
-    """
-    rng = lg.as_key(rng)
-    lg.check_params(params)
-    params = jax.tree.map(lambda x: replicate_to_mesh(x, self.mesh), params)
-    model_state = jax.tree.map(lambda x: replicate_to_mesh(x, self.mesh), model_state)
-    if rng is not None:
-      rng = replicate_to_mesh(rng, self.mesh)
-    inputs = (params, model_state, rng)
-    key = (jax.tree.structure(inputs),
-           tuple((x.shape, x.dtype) for x in jax.tree.leaves(inputs)))
-    if key not in self._init_cache:
-      if self.param_layout is not None:  # warns once about unused rules
-        ps.resolve(self.param_layout, params, self.mesh, warn=True)
-      def create(p, m, r):
-        state = TrainState.create(p, self.optimizer, m, r)
-        if self.grad_stats_decay is not None:
-          state = state.replace(grad_stats=gs_lib.GradStatsState.zeros())
-        return state
-
-      shardings = self.state_sharding(jax.eval_shape(create, *inputs))
-      self._init_cache[key] = jax.jit(create, out_shardings=shardings)
-    return self._init_cache[key](*inputs)
-
-  def shard_batch(self, batch: PyTree) -> PyTree:
-    """This host's rows of the global batch -> global arrays split over replicas."""
-    lg.check_batch(batch, 1)
-    return host_local_to_global(batch, self.batch_sharding)
-
-  # -- the replicas ---------------------------------------------------------
-
-  def _grads_shard_map(self, params, batch, model_state, rng, step):
-    """Replicated parameters: shard_map and an explicit reduction."""
-    axes, n, alg = self.data_axes, self.num_replicas, self.grad_reduce
-    shapes = [np.shape(x) for x in jax.tree.leaves(params)]
-    stats = self.grad_stats_decay is not None
-
-    def local(params, batch, model_state, rng, step):
-      params = compat.to_varying(params, axes)
-      replica = lg.replica_index(axes)
-      out = lg.replica_grads(
-          self.loss_fn, has_aux=self.has_aux, compute_dtype=self.compute_dtype,
-          microbatches=self.microbatches, params=params, batch=batch,
-          model_state=model_state, rng=rng, step=step, replica=replica,
-          with_sq_norms=stats,
-      )
-      loss, aux, grads, model_state = out[:4]
-      key = lg.comm_key(self.comm, rng, step)
-      if self.shard_update:
-        grads = us.reduce_scatter_mean(grads, shapes, axes, alg, n, self.comm, key)
-      else:
-        grads = us.mean_over_replicas(grads, axes, alg, n, comm=self.comm, key=key)
-      model_state = lg.replicate_model_state(model_state, axes, replica)
-      if not stats:
-        return lax.pmean(loss, axes), lg.mean_aux(aux, axes), grads, model_state
-      # The units' squared norms ride in the loss's scalar all-reduce.
-      loss, unit_sq = lax.pmean(jnp.stack([loss, out[4]]), axes)
-      return (loss, lg.mean_aux(aux, axes), grads, model_state,
-              unit_sq / self.microbatches)
-
-    specs = (P(), P(), self._update_specs(params), P())
-    fn = compat.shard_map(
-        local,
-        mesh=self.mesh,
-        in_specs=(P(), self.batch_spec, P(), P(), P()),
-        out_specs=specs + (P(),) if stats else specs,
-    )
-    return fn(params, batch, model_state, rng, step)
-
-  def _grads_gspmd(self, params, batch, model_state, rng, step):
-    """Sharded parameters: replicas as a vmap laid out over the data axes."""
-    n, axes = self.num_replicas, self.data_axes
-    split = NamedSharding(self.mesh, self.batch_spec)
-
-    def per_replica(x):
-      x = x.reshape((n, x.shape[0] // n) + x.shape[1:])
-      return lax.with_sharding_constraint(x, split)
-
-    batch = jax.tree.map(per_replica, batch)
-    replicas = lax.with_sharding_constraint(jnp.arange(n, dtype=jnp.int32), split)
-
-    if self.grad_stats_decay is None:
-      # No statistics: differentiate the mean of the replicas' losses, so
-      # the compiler sums each gradient inside the backward pass.
-      loss, aux, grads, model_state = lg.stacked_replica_grads(
-          self.loss_fn, has_aux=self.has_aux, compute_dtype=self.compute_dtype,
-          microbatches=self.microbatches, params=params, batch=batch,
-          model_state=model_state, rng=rng, step=step, replicas=replicas,
-          split=split,
-          # Collectives over the data axis inside loss_fn (cross-replica batch
-          # norm) run over the replicas, as they do under shard_map.
-          vmap_axes={"axis_name": axes[0] if len(axes) == 1 else None,
-                     "spmd_axis_name": axes if len(axes) > 1 else axes[0]},
-      )
-      grads = jax.tree.map(
-          lambda g, s: lax.with_sharding_constraint(g, NamedSharding(self.mesh, s)),
-          grads,
-          self._update_specs(params),
-      )
-      return loss, aux, grads, model_state
-    # Statistics need each unit's gradient: one gradient per replica, stacked.
-    def one(batch, replica):
-      return lg.replica_grads(
-          self.loss_fn, has_aux=self.has_aux, compute_dtype=self.compute_dtype,
-          microbatches=self.microbatches, params=params, batch=batch,
-          model_state=model_state, rng=rng, step=step, replica=replica,
-          with_sq_norms=True,
-      )
-
-    out = jax.vmap(
-        one,
-        # Collectives over the data axis inside loss_fn (cross-replica batch
-        # norm) run over the replicas, as they do under shard_map.
-        axis_name=axes[0] if len(axes) == 1 else None,
-        spmd_axis_name=axes if len(axes) > 1 else axes[0],
-    )(batch, replicas)
-    loss, aux, grads, model_state = out[:4]
-    update = self._update_specs(params)
-    grads = jax.tree.map(
-        lambda g, s: lax.with_sharding_constraint(
-            jnp.mean(g.astype(lg.acc_dtype(g.dtype)), axis=0).astype(g.dtype),
-            NamedSharding(self.mesh, s),
-        ),
-        grads,
-        update,
-    )
-    return (jnp.mean(loss), lg.mean_stacked_aux(aux), grads,
-            lg.replicate_stacked_model_state(model_state),
-            jnp.mean(out[4]) / self.microbatches)
-
-  def _gather_params(self, params: PyTree) -> PyTree:
-    axes, alg = self.data_axes, self.grad_reduce
-    shapes = [np.shape(x) for x in jax.tree.leaves(params)]
-    specs = self._update_specs(params)
-    params = jax.tree.map(
-        lambda x, s: lax.with_sharding_constraint(x, NamedSharding(self.mesh, s)),
-        params,
-        specs,
-    )
-    fn = compat.shard_map(
-        lambda p: us.all_gather_params(p, shapes, axes, alg, self.num_replicas),
-        mesh=self.mesh,
-        in_specs=(specs,),
-        out_specs=P(),
-    )
-    return fn(params)
-
-  def _step(self, state: TrainState, batch: PyTree) -> tuple[TrainState, Metrics]:
-    lg.check_batch(batch, self.num_replicas, self.microbatches)
-    batch = jax.tree.map(
-        lambda x: lax.with_sharding_constraint(x, self.batch_sharding), batch
-    )
-    grads_fn = self._grads_shard_map if self.param_layout is None else self._grads_gspmd
-    out = grads_fn(state.params, batch, state.model_state, state.rng, state.step)
-    loss, aux, grads, model_state = out[:4]
-    stats = None
-    if self.grad_stats_decay is not None:
-      global_batch = int(np.shape(jax.tree.leaves(batch)[0])[0])
-      stats = (out[4], self.num_replicas * self.microbatches, global_batch,
-               self.grad_stats_decay)
-    new_state, metrics = apply_gradients(
-        state, grads, loss, self.optimizer, model_state, stats
-    )
-    if self.shard_update and self.param_layout is None:
-      new_state = new_state.replace(params=self._gather_params(new_state.params))
-    if self.has_aux:
-      metrics["aux"] = aux
-    return new_state, metrics
-
-  # -- calling --------------------------------------------------------------
-
-  def _prepare(self, batch: PyTree) -> PyTree:
-    lg.check_batch(batch, 1)
-    per_process = self.num_replicas // max(1, jax.process_count())
-
-    def to_global(x):
-      if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        return x
-      if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(
-          self.batch_sharding, x.ndim
-      ):
-        return x
-      if np.shape(x)[0] % per_process:
-        raise ValueError(
-            f"this process's batch rows ({np.shape(x)[0]}) must be divisible by "
-            f"its {per_process} data-parallel devices (the global batch by the "
-            f"{self.num_replicas} replicas)."
-        )
-      return host_local_to_global(x, self.batch_sharding)
-
-    return jax.tree.map(to_global, batch)
-
-  def _compiled_for(self, state: TrainState) -> Any:
-    """`jax.jit` with the state's in/out shardings declared (cached)."""
-    key = (jax.tree.structure(state),
-           tuple((np.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(state)))
-    if key not in self._compiled:
-      shardings = self.state_sharding(state)
-      self._compiled[key] = jax.jit(
-          self._step,
-          in_shardings=(shardings, self.batch_sharding),
-          out_shardings=(shardings, self.replicated),
-          donate_argnums=(0,) if self.donate else (),
-      )
-    return self._compiled[key]
-
-  def lower(self, state: TrainState, batch: PyTree) -> jax.stages.Lowered:
-    """The lowered step (`.compile().as_text()` shows the collectives)."""
-    return self._compiled_for(state).lower(state, self._prepare(batch))
-
-  def __call__(self, state: TrainState, batch: PyTree) -> tuple[TrainState, Metrics]:
-    state, metrics = self._compiled_for(state)(state, self._prepare(batch))
-    if self.max_consecutive_skips is not None:
-      check_metrics(metrics, self.max_consecutive_skips)
-    return state, metrics
+__all__ = [
+    "ReplicatedTrainStep",
+    "ShardedTrainStep",
+    "TrainStep",
+    "make_replicated_train_step",
+    "make_sharded_train_step",
+    "make_train_step",
+]
 
 
 def make_train_step(
@@ -416,6 +61,8 @@ def make_train_step(
     rounding: str = "nearest",
     grad_stats: bool = False,
     grad_stats_decay: float | None = None,
+    grad_sync: GradSync | None = None,
+    step_config: StepConfig | None = None,
 ) -> TrainStep:
   """Builds a synchronous data-parallel train step, `jit`-compiled over a mesh.
 
@@ -546,9 +193,15 @@ def make_train_step(
     grad_stats_decay: the moving-average factor per step, in [0, 1); None
       means fairscale AdaScale's default for n units,
       `max(1 - n/1000, 0) ** n` (0.938 for 8 units).
+    grad_sync: a `GradSync` holding `grad_reduce`, `comm_dtype`, `aps` and
+      `rounding` (and a torus `grid`); give it or those flat keywords.
+    step_config: a `StepConfig` holding `microbatches`, `compute_dtype`,
+      `donate`, `has_aux` and `max_consecutive_skips`; give it or those
+      flat keywords.
 
   Returns:
-    A `TrainStep`: `state, metrics = step(state, batch)`, with
+    A `TrainStep` (a `ReplicatedTrainStep`, or a `ShardedTrainStep` with
+    `param_sharding`): `state, metrics = step(state, batch)`, with
     `step.init(params, model_state=None, rng=None)` to build the state.
     `batch` is a pytree whose leaves have the global batch as leading
     dimension (NumPy arrays are this host's rows of it). `metrics` holds
@@ -560,11 +213,12 @@ def make_train_step(
     `date_optax.diagnostics.trust_ratio_summary`; the bounds are those the
     optimizer recorded, `date_optax.trust_ratio_bounds`), and
     "learning_rate" where the optimizer state records it
-    (`date_optax.learning_rate`: date_optax's optimizers, `date()`,
+    (`date_optax.current_learning_rate`: date_optax's optimizers, `date()`,
     `optax.inject_hyperparams`).
 
   Raises:
-    ValueError: for arguments out of range, a spec that names a data axis or
+    ValueError: for arguments out of range, `grad_sync` or `step_config`
+      given with the flat keywords they hold, a spec that names a data axis or
       an unknown axis, or (at the call) a batch that does not divide over
       replicas × microbatches.
     TypeError: for arguments of the wrong kind, or (at the call) a `loss_fn`
@@ -594,6 +248,15 @@ def make_train_step(
     >>> int(state.step), float(metrics["loss"])
     (1, 1.0)
 
+    The same options as configs, the form the two builders take:
+
+    >>> sync = dp.GradSync("ring", comm_dtype="int8", rounding="stochastic")
+    >>> step = dp.make_train_step(loss_fn, date_optax.lamb(1e-2), mesh,
+    ...                           grad_sync=sync)
+    >>> state, metrics = step(step.init({"w": np.zeros((3, 1), np.float32)}), batch)
+    >>> int(state.step), float(metrics["loss"])
+    (1, 1.0)
+
   References:
     Goyal et al., "Accurate, Large Minibatch SGD", 2017; Ying et al., "Image
     Classification at Supercomputer Scale", 2018; Xu et al., "Automatic
@@ -605,70 +268,29 @@ def make_train_step(
     with Limited Numerical Precision", ICML 2015,
     https://arxiv.org/abs/1502.02551.
   """
-  comm = lg.check_comm(comm_dtype, aps, rounding)
-  microbatches = lg.check_common(
-      loss_fn, optimizer, grad_reduce, compute_dtype, max_consecutive_skips,
-      microbatches, collectives.ALGORITHMS,
+  sync = grad_sync_from(
+      grad_sync, grad_reduce=grad_reduce, comm_dtype=comm_dtype, aps=aps, rounding=rounding
   )
-  if not isinstance(mesh, jax.sharding.Mesh):
-    raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}.")
-  mesh = auto_axes_mesh(mesh)
-  validation.check_bool("shard_update", shard_update)
-  validation.check_bool("donate", donate)
-  validation.check_bool("has_aux", has_aux)
-  if data_axes is None:
-    named = set()
-    if param_sharding is not None:
-      layout = ps.check_param_sharding(param_sharding, mesh, ())
-      specs = [s for _, s in layout[1]] if layout[0] == "rules" else jax.tree.leaves(
-          layout[1], is_leaf=lambda x: isinstance(x, P))
-      for s in specs:
-        named.update(ps.spec_axes(s) if isinstance(s, P) else ())
-    axes = tuple(a for a in mesh.axis_names if a not in named)
-  else:
-    axes = lg.check_axes("data_axes", data_axes)
-  unknown = [a for a in axes if a not in mesh.axis_names]
-  if not axes or unknown or len(set(axes)) != len(axes):
+  config = step_config_from(
+      step_config, microbatches=microbatches, compute_dtype=compute_dtype,
+      donate=donate, has_aux=has_aux, max_consecutive_skips=max_consecutive_skips,
+  )
+  options = dict(step_config=config, shard_update=shard_update, data_axes=data_axes,
+                 grad_stats=grad_stats, grad_stats_decay=grad_stats_decay)
+  if param_sharding is None:
+    return make_replicated_train_step(loss_fn, optimizer, mesh, grad_sync=sync, **options)
+  lg.check_fn_and_optimizer(loss_fn, optimizer)
+  if sync.algorithm != "psum":
     raise ValueError(
-        f"data_axes must be a non-empty subset of the mesh axes {mesh.axis_names}, "
-        f"got {data_axes!r}."
+        f'param_sharding needs grad_reduce="psum" (the compiler places the '
+        f"reductions of a sharded step), got grad_sync={sync!r}."
     )
-  if grad_reduce == "torus" and len(axes) != 2:
+  if sync.comm_dtype is not None:
     raise ValueError(
-        f'grad_reduce="torus" needs two data axes (a torus_mesh), got {axes}.'
+        f"comm_dtype={sync.comm_dtype!r} needs replicated parameters: with "
+        "param_sharding the compiler places the gradient reductions; pass "
+        "comm_dtype=None."
     )
-  layout = None
-  if param_sharding is not None:
-    layout = ps.check_param_sharding(param_sharding, mesh, axes)
-    if grad_reduce != "psum":
-      raise ValueError(
-          f'param_sharding needs grad_reduce="psum" (the compiler places the '
-          f"reductions of a sharded step), got {grad_reduce!r}."
-      )
-    if comm[0] is not None:
-      raise ValueError(
-          f"comm_dtype={comm_dtype!r} needs replicated parameters: with "
-          "param_sharding the compiler places the gradient reductions; pass "
-          "comm_dtype=None."
-      )
-  decay = gs_lib.check_options(
-      grad_stats, grad_stats_decay,
-      compat.mesh_axis_sizes(mesh, axes), microbatches,
+  return make_sharded_train_step(
+      loss_fn, optimizer, mesh, param_sharding=param_sharding, **options
   )
-  return TrainStep(
-      loss_fn,
-      optimizer,
-      mesh,
-      grad_reduce=grad_reduce,
-      shard_update=bool(shard_update),
-      compute_dtype=compute_dtype,
-      donate=bool(donate),
-      has_aux=bool(has_aux),
-      data_axes=axes,
-      max_consecutive_skips=max_consecutive_skips,
-      microbatches=microbatches,
-      param_layout=layout,
-      comm=comm,
-      grad_stats_decay=decay,
-  )
-

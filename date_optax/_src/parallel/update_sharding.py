@@ -19,9 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from date_optax._src.parallel import collectives, compat
-from date_optax._src.parallel import low_precision as lp
-from date_optax._src.parallel.local_grads import acc_dtype
+from date_optax._src.parallel import collectives
 
 
 def update_shard_axis(shape: Sequence[int], num_shards: int) -> int | None:
@@ -106,115 +104,30 @@ def bytes_per_device(tree: Any) -> int:
 
 
 # ---------------------------------------------------------------------------
-# The explicit reduce-scatter / all-gather of the shard_map step.
-#
-# Layout of the split gradients/parameters: a leaf split along axis d is moved
-# to (n, rest) blocks whose row k is replica k's shard, the row-major order in
-# which PartitionSpec(axes) places shards.
+# The layout of split arrays in the explicit reduce-scatter / all-gather of the
+# shard_map step (`grad_sync.sync_gradients(..., scatter=True)` and
+# `all_gather_params`): a leaf split along axis d is moved to (n, rest) blocks
+# whose row k is replica k's shard, the row-major order in which
+# PartitionSpec(axes) places shards.
 # ---------------------------------------------------------------------------
 
 
-def scaled(grads: Any, n: int) -> Any:
-  """Divides by n before summing, in the accumulation dtype: the mean never
-  overflows a low-precision gradient."""
-  return jax.tree.map(lambda g: g.astype(acc_dtype(g.dtype)) / n, grads)
-
-
-def mean_over_replicas(
-    grads: Any,
-    axes: Any,
-    algorithm: str,
-    n: int,
-    grid: tuple[int, int] | None = None,
-    comm: tuple[Any, bool, str] = (None, False, "nearest"),
-    key: Any = None,
-) -> Any:
-  """Mean of a gradient pytree over the replicas (inside shard_map/pmap).
-
-  `comm` is `(comm_dtype, aps, rounding)` for a low-precision payload; `key`
-  the step's rounding key for `rounding="stochastic"`.
-  """
-  total = collectives.all_reduce(
-      scaled(grads, n), axes, algorithm=algorithm, grid=grid,
-      comm_dtype=comm[0], aps=comm[1] if comm[0] is not None else None,
-      rounding=comm[2], key=key,
-  )
-  return jax.tree.map(lambda t, g: t.astype(g.dtype), total, grads)
-
-
-def _to_blocks(x: jax.Array, d: int, n: int) -> jax.Array:
+def to_blocks(x: jax.Array, d: int, n: int) -> jax.Array:
+  """A whole array as (n, rest) blocks, row k the part replica k keeps."""
   return jnp.moveaxis(x, d, 0).reshape(n, -1)
 
 
-def _shard_from_chunk(
+def shard_from_chunk(
     chunk: jax.Array, shape: Sequence[int], d: int, n: int
 ) -> jax.Array:
+  """One row of `to_blocks` back as the shard of an array of `shape`."""
   moved = (shape[d] // n,) + tuple(s for i, s in enumerate(shape) if i != d)
   return jnp.moveaxis(chunk.reshape(moved), 0, d)
 
 
-def reduce_scatter_mean(
-    grads: Any,
-    shape_list: list[tuple[int, ...]],
-    axes: Any,
-    algorithm: str,
-    n: int,
-    comm: tuple[Any, bool, str] = (None, False, "nearest"),
-    key: Any = None,
-) -> Any:
-  """Mean over replicas; split leaves come back as this replica's shard only.
-
-  With `comm = (comm_dtype, aps, rounding)` the float payload travels in the
-  format (APS shifts from one `pmax` over all leaves, whole and split);
-  `key` is the step's rounding key for `rounding="stochastic"`.
-  """
-  leaves, treedef = jax.tree.flatten(scaled(grads, n))
-  orig = jax.tree.leaves(grads)
-  fmt = lp.comm_format(comm[0])
-  scaling = None
-  if fmt is not None:
-    if any(not jnp.issubdtype(x.dtype, jnp.inexact) for x in leaves):
-      raise TypeError("a low-precision comm_dtype needs float gradients.")
-    leaves, scaling = lp.prepare(
-        [x.astype(jnp.float32) for x in leaves], compat.as_tuple(axes), n, fmt,
-        comm[1],
-    )
-    fmt = lp.device_format(fmt, axes, key if comm[2] == "stochastic" else None)
-  dims = [update_shard_axis(s, n) for s in shape_list]
-  out: list[Any] = [None] * len(leaves)
-  whole = [i for i, d in enumerate(dims) if d is None]
-  if whole:
-    reduced = collectives.all_reduce(
-        [leaves[i] for i in whole], axes, algorithm=algorithm
-    ) if fmt is None else collectives.low_precision_sum(
-        [leaves[i] for i in whole], axes, algorithm, None, fmt
-    )
-    for i, r in zip(whole, reduced, strict=True):
-      out[i] = r
-  groups: dict[Any, list[int]] = {}
-  for i, d in enumerate(dims):
-    if d is not None:
-      groups.setdefault(leaves[i].dtype, []).append(i)
-  for idxs in groups.values():
-    blocks = [_to_blocks(leaves[i], dims[i], n) for i in idxs]
-    chunk = collectives.reduce_scatter_blocks(
-        jnp.concatenate(blocks, axis=1), axes, algorithm, fmt=fmt
-    )
-    if fmt is not None:  # the shard is the final sum: rounded as it would travel
-      chunk = fmt.round(chunk)
-    offset = 0
-    for i, b in zip(idxs, blocks, strict=True):
-      c = b.shape[1]
-      out[i] = _shard_from_chunk(chunk[offset : offset + c], shape_list[i], dims[i], n)
-      offset += c
-  if scaling is not None:
-    out = [scaling.undo(i, o) for i, o in enumerate(out)]
-  out = [o.astype(g.dtype) for o, g in zip(out, orig, strict=True)]
-  return jax.tree.unflatten(treedef, out)
-
-
 def all_gather_params(
-    params: Any, shape_list: list[tuple[int, ...]], axes: Any, algorithm: str, n: int
+    params: Any, shape_list: list[tuple[int, ...]], axes: Any, algorithm: str, n: int,
+    grid: tuple[int, int] | None = None,
 ) -> Any:
   """Inverse of the split: every replica gets every parameter in full."""
   leaves, treedef = jax.tree.flatten(params)
@@ -226,7 +139,7 @@ def all_gather_params(
       groups.setdefault(leaves[i].dtype, []).append(i)
   for idxs in groups.values():
     chunks = [jnp.moveaxis(leaves[i], dims[i], 0).reshape(-1) for i in idxs]
-    full = collectives.all_gather_blocks(jnp.concatenate(chunks), axes, algorithm)
+    full = collectives.all_gather_blocks(jnp.concatenate(chunks), axes, algorithm, grid=grid)
     offset = 0
     for i, c in zip(idxs, chunks, strict=True):
       shape, d = shape_list[i], dims[i]

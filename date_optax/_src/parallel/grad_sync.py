@@ -1,0 +1,516 @@
+"""Gradient synchronisation: its options in one config, and the one reduction.
+
+Every data-parallel step combines the replicas' gradients here, exactly once:
+the `shard_map` and `pmap` steps call `sync_gradients` from their shared
+per-replica body (`replica_step.replica_step`), for an all-reduce mean or,
+with weight-update sharding, a reduce-scatter mean. The options travel as one
+frozen `GradSync`, validated when it is built: the algorithm ("psum", "ring",
+"torus"), the torus layout (`grid`), the payload format (`comm_dtype`),
+Auto-Precision Scaling (`aps`) and the rounding.
+
+The algorithms themselves (neighbour exchanges, packing) live in
+`collectives`; the formats and APS in `low_precision`. This module wires them
+together once, for both all-reduce and reduce-scatter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from date_optax._src import validation
+from date_optax._src.parallel import collectives, compat
+from date_optax._src.parallel import low_precision as lp
+from date_optax._src.parallel import update_sharding as us
+from date_optax._src.parallel.collectives import ALGORITHMS, acc_dtype
+from date_optax._src.parallel.low_precision import CommFormat
+from date_optax._src.parallel.step_config import config_from
+from date_optax._src.types import PyTree
+
+
+@dataclasses.dataclass(frozen=True)
+class GradSync:
+  """How a data-parallel step reduces its gradients over the replicas.
+
+  A frozen, hashable config, validated once here: every option that
+  excludes another is refused when the config is built, with a message that
+  names both. The steps (`make_train_step`, `make_replicated_train_step`,
+  `make_pmap_train_step`) and `sync_gradients` take it as `grad_sync=`.
+
+  Args:
+    algorithm: "psum" (`lax.psum`, XLA picks the schedule), "ring" (one ring
+      over all replicas, `ring_all_reduce`) or "torus" (two-phase 2-D torus,
+      `torus_all_reduce`). The steps' flat keyword is `grad_reduce`.
+    grid: for "torus" over a single axis (a `pmap` axis, or one data axis of
+      a mesh), its `(X, Y)` layout, row-major; None with two data axes (a
+      `torus_mesh`). Only with `algorithm="torus"`.
+    comm_dtype: the gradient payload format: None or "float32" (exact,
+      float32 accumulation; stored as None), "bfloat16", "float8_e4m3fn",
+      "float8_e5m2", "int8", "int4" or "float4_e2m1fn" (names or dtypes;
+      stored as the name).
+    aps: Auto-Precision Scaling of each layer by a power of two before the
+      cast; None means on for formats of at most 8 bits and off for
+      bfloat16. `aps=True` needs a low-precision `comm_dtype`.
+    rounding: "nearest" or "stochastic" (unbiased; needs a low-precision
+      `comm_dtype`). The steps draw the key of step s as
+      `fold_in(fold_in(rng, 0x5352), s)` (`low_precision.rounding_key`).
+    block_size: None, or MX-style block scales: one power-of-two scale per
+      block of this many elements of one layer, measured on every message
+      at every hop and carried beside the payload; an integer in
+      [1, 65536] (MX uses 32). Needs a low-precision `comm_dtype` and
+      "ring" or "torus"; APS then defaults to off (no `pmax`).
+    measured_shift: one scale per layer piece of every message, measured at
+      every hop (needs a low-precision `comm_dtype` and "ring" or "torus";
+      excludes `block_size`).
+
+  Returns:
+    The config (a frozen dataclass; `dataclasses.replace` gives variants).
+
+  Raises:
+    ValueError: an unknown algorithm, format or rounding; `grid` without
+      "torus" or not two positive integers; `aps=True` or
+      `rounding="stochastic"` without a low-precision `comm_dtype`.
+    TypeError: `aps` not None or a bool.
+
+  Examples:
+    >>> import date_optax.parallel as dp
+    >>> sync = dp.GradSync("ring", comm_dtype="int8", rounding="stochastic")
+    >>> sync.comm_dtype, sync.uses_aps
+    ('int8', True)
+    >>> try:
+    ...   dp.GradSync("psum", rounding="stochastic")
+    ... except ValueError as e:
+    ...   print(str(e)[:55])
+    rounding="stochastic" needs a low-precision comm_dtype
+
+  References:
+    Ying et al., "Image Classification at Supercomputer Scale", 2018; Han,
+    Demmel and You, "Auto-Precision Scaling for Distributed Deep Learning",
+    2020, https://arxiv.org/abs/2003.00119; Gupta et al., "Deep Learning
+    with Limited Numerical Precision", ICML 2015,
+    https://arxiv.org/abs/1502.02551.
+  """
+
+  algorithm: str = "psum"
+  grid: tuple[int, int] | None = None
+  comm_dtype: Any = None
+  aps: bool | None = None
+  rounding: str = "nearest"
+  block_size: int | None = None
+  measured_shift: bool = False
+
+  def __post_init__(self) -> None:
+    if not isinstance(self.algorithm, str) or self.algorithm not in ALGORITHMS:
+      raise ValueError(
+          f"GradSync.algorithm (the step's grad_reduce) must be one of {ALGORITHMS}, "
+          f"got {self.algorithm!r}."
+      )
+    if self.grid is not None:
+      if self.algorithm != "torus":
+        raise ValueError(
+            f"grid={self.grid!r} is the layout of the torus: it needs "
+            f'algorithm="torus" (grad_reduce="torus"), got algorithm='
+            f"{self.algorithm!r}; pass grid=None."
+        )
+      grid = tuple(self.grid) if isinstance(self.grid, (tuple, list)) else None
+      if grid is None or len(grid) != 2:
+        raise ValueError(f"grid must be (X, Y), two positive integers, got {self.grid!r}.")
+      grid = tuple(validation.check_int(f"grid[{i}]", d, low=1) for i, d in enumerate(grid))
+      object.__setattr__(self, "grid", grid)
+    fmt = lp.comm_format(self.comm_dtype)
+    object.__setattr__(self, "comm_dtype", None if fmt is None else fmt.name)
+    lp.resolve_aps(fmt, self.aps)  # aps=True without a format, or not a bool
+    lp.resolve_rounding(fmt, self.rounding)  # unknown, or stochastic without a format
+    _, block_size, _ = lp.resolve_scaling(
+        fmt, self.aps, self.block_size, self.measured_shift, self.algorithm
+    )
+    object.__setattr__(self, "block_size", block_size)
+    object.__setattr__(self, "measured_shift", bool(self.measured_shift))
+
+  @property
+  def format(self) -> CommFormat | None:
+    """The payload's `CommFormat`, or None for the exact float32 path."""
+    return lp.comm_format(self.comm_dtype)
+
+  @property
+  def uses_aps(self) -> bool:
+    """Whether Auto-Precision Scaling is applied (the `aps=None` default resolved)."""
+    return lp.resolve_scaling(self.format, self.aps, self.block_size, self.measured_shift)[0]
+
+  @property
+  def measures_scales(self) -> bool:
+    """Whether scales are measured at every hop (block scales or the measured shift)."""
+    return self.block_size is not None or self.measured_shift
+
+  def rounding_key(self, rng: Any, step: jax.Array) -> Any:
+    """The step's stochastic-rounding key, or None for round-to-nearest."""
+    return lp.rounding_key(rng, step) if self.rounding == "stochastic" else None
+
+  def check_replicas(
+      self, axes: Sequence[Hashable], num_replicas: int, *, grid_name: str = "grid"
+  ) -> None:
+    """Refuses a torus that does not fit the replicas' axes.
+
+    Without `grid` the torus needs two axes; with one, `X·Y` must equal the
+    number of replicas. `grid_name` is the keyword the caller used.
+    """
+    if self.algorithm != "torus":
+      return
+    if self.grid is None:
+      if len(tuple(axes)) != 2:
+        raise ValueError(
+            f'grad_reduce="torus" needs two data axes (a torus_mesh), or '
+            f"{grid_name}=(X, Y) for one axis; got data axes {tuple(axes)}."
+        )
+      return
+    if int(np.prod(self.grid)) != num_replicas:
+      raise ValueError(
+          f"{grid_name} {self.grid} must multiply to the number of devices, "
+          f"{num_replicas}."
+      )
+
+
+def most_square_grid(n: int) -> tuple[int, int]:
+  """The X×Y grid of n devices closest to square, X <= Y."""
+  rows = int(np.floor(np.sqrt(n)))
+  while n % rows:
+    rows -= 1
+  return rows, n // rows
+
+
+def grad_sync_from(
+    grad_sync: GradSync | None,
+    *,
+    grad_reduce: Any = "psum",
+    grid: Any = None,
+    comm_dtype: Any = None,
+    aps: Any = None,
+    rounding: Any = "nearest",
+) -> GradSync:
+  """The builders' `grad_sync=`, or the config their flat keywords spell."""
+  return config_from(grad_sync, GradSync, {
+      "grad_reduce": ("algorithm", grad_reduce, "psum"),
+      "grid": ("grid", grid, None),
+      "comm_dtype": ("comm_dtype", comm_dtype, None),
+      "aps": ("aps", aps, None),
+      "rounding": ("rounding", rounding, "nearest"),
+  })
+
+
+def _check_key(sync: GradSync, key: Any) -> None:
+  if sync.rounding == "stochastic" and key is None:
+    raise ValueError('rounding="stochastic" needs a PRNG key: pass key=.')
+  if sync.rounding == "nearest" and key is not None:
+    raise ValueError('key is only used with rounding="stochastic"; pass key=None.')
+
+
+# ---------------------------------------------------------------------------
+# The one reduction. Leaves split by weight-update sharding are reduce-scattered
+# (row k of a leaf's (n, rest) blocks lands on replica k, the row-major order in
+# which PartitionSpec(axes) places shards); the others are all-reduced.
+# ---------------------------------------------------------------------------
+
+
+def _exact_sum(xs: list[jax.Array], axes: Any, sync: GradSync) -> list[jax.Array]:
+  """Exact all-reduce of whole leaves: one psum each, or packed for a ring/torus."""
+  if sync.algorithm == "psum":
+    return collectives.psum_all_reduce(xs, axes)
+  if sync.algorithm == "ring":
+    return collectives.ring_all_reduce(xs, axes)
+  return collectives.torus_all_reduce(xs, axes, grid=sync.grid)
+
+
+def _sum(
+    xs: list[jax.Array], dims: list[int | None], axes: Any, sync: GradSync, n: int,
+    fmt: Any,
+) -> list[jax.Array]:
+  """Sums over the replicas: whole leaves all-reduced, split ones scattered.
+
+  With a format `fmt` (already carrying the device's rounding key) the
+  payload travels in it; `xs` are then float32 and already APS-shifted.
+  """
+  out: list[Any] = [None] * len(xs)
+  whole = [i for i, d in enumerate(dims) if d is None]
+  if whole:
+    parts = [xs[i] for i in whole]
+    reduced = _exact_sum(parts, axes, sync) if fmt is None else collectives.low_precision_sum(
+        parts, axes, sync.algorithm, sync.grid, fmt, block_size=sync.block_size,
+        measured_shift=sync.measured_shift,
+    )
+    for i, r in zip(whole, reduced, strict=True):
+      out[i] = r
+  groups: dict[Any, list[int]] = {}
+  for i, d in enumerate(dims):
+    if d is not None:
+      groups.setdefault(xs[i].dtype, []).append(i)
+  for idxs in groups.values():
+    blocks = [us.to_blocks(xs[i], dims[i], n) for i in idxs]
+    if fmt is not None:  # the shard is the final sum: rounded as it would travel
+      chunks = collectives.low_precision_reduce_scatter(
+          blocks, axes, sync.algorithm, sync.grid, fmt, block_size=sync.block_size,
+          measured_shift=sync.measured_shift,
+      )
+      for i, ch in zip(idxs, chunks, strict=True):
+        out[i] = us.shard_from_chunk(ch, xs[i].shape, dims[i], n)
+      continue
+    chunk = collectives.reduce_scatter_blocks(
+        jnp.concatenate(blocks, axis=1), axes, sync.algorithm, grid=sync.grid, fmt=fmt
+    )
+    offset = 0
+    for i, b in zip(idxs, blocks, strict=True):
+      c = b.shape[1]
+      out[i] = us.shard_from_chunk(chunk[offset : offset + c], xs[i].shape, dims[i], n)
+      offset += c
+  return out
+
+
+def _reduce(tree: PyTree, axes: Any, sync: GradSync, key: Any, scatter: bool) -> PyTree:
+  """Sum of `tree` over `axes` with `sync`'s algorithm and payload."""
+  leaves, treedef = jax.tree.flatten(tree)
+  leaves = [jnp.asarray(x) for x in leaves]
+  n = compat.axis_size(axes)
+  dims = [us.update_shard_axis(x.shape, n) if scatter else None for x in leaves]
+  fmt = sync.format
+  low, exact = lp.split_floats(leaves) if fmt is not None else ([], list(range(len(leaves))))
+  out: list[Any] = list(leaves)
+  if exact:
+    reduced = _sum([leaves[i] for i in exact], [dims[i] for i in exact], axes, sync, n, None)
+    for i, r in zip(exact, reduced, strict=True):
+      out[i] = r
+  if low:
+    xs = [leaves[i].astype(jnp.float32) for i in low]
+    scaling = None
+    if sync.uses_aps or not sync.measures_scales:  # measured scales need no pmax
+      xs, scaling = lp.prepare(xs, compat.as_tuple(axes), n, fmt, sync.uses_aps)
+    reduced = _sum(xs, [dims[i] for i in low], axes, sync, n, lp.device_format(fmt, axes, key))
+    for j, i in enumerate(low):
+      r = reduced[j] if scaling is None else scaling.undo(j, reduced[j])
+      out[i] = r.astype(leaves[i].dtype)
+  return jax.tree.unflatten(treedef, out)
+
+
+def sync_gradients(
+    grads: PyTree,
+    axis_name: Any,
+    grad_sync: GradSync | None = None,
+    *,
+    key: Any = None,
+    scatter: bool = False,
+) -> PyTree:
+  """The mean of a gradient pytree over the replicas: the steps' one reduction.
+
+  Call it inside `shard_map` or `pmap`, where `axis_name` is bound, as
+  flax's `train_step` calls `lax.pmean(grads, "batch")`. Each gradient is
+  divided by the number of replicas N in its accumulation dtype (float32 or
+  wider, so the mean never overflows a low-precision gradient), summed with
+  `grad_sync`'s algorithm and payload format, and cast back to its dtype.
+
+  With `scatter=True` (weight-update sharding) every leaf that N divides
+  along some axis (`update_shard_axis`) comes back as this replica's shard of
+  the mean, split along that axis (a reduce-scatter); the other leaves come
+  back whole. With a low-precision `comm_dtype` the float leaves travel in
+  the format, APS shifts from one `pmax` over all of them, whole and split.
+
+  Args:
+    grads: a pytree of gradients (the local gradient of this replica).
+    axis_name: the data axis name, or a tuple of names (two for a torus
+      without `grid`).
+    grad_sync: a `GradSync` (None: `GradSync()`, an exact `lax.psum`).
+    key: the PRNG key for `rounding="stochastic"` (the same on every
+      replica: the device index is folded in); None otherwise.
+    scatter: reduce-scatter the leaves that split over the replicas.
+
+  Returns:
+    The mean gradient (or, with `scatter`, its shards), each leaf in its
+    own dtype.
+
+  Raises:
+    ValueError: a stochastic rounding without a key, or a key without it.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from jax.sharding import PartitionSpec as P
+    >>> import date_optax.parallel as dp
+    >>> mesh = dp.data_mesh()
+    >>> sync = dp.GradSync("ring", comm_dtype="bfloat16")
+    >>> f = jax.shard_map(lambda g: dp.sync_gradients(g, "data", sync), mesh=mesh,
+    ...                   in_specs=P("data"), out_specs=P("data"), check_vma=False)
+    >>> g = jnp.arange(mesh.size, dtype=jnp.float32)
+    >>> bool(jnp.allclose(f(g), g.mean()))
+    True
+
+  References:
+    Goyal et al., "Accurate, Large Minibatch SGD", 2017; Xu et al.,
+    "Automatic Cross-Replica Sharding of Weight Update in Data-Parallel
+    Training", 2020, https://arxiv.org/abs/2004.13336; Han, Demmel and You,
+    "Auto-Precision Scaling for Distributed Deep Learning", 2020.
+  """
+  sync = GradSync() if grad_sync is None else grad_sync
+  _check_key(sync, key)
+  n = compat.axis_size(axis_name)
+  scaled = jax.tree.map(lambda g: g.astype(acc_dtype(g.dtype)) / n, grads)
+  total = _reduce(scaled, axis_name, sync, key, scatter)
+  return jax.tree.map(lambda t, g: t.astype(g.dtype), total, grads)
+
+
+def all_reduce(
+    tree: PyTree,
+    axis_name: Any,
+    *,
+    algorithm: str = "psum",
+    grid: tuple[int, int] | None = None,
+    comm_dtype: Any = None,
+    aps: bool | None = None,
+    rounding: str = "nearest",
+    key: Any = None,
+    block_size: int | None = None,
+    measured_shift: bool = False,
+) -> PyTree:
+  """Sums a pytree over named axes with the chosen algorithm and payload format.
+
+  With `comm_dtype` the float leaves travel in a low-precision format
+  (bfloat16, float8_e4m3fn, float8_e5m2, int8, int4 or float4_e2m1fn):
+  they are summed in float32, rounded to the format, and for "ring" and
+  "torus" every partial sum is rounded to the format again before it is sent
+  to the next device, as hardware adding in the format would; the final sum
+  is rounded once more and gathered in the format, so all devices agree.
+  "psum" casts, calls `lax.psum` on the format and casts back (XLA on CPU
+  accumulates it wider and rounds once; other backends may differ). Integer
+  formats round to nearest and saturate at ±qmax before sending.
+
+  With `aps` (Auto-Precision Scaling, default on for formats of 8 bits or
+  fewer) each leaf is multiplied before the cast by `2^k`,
+  `k = floor(log2(fmt_max / (N · M)))` with `M` the leaf's max-abs over all
+  N replicas, so the sum cannot overflow and small layers use the whole
+  range; `M` comes from one extra `pmax` of a vector of two floats per leaf,
+  issued before the payload. A leaf that is NaN/Inf on any replica comes out
+  NaN everywhere (integer and 4-bit float formats cannot carry a NaN).
+
+  With `rounding="stochastic"` every rounding (each device's first cast,
+  each partial sum it sends, the final sum) goes to one of the two
+  neighbouring values of the format, the upper with probability equal to
+  the distance from the lower in grid steps: unbiased, `E[round(x)] = x`
+  inside the range (Gupta et al. 2015). Each rounding draws from
+  `fold_in(fold_in(key, d), i)`, `d` the device's row-major index over
+  `axis_name` and `i` the rounding's rank in the program, so `key` may be
+  the same on every device; pass a new key per step. One rounding errs by
+  less than one grid step (nearest: half), so the per-layer bound doubles.
+  The rules and the error bounds are in `docs/algorithms.md`.
+
+  With `block_size` (MX-style block scaling) or `measured_shift` ("ring"
+  and "torus" only) the scales are measured on what is sent instead of
+  fixed by APS: every message (each partial sum a device sends on, and the
+  final sum it gathers) carries, per group, the power of two
+  `2^e = min{2^e : m · 2^-e <= fmt_max}` of the group's current max-abs
+  `m` beside the payload `round(x · 2^-e)`, one 8-bit exponent per group
+  packed into the same message. Groups are blocks of `block_size`
+  consecutive elements of one layer (layers are zero-padded to whole
+  blocks), or with `measured_shift=True` each layer's piece of the message.
+  The receiver decodes to float32, adds its own float32 row and measures
+  again, so early hops and sums that cancel use the whole range, where APS
+  pays for the worst case `N · M` at every hop; one rounding errs by at
+  most `eps_fmt · m`. No `pmax` is issued (APS defaults to off; `aps=True`
+  beside them changes no value): a group holding a NaN or Inf arrives as
+  NaN on every device, other groups are unaffected.
+
+  The options are those of `GradSync` (validated there); `sync_gradients`
+  is the same reduction as a mean, for gradients.
+
+  Args:
+    tree: a pytree of arrays.
+    axis_name: an axis name or a tuple of names (two for "torus").
+    algorithm: "psum" (`lax.psum`), "ring" (`ring_all_reduce`) or "torus"
+      (`torus_all_reduce`).
+    grid: for "torus" over a single axis, its `(X, Y)` layout.
+    comm_dtype: None or "float32" (exact, float32 accumulation), or one of
+      "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8", "int4",
+      "float4_e2m1fn" (names or dtypes).
+    aps: scale each leaf by a power of two before the cast (None: True for
+      formats of at most 8 bits, False for bfloat16). Needs a low-precision
+      `comm_dtype`.
+    rounding: "nearest" (default) or "stochastic" (needs a low-precision
+      `comm_dtype` and a `key`).
+    key: a PRNG key (`jax.random.key` or a raw `PRNGKey`) for
+      `rounding="stochastic"`; not used otherwise.
+    block_size: None (no block scales) or the elements per block scale, an
+      integer in [1, 65536] (MX uses 32); needs a low-precision `comm_dtype`
+      and "ring" or "torus".
+    measured_shift: one scale per layer piece of every message, measured at
+      every hop (needs a low-precision `comm_dtype` and "ring" or "torus";
+      excludes `block_size`, whose blocks are measured already).
+
+  Returns:
+    The sum over all devices of the named axes, each leaf in its own dtype.
+
+  Raises:
+    ValueError: for an unknown algorithm, `comm_dtype` or `rounding`,
+      `aps=True` or `rounding="stochastic"` without a low-precision
+      `comm_dtype`, `grid` without "torus", a stochastic rounding without
+      `key`, or a `key` with `rounding="nearest"`; `block_size` outside
+      [1, 65536], `block_size` or `measured_shift=True` without a
+      low-precision `comm_dtype` or with "psum", or both at once.
+    TypeError: `block_size` not an integer, `measured_shift` not a bool.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from jax.sharding import PartitionSpec as P
+    >>> import date_optax.parallel as dp
+    >>> mesh = dp.data_mesh()
+    >>> f = jax.shard_map(
+    ...     lambda t: dp.all_reduce(t, "data", algorithm="ring"), mesh=mesh,
+    ...     in_specs=P("data"), out_specs=P("data"), check_vma=False)
+    >>> bool((f(jnp.ones(mesh.size)) == mesh.size).all())
+    True
+    >>> g = jax.shard_map(
+    ...     lambda t: dp.all_reduce(t, "data", algorithm="ring",
+    ...                             comm_dtype="int8"),
+    ...     mesh=mesh, in_specs=P("data"), out_specs=P("data"), check_vma=False)
+    >>> out = g(jnp.full(mesh.size, 1e-6))  # plain int8 rounding would give 0
+    >>> bool(jnp.allclose(out, mesh.size * 1e-6, rtol=0.1))
+    True
+
+    Stochastic rounding: 0.3 on every device rounds to 0 in int4 without
+    APS, but stochastically to 1 with probability 0.3, so the mean over keys
+    of the sum approaches 0.3 per device.
+
+    >>> h = jax.jit(jax.shard_map(
+    ...     lambda t, k: dp.all_reduce(t, "data", algorithm="ring",
+    ...                                comm_dtype="int4", aps=False,
+    ...                                rounding="stochastic", key=k),
+    ...     mesh=mesh, in_specs=(P("data"), P()), out_specs=P("data"),
+    ...     check_vma=False))
+    >>> x = jnp.full(mesh.size, 0.3)
+    >>> sums = jnp.stack([h(x, jax.random.key(i))[0] for i in range(200)])
+    >>> bool(abs(float(sums.mean()) / mesh.size - 0.3) < 0.05)
+    True
+
+    Block scales: a block of small values beside a block of large ones in
+    the same layer keeps its precision (APS would scale both by the large
+    one's worst case).
+
+    >>> b = jax.shard_map(
+    ...     lambda t: dp.all_reduce(t, "data", algorithm="ring",
+    ...                             comm_dtype="int8", block_size=32),
+    ...     mesh=mesh, in_specs=P("data"), out_specs=P("data"), check_vma=False)
+    >>> v = jnp.tile(jnp.concatenate([jnp.full(32, 1e-3), jnp.full(32, 1e3)]),
+    ...              mesh.size)
+    >>> out = b(v).reshape(mesh.size, 64)[0]
+    >>> bool(jnp.allclose(out[:32], mesh.size * 1e-3, rtol=0.02))
+    True
+
+  References:
+    Ying et al., "Image Classification at Supercomputer Scale", 2018;
+    Han, Demmel and You, "Auto-Precision Scaling for Distributed Deep
+    Learning", 2020, https://arxiv.org/abs/2003.00119; Gupta et al., "Deep
+    Learning with Limited Numerical Precision", ICML 2015,
+    https://arxiv.org/abs/1502.02551; Open Compute Project, "OCP
+    Microscaling Formats (MX) Specification v1.0", 2023 (block scales).
+  """
+  sync = GradSync(algorithm, grid, comm_dtype, aps, rounding, block_size, measured_shift)
+  _check_key(sync, key)
+  return _reduce(tree, axis_name, sync, key, scatter=False)

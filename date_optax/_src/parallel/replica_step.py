@@ -1,0 +1,99 @@
+"""The body every replicated data-parallel step runs, as flax's `train_step` reads.
+
+`replica_step` runs on one replica, inside `shard_map` or `pmap`: the loss
+and the gradient of its slice of the batch (`local_grads.replica_grads`), the
+one reduction over the replicas (`grad_sync.sync_gradients`), and the means
+of what else the replicas computed. `apply_update` then applies the
+optimizer. The `pmap` step calls both inside `pmap`; the `shard_map` step
+calls `replica_step` inside `shard_map` and `apply_update` on the mesh (so
+that, with weight-update sharding, norms over split layers stay exact); the
+GSPMD step of sharded parameters computes the same `ReplicaResult` as one
+program and calls the same `apply_update`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+
+from date_optax._src.parallel import local_grads as lg
+from date_optax._src.parallel.grad_sync import GradSync, sync_gradients
+from date_optax._src.parallel.step_config import StepConfig
+from date_optax._src.parallel.train_state import Metrics, TrainState, apply_gradients
+from date_optax._src.types import LossFn, PyTree
+
+
+class ReplicaResult(NamedTuple):
+  """What the replicas agree on after the reduction."""
+
+  loss: jax.Array  # mean over the global batch, float32
+  aux: Any  # float leaves averaged, integer leaves summed (None without has_aux)
+  grads: PyTree  # the mean gradient (or this replica's shards of it)
+  model_state: Any  # float leaves averaged, others from replica 0 (or None)
+  unit_sq: jax.Array | None  # mean squared gradient norm of one unit (grad_stats)
+
+
+def replica_step(
+    loss_fn: LossFn,
+    config: StepConfig,
+    grad_sync: GradSync,
+    *,
+    params: PyTree,
+    batch: PyTree,
+    model_state: Any,
+    rng: Any,
+    step: jax.Array,
+    axes: tuple[Hashable, ...],
+    scatter: bool = False,
+    with_stats: bool = False,
+) -> ReplicaResult:
+  """One replica's loss and gradient, and their one reduction over `axes`."""
+  replica = lg.replica_index(axes)
+  loss, aux, grads, model_state, *sq = lg.replica_grads(
+      loss_fn, has_aux=config.has_aux, compute_dtype=config.compute_dtype,
+      microbatches=config.microbatches, params=params, batch=batch,
+      model_state=model_state, rng=rng, step=step, replica=replica,
+      with_sq_norms=with_stats,
+  )
+  grads = sync_gradients(
+      grads, axes, grad_sync, key=grad_sync.rounding_key(rng, step), scatter=scatter
+  )
+  unit_sq = None
+  if with_stats:  # the units' squared norms ride in the loss's scalar all-reduce
+    loss, unit_sq = lax.pmean(jnp.stack([loss, sq[0]]), axes)
+    unit_sq = unit_sq / config.microbatches
+  else:
+    loss = lax.pmean(loss, axes)
+  model_state = lg.replicate_model_state(model_state, axes, replica)
+  return ReplicaResult(loss, lg.mean_aux(aux, axes), grads, model_state, unit_sq)
+
+
+def apply_update(
+    state: TrainState,
+    result: ReplicaResult,
+    optimizer: optax.GradientTransformation,
+    config: StepConfig,
+    *,
+    units: int,
+    global_batch: int,
+    grad_stats_decay: float | None,
+) -> tuple[TrainState, Metrics]:
+  """The optimizer step on the reduced gradient (`train_state.apply_gradients`).
+
+  `units` is replicas × microbatches and `global_batch` the rows of the
+  global batch, for the gradient-noise statistics.
+  """
+  stats = None
+  if result.unit_sq is not None:
+    stats = (result.unit_sq, units, global_batch, grad_stats_decay)
+  new_state, metrics = apply_gradients(
+      state, result.grads, result.loss, optimizer, result.model_state, stats
+  )
+  if config.has_aux:
+    metrics["aux"] = result.aux
+  return new_state, metrics

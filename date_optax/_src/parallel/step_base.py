@@ -1,0 +1,292 @@
+"""What the two data-parallel steps over a mesh share: layout, init and calling.
+
+`TrainStep` holds the state's layout on the mesh, `init`, the batch's
+placement, the `jit` with declared in/out shardings and the host-side
+non-finite check; each subclass holds one program (`_replicas`):
+`replicated_step.ReplicatedTrainStep` (`shard_map`) and
+`sharded_step.ShardedTrainStep` (GSPMD). `check_step_args` validates what
+both builders take.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from date_optax._src import validation
+from date_optax._src.parallel import compat
+from date_optax._src.parallel import grad_stats as gs_lib
+from date_optax._src.parallel import local_grads as lg
+from date_optax._src.parallel import param_sharding as ps
+from date_optax._src.parallel import update_sharding as us
+from date_optax._src.parallel.distributed import host_local_to_global, replicate_to_mesh
+from date_optax._src.parallel.mesh import auto_axes_mesh
+from date_optax._src.parallel.replica_step import ReplicaResult, apply_update
+from date_optax._src.parallel.step_config import StepConfig, step_config_from
+from date_optax._src.parallel.train_state import Metrics, TrainState, check_metrics
+from date_optax._src.types import LossFn, PyTree
+
+
+class TrainStep:
+  """A data-parallel train step over a mesh: what both programs share.
+
+  Call it as `state, metrics = step(state, batch)`.
+  `step.init(params, model_state=None, rng=None)` builds a `TrainState` laid
+  out on the mesh (parameters and optimizer state sharded as declared);
+  `step.shard_batch(batch)` turns this host's part of the global batch into
+  a global array (done automatically by the call for NumPy inputs);
+  `step.batch_sharding` is the batch layout (for `prefetch_to_device`);
+  `step.state_sharding(state)` the state's; `step.lower(state, batch)`
+  exposes the compiled program. The builders return one of its two kinds,
+  `ReplicatedTrainStep` or `ShardedTrainStep`.
+
+  Args:
+    loss_fn, optimizer, mesh: see `make_train_step`; the builders validate
+      every argument, construct through them.
+    config: the `StepConfig`.
+    data_axes: the mesh axes that carry replicas.
+    shard_update: split the optimizer state and update over the replicas.
+    grad_stats_decay: the statistics' decay, or None without them.
+
+  Returns:
+    The step (a callable object).
+
+  Examples:
+    >>> import optax
+    >>> import date_optax.parallel as dp
+    >>> step = dp.make_train_step(lambda p, b: (p * b).mean(), optax.sgd(0.1),
+    ...                           dp.data_mesh())
+    >>> isinstance(step, dp.TrainStep), step.num_replicas == len(step.mesh.devices.flat)
+    (True, True)
+
+  References:
+    Goyal et al., "Accurate, Large Minibatch SGD", 2017.
+  """
+
+  def __init__(
+      self,
+      loss_fn: LossFn,
+      optimizer: optax.GradientTransformation,
+      mesh: jax.sharding.Mesh,
+      *,
+      config: StepConfig,
+      data_axes: tuple[Hashable, ...],
+      shard_update: bool,
+      grad_stats_decay: float | None = None,
+  ):
+    self.loss_fn = loss_fn
+    self.optimizer = optimizer
+    self.mesh = mesh
+    self.config = config
+    self.data_axes = data_axes
+    self.shard_update = shard_update
+    self.grad_stats_decay = grad_stats_decay
+    self.num_replicas = compat.mesh_axis_sizes(mesh, data_axes)
+    self.batch_spec = P(us.axes_entry(data_axes))
+    self.batch_sharding = NamedSharding(mesh, self.batch_spec)
+    self.replicated = NamedSharding(mesh, P())
+    self._compiled: dict[Any, Any] = {}
+    self._init_cache: dict[Any, Any] = {}
+
+  # The step-level options, as attributes (read by code written for the flat
+  # keywords).
+  microbatches = property(lambda self: self.config.microbatches)
+  compute_dtype = property(lambda self: self.config.compute_dtype)
+  donate = property(lambda self: self.config.donate)
+  has_aux = property(lambda self: self.config.has_aux)
+  max_consecutive_skips = property(lambda self: self.config.max_consecutive_skips)
+
+  # -- layout ---------------------------------------------------------------
+
+  def param_specs(self, params: PyTree) -> PyTree:
+    """The `PartitionSpec` of every parameter (all `P()` when replicated)."""
+    return jax.tree.map(lambda _: P(), params)
+
+  def _update_spec(self, shape: Sequence[int], spec: P) -> P:
+    """Layout of a gradient / optimizer-state leaf mirroring a parameter."""
+    if not self.shard_update:
+      return spec
+    return us.sharded_spec(shape, self.data_axes, self.num_replicas)
+
+  def _update_specs(self, params: PyTree) -> PyTree:
+    return jax.tree.map(
+        lambda x, s: self._update_spec(np.shape(x), s),
+        params,
+        self.param_specs(params),
+    )
+
+  def state_sharding(self, state: Any) -> Any:
+    """NamedShardings for a `TrainState` (or its `jax.eval_shape`)."""
+    named = lambda s: NamedSharding(self.mesh, s)
+    param_specs = self.param_specs(state.params)
+    update_specs = self._update_specs(state.params)
+    opt_specs = ps.state_specs(
+        state.opt_state, state.params, update_specs,
+        default=lambda shape: self._update_spec(shape, P()),
+    )
+    return state.replace(
+        step=self.replicated,
+        params=jax.tree.map(named, param_specs),
+        opt_state=jax.tree.map(named, opt_specs),
+        consecutive_skips=self.replicated,
+        total_skips=self.replicated,
+        model_state=jax.tree.map(lambda _: self.replicated, state.model_state),
+        rng=None if state.rng is None else self.replicated,
+        grad_stats=jax.tree.map(lambda _: self.replicated, state.grad_stats),
+    )
+
+  def _check_layout(self, params: PyTree) -> None:
+    """Hook run once per parameter structure at `init`."""
+
+  def init(
+      self, params: PyTree, model_state: PyTree = None, rng: Any = None
+  ) -> TrainState:
+    """A fresh `TrainState` for `params`, placed on the mesh.
+
+    Args:
+      params: the parameters; host (NumPy) arrays with the same value on
+        every process, or arrays already on the mesh.
+      model_state: state the model updates in its forward pass (flax's
+        `{"batch_stats": ...}`), or None. With one, the step calls
+        `loss_fn(params, batch, model_state=...)`.
+      rng: an int seed or a key (`jax.random.key` or a raw `PRNGKey`), or
+        None. With one, the step calls `loss_fn(..., rng=key)` with a key
+        folded from (step, replica, microbatch).
+
+    Returns:
+      A `TrainState` laid out by `state_sharding`.
+    """
+    rng = lg.as_key(rng)
+    lg.check_params(params)
+    params = jax.tree.map(lambda x: replicate_to_mesh(x, self.mesh), params)
+    model_state = jax.tree.map(lambda x: replicate_to_mesh(x, self.mesh), model_state)
+    if rng is not None:
+      rng = replicate_to_mesh(rng, self.mesh)
+    inputs = (params, model_state, rng)
+    key = (jax.tree.structure(inputs),
+           tuple((x.shape, x.dtype) for x in jax.tree.leaves(inputs)))
+    if key not in self._init_cache:
+      self._check_layout(params)
+
+      def create(p, m, r):
+        state = TrainState.create(p, self.optimizer, m, r)
+        if self.grad_stats_decay is not None:
+          state = state.replace(grad_stats=gs_lib.GradStatsState.zeros())
+        return state
+
+      shardings = self.state_sharding(jax.eval_shape(create, *inputs))
+      self._init_cache[key] = jax.jit(create, out_shardings=shardings)
+    return self._init_cache[key](*inputs)
+
+  def shard_batch(self, batch: PyTree) -> PyTree:
+    """This host's rows of the global batch -> global arrays split over replicas."""
+    lg.check_batch(batch, 1)
+    return host_local_to_global(batch, self.batch_sharding)
+
+  # -- the step -------------------------------------------------------------
+
+  def _replicas(self, params, batch, model_state, rng, step) -> ReplicaResult:
+    """The replicas' losses and gradients, reduced: the program of each kind."""
+    raise NotImplementedError
+
+  def _after_update(self, state: TrainState) -> TrainState:
+    return state
+
+  def _step(self, state: TrainState, batch: PyTree) -> tuple[TrainState, Metrics]:
+    lg.check_batch(batch, self.num_replicas, self.microbatches)
+    batch = jax.tree.map(
+        lambda x: lax.with_sharding_constraint(x, self.batch_sharding), batch
+    )
+    result = self._replicas(state.params, batch, state.model_state, state.rng, state.step)
+    new_state, metrics = apply_update(
+        state, result, self.optimizer, self.config,
+        units=self.num_replicas * self.microbatches,
+        global_batch=int(np.shape(jax.tree.leaves(batch)[0])[0]),
+        grad_stats_decay=self.grad_stats_decay,
+    )
+    return self._after_update(new_state), metrics
+
+  # -- calling --------------------------------------------------------------
+
+  def _prepare(self, batch: PyTree) -> PyTree:
+    lg.check_batch(batch, 1)
+    per_process = self.num_replicas // max(1, jax.process_count())
+
+    def to_global(x):
+      if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return x
+      if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(
+          self.batch_sharding, x.ndim
+      ):
+        return x
+      if np.shape(x)[0] % per_process:
+        raise ValueError(
+            f"this process's batch rows ({np.shape(x)[0]}) must be divisible by "
+            f"its {per_process} data-parallel devices (the global batch by the "
+            f"{self.num_replicas} replicas)."
+        )
+      return host_local_to_global(x, self.batch_sharding)
+
+    return jax.tree.map(to_global, batch)
+
+  def _compiled_for(self, state: TrainState) -> Any:
+    """`jax.jit` with the state's in/out shardings declared (cached)."""
+    key = (jax.tree.structure(state),
+           tuple((np.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(state)))
+    if key not in self._compiled:
+      shardings = self.state_sharding(state)
+      self._compiled[key] = jax.jit(
+          self._step,
+          in_shardings=(shardings, self.batch_sharding),
+          out_shardings=(shardings, self.replicated),
+          donate_argnums=(0,) if self.donate else (),
+      )
+    return self._compiled[key]
+
+  def lower(self, state: TrainState, batch: PyTree) -> jax.stages.Lowered:
+    """The lowered step (`.compile().as_text()` shows the collectives)."""
+    return self._compiled_for(state).lower(state, self._prepare(batch))
+
+  def __call__(self, state: TrainState, batch: PyTree) -> tuple[TrainState, Metrics]:
+    state, metrics = self._compiled_for(state)(state, self._prepare(batch))
+    if self.max_consecutive_skips is not None:
+      check_metrics(metrics, self.max_consecutive_skips)
+    return state, metrics
+
+
+
+def check_step_args(
+    loss_fn: Any,
+    optimizer: Any,
+    mesh: Any,
+    step_config: Any,
+    shard_update: Any,
+    data_axes: Any,
+    named: set[Hashable],
+) -> tuple[jax.sharding.Mesh, StepConfig, tuple[Hashable, ...]]:
+  """Checks what both builders take; the mesh, the config and the data axes."""
+  config = step_config_from(step_config)
+  lg.check_fn_and_optimizer(loss_fn, optimizer)
+  if not isinstance(mesh, jax.sharding.Mesh):
+    raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}.")
+  mesh = auto_axes_mesh(mesh)
+  validation.check_bool("shard_update", shard_update)
+  if data_axes is None:
+    axes = tuple(a for a in mesh.axis_names if a not in named)
+  else:
+    axes = lg.check_axes("data_axes", data_axes)
+  unknown = [a for a in axes if a not in mesh.axis_names]
+  if not axes or unknown or len(set(axes)) != len(axes):
+    raise ValueError(
+        f"data_axes must be a non-empty subset of the mesh axes {mesh.axis_names}, "
+        f"got {data_axes!r}."
+    )
+  return mesh, config, axes
