@@ -1,6 +1,7 @@
 # date_optax: two commands do all set-up on a fresh machine.
 #   make demo   creates .venv, installs the package, runs the main job on the CPU
 #   make test   creates .venv, installs the test extras, runs the test suite
+#   make docs   creates .venv, installs the docs extras, builds docs/_build/html
 #
 # JAX >= 0.11 needs Python >= 3.12. We prefer a working python3.12 (pyenv shims
 # may exist without the version being active, so each candidate is *run*), and
@@ -20,7 +21,7 @@ PYTHON ?= $(shell \
     fi; \
   done)
 
-.PHONY: demo test test-all bench lint clean venv
+.PHONY: demo test test-all bench lint clean venv docs
 
 $(VENV)/.created:
 	@test -n "$(PYTHON)" || { echo "no Python >= 3.10 found" >&2; exit 1; }
@@ -34,6 +35,10 @@ $(VENV)/.installed: $(VENV)/.created pyproject.toml
 
 $(VENV)/.installed-test: $(VENV)/.created pyproject.toml
 	$(PY) -m pip install -q -e '.[test,examples]'
+	@touch $@
+
+$(VENV)/.installed-docs: $(VENV)/.created pyproject.toml
+	$(PY) -m pip install -q -e '.[docs]'
 	@touch $@
 
 venv: $(VENV)/.installed-test
@@ -51,8 +56,12 @@ lint: $(VENV)/.installed-test
 	$(PY) -m pip install -q ruff
 	$(VENV)/bin/ruff check date_optax tests benchmarks tpu examples
 
+# The guide pages and the API reference from the docstrings; -W: a warning fails.
+docs: $(VENV)/.installed-docs
+	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
+
 bench: $(VENV)/.installed-test
 	$(PY) benchmarks/optimizer_step.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache docs/_build

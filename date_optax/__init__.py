@@ -32,13 +32,12 @@ from date_optax._src.schedules import (
     sqrt_scaling,
     warmup_decay_schedule,
 )
-from date_optax._src.trust_ratio import (
-    TrustRatioState,
-    learning_rate,
-    scale_by_trust_ratio,
+from date_optax._src.state_readers import (
+    current_learning_rate,
     trust_ratio_bounds,
     trust_ratios,
 )
+from date_optax._src.trust_ratio import TrustRatioState, scale_by_trust_ratio
 
 __version__ = "0.1.0"
 
@@ -48,15 +47,15 @@ __all__ = [
     "LarsState",
     "TrustRatioState",
     "bounded_lars",
+    "current_learning_rate",
     "exclude_bias_and_norm",
     "lamb",
     "lars",
-    "learning_rate",
     "path_mask",
     "scale_by_trust_ratio",
     "trust_ratio_bounds",
     "trust_ratios",
-    # LEGW schedules and the DATE engine (issue 3).
+    # LEGW schedules and the DATE engine.
     "Baseline",
     "MultiStageRecipe",
     "Recipe",
@@ -70,7 +69,7 @@ __all__ = [
     "schedules",
     "sqrt_scaling",
     "warmup_decay_schedule",
-    # Gradient-noise statistics and the gain (issue 21).
+    # Gradient-noise statistics and the gain.
     "AdaScaleState",
     "GradStats",
     "adascale",
@@ -81,6 +80,11 @@ __all__ = [
 
 _SUBPACKAGES = ("checkpoint", "diagnostics", "nn", "parallel", "schedules")
 
+# Former public names, kept for one release: name -> (new name, object).
+_DEPRECATED = {
+    "learning_rate": ("current_learning_rate", current_learning_rate),
+}
+
 
 def __getattr__(name: str):
   # Subpackages with heavier dependencies (flax modules, orbax, collectives)
@@ -90,4 +94,16 @@ def __getattr__(name: str):
     import importlib
 
     return importlib.import_module(f"date_optax.{name}")
+  if name in _DEPRECATED:
+    import warnings
+
+    new, obj = _DEPRECATED[name]
+    # `learning_rate` also names the hyperparameter of every optimizer.
+    warnings.warn(
+        f"date_optax.{name} is deprecated and will be removed in the next "
+        f"release: use date_optax.{new} (same function).",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return obj
   raise AttributeError(f"module 'date_optax' has no attribute {name!r}")

@@ -116,6 +116,20 @@ def test_baseline_builds_its_own_schedule_when_built():
     date_optax.Baseline(**dict(BASE, num_examples=2))
 
 
+def test_scale_recipe_explains_peak_value_only_where_the_error_is_about_it():
+  base = date_optax.Baseline(**BASE)
+  # warmup_factor is an argument of this call: its error is passed on as is.
+  with pytest.raises(ValueError, match=r"warmup_factor must be in \(0.0, 1.0\]") as info:
+    date_optax.scale_recipe(base, 128, warmup="constant", warmup_factor=-1.0)
+  assert "peak_value" not in str(info.value)
+  assert "lr_scaling" not in str(info.value)
+  # The schedule's peak_value is no argument: its error says where it comes from.
+  huge = date_optax.Baseline(**dict(BASE, learning_rate=3e38))
+  with pytest.raises(ValueError, match=r"peak_value must be in.*learning_rate=3e\+38 "
+                     r"scaled by lr_scaling='linear' to batch_size=128"):
+    date_optax.scale_recipe(huge, 128, lr_scaling="linear")
+
+
 # ---------------------------------------------------------------------------
 # path_mask.
 

@@ -1,4 +1,4 @@
-"""Doctests of the batch-norm API and the README example that uses it."""
+"""Doctests of the batch-norm API and the guide page example that uses it."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ MODULES = [
     "date_optax.nn",
     "date_optax.nn.nnx",
 ]
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "guide" / "batch_norm.md"
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -43,11 +43,9 @@ def test_public_names_have_docstrings_with_examples(package):
       assert "References:" in doc, f"{name} cites no paper"
 
 
-def test_readme_example_runs(capsys, tmp_path):
-  text = README.read_text()
-  section = text.split("## Ghost and distributed batch norm", 1)[1]
-  section = re.split(r"\n## ", section, maxsplit=1)[0]
-  code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+def test_guide_example_runs(capsys, tmp_path):
+  text = PAGE.read_text()
+  code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
   script = tmp_path / "readme_example.py"
   script.write_text(code)
   # runpy registers the module while it runs (flax modules are dataclasses).

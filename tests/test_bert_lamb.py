@@ -101,7 +101,7 @@ def test_each_scanned_layer_gets_its_own_trust_ratio():
   grads = jax.tree.map(lambda p: jnp.cos(jnp.arange(p.size, dtype=jnp.float32)
                                          ).reshape(p.shape) * 1e-2, params)
   wd, eps = 0.01, 1e-6
-  tx = date_optax.lamb(1e-3, weight_decay=wd, eps=eps, mask=train.NO_DECAY,
+  tx = date_optax.lamb(1e-3, weight_decay=wd, eps=eps, weight_decay_mask=train.NO_DECAY,
                        layer_axes=train.layer_axes)
   state = tx.init(params)
   _, state = jax.jit(tx.update)(grads, state, params)

@@ -286,10 +286,10 @@ def test_lars_equals_optax_lars_with_both_masks():
 
 def test_lamb_with_a_mask_differs_from_optax_unless_trust_given():
   params = make_params()
-  a, _ = run(date_optax.lamb(0.01, weight_decay=0.05, mask=DECAY), params)
+  a, _ = run(date_optax.lamb(0.01, weight_decay=0.05, weight_decay_mask=DECAY), params)
   b, _ = run(optax.lamb(0.01, weight_decay=0.05, mask=DECAY), params)
   assert not np.allclose(keyed(a)["['conv']"], keyed(b)["['conv']"])
-  c, _ = run(date_optax.lamb(0.01, weight_decay=0.05, mask=DECAY,
+  c, _ = run(date_optax.lamb(0.01, weight_decay=0.05, weight_decay_mask=DECAY,
                              trust_ratio_mask=True), params)
   chex.assert_trees_all_close(c, b, rtol=1e-6, atol=1e-7)
 

@@ -17,14 +17,18 @@ import pytest
 from test_update_structure import SHAPES
 
 import date_optax
-from date_optax._src import trust_ratio as tr
+from date_optax._src import state_readers
+
+# The registered state types that keep per-layer ratios.
+RATIO_STATES = tuple(cls for cls, fields in state_readers.STATE_FIELDS.items()
+                     if fields.ratios is not None)
 
 PARAMS = {k: jax.ShapeDtypeStruct(s, jnp.float32) for k, s in SHAPES.items()}
 
 
 def without_ratios(state):
-  return jax.tree.map(lambda x: x._replace(ratios=None) if isinstance(x, tr.RATIO_STATES)
-                      else x, state, is_leaf=lambda x: isinstance(x, tr.RATIO_STATES))
+  return jax.tree.map(lambda x: x._replace(ratios=None) if isinstance(x, RATIO_STATES)
+                      else x, state, is_leaf=lambda x: isinstance(x, RATIO_STATES))
 
 
 def state_bytes(state) -> int:

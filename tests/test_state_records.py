@@ -47,7 +47,7 @@ def test_fused_states_record_bounds_and_learning_rate(name):
     # Applied at the last step, count n - 1.
     np.testing.assert_allclose([float(lo), float(hi)], [0.01 * n, 5.0 + n - 1],
                                rtol=1e-6)
-    np.testing.assert_allclose(float(date_optax.learning_rate(state)),
+    np.testing.assert_allclose(float(date_optax.current_learning_rate(state)),
                                0.1 * (n - 1), rtol=1e-6, atol=1e-7)
 
 
@@ -67,25 +67,25 @@ def test_scale_by_trust_ratio_records_bounds_not_learning_rate():
   state = steps(opt, 2)
   np.testing.assert_allclose([float(b) for b in
                               date_optax.trust_ratio_bounds(state)], [0.02, 2.0])
-  assert date_optax.learning_rate(state) is None
+  assert date_optax.current_learning_rate(state) is None
 
 
 def test_learning_rate_from_inject_hyperparams_and_compositions():
   inj = optax.inject_hyperparams(optax.adam)(learning_rate=0.25)
-  assert float(date_optax.learning_rate(inj.init(PARAMS))) == 0.25
+  assert float(date_optax.current_learning_rate(inj.init(PARAMS))) == 0.25
   ms = optax.MultiSteps(date_optax.lamb(SCHED), every_k_schedule=2)
   state = ms.init(PARAMS)
   for _ in range(4):  # two inner steps: counts 0 and 1
     _, state = jax.jit(ms.update)(GRADS, state, PARAMS)
-  np.testing.assert_allclose(float(date_optax.learning_rate(state)), 0.1, rtol=1e-6)
+  np.testing.assert_allclose(float(date_optax.current_learning_rate(state)), 0.1, rtol=1e-6)
   chained = optax.chain(optax.clip_by_global_norm(1.0),
                         optax.inject_hyperparams(date_optax.lars)(
                             learning_rate=0.3, upper=4.0))
   state = steps(chained, 1)
-  assert float(date_optax.learning_rate(state)) == pytest.approx(0.3)
+  assert float(date_optax.current_learning_rate(state)) == pytest.approx(0.3)
   assert float(date_optax.trust_ratio_bounds(state)[1]) == 4.0
   masked = optax.masked(date_optax.bounded_lars(0.2), {"w": True, "b": False})
   state = steps(masked, 1)
-  assert float(date_optax.learning_rate(state)) == pytest.approx(0.2)
+  assert float(date_optax.current_learning_rate(state)) == pytest.approx(0.2)
   assert date_optax.trust_ratio_bounds(optax.sgd(0.1).init(PARAMS)) is None
-  assert date_optax.learning_rate(optax.sgd(0.1).init(PARAMS)) is None
+  assert date_optax.current_learning_rate(optax.sgd(0.1).init(PARAMS)) is None

@@ -21,7 +21,8 @@ CTORS = {
     "scale_by_trust_ratio": lambda **kw: date_optax.scale_by_trust_ratio(**kw),
 }
 # The weight-decay mask's keyword in each constructor.
-WD_MASK = {"lars": "weight_decay_mask", "lamb": "mask", "bounded_lars": "weight_decay_mask",
+WD_MASK = {"lars": "weight_decay_mask", "lamb": "weight_decay_mask",
+           "bounded_lars": "weight_decay_mask",
            "scale_by_trust_ratio": "weight_decay_mask"}
 
 

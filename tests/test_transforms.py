@@ -161,11 +161,11 @@ def test_lamb_nvlamb_normalisation_is_active():
 def test_lamb_trust_mask_defaults_to_weight_decay_mask():
   params = make_params()
   mask = date_optax.exclude_bias_and_norm
-  _, state = run(date_optax.lamb(0.05, weight_decay=0.01, mask=mask), params)
+  _, state = run(date_optax.lamb(0.05, weight_decay=0.01, weight_decay_mask=mask), params)
   ratios = date_optax.trust_ratios(state)
   assert float(ratios["dense"]["bias"]) == 1.0
   assert float(ratios["dense"]["kernel"]) != 1.0
-  got, _ = run(date_optax.lamb(0.05, weight_decay=0.01, mask=mask), params)
+  got, _ = run(date_optax.lamb(0.05, weight_decay=0.01, weight_decay_mask=mask), params)
   fm = {jax.tree_util.keystr(k): v
         for k, v in jax.tree_util.tree_flatten_with_path(mask(params))[0]}
   want = run_ref(ref.Lamb(0.05, wd=0.01, decay=fm), params)
@@ -284,11 +284,12 @@ def test_lars_norm_of_sum_equals_optax_with_weight_decay():
                                     lambda x: x.ndim > 1, p))])
 def test_lamb_equals_optax(kw):
   params = make_params()
-  a, _ = run(date_optax.lamb(0.01, **kw), params, steps=5)
+  # optax.lamb's `mask` is the weight-decay mask.
+  ours = {("weight_decay_mask" if k == "mask" else k): v for k, v in kw.items()}
+  a, _ = run(date_optax.lamb(0.01, **ours), params, steps=5)
   if "mask" in kw:
-    kw = dict(kw, trust_ratio_mask=True)  # optax.lamb ratios every layer
-    a, _ = run(date_optax.lamb(0.01, **kw), params, steps=5)
-    kw.pop("trust_ratio_mask")
+    ours = dict(ours, trust_ratio_mask=True)  # optax.lamb ratios every layer
+    a, _ = run(date_optax.lamb(0.01, **ours), params, steps=5)
   b, _ = run(optax.lamb(0.01, **kw), params, steps=5)
   chex.assert_trees_all_close(a, b, rtol=1e-6, atol=1e-7)
 
@@ -303,7 +304,7 @@ def test_fused_lars_equals_chain_of_primitives(wd, denominator):
                           denominator=denominator, trust_ratio_mask=mask)
   chain = optax.chain(
       date_optax.scale_by_trust_ratio(0.01, weight_decay=wd,
-                                      denominator=denominator, mask=mask),
+                                      denominator=denominator, trust_ratio_mask=mask),
       optax.scale_by_learning_rate(0.2),
       optax.trace(0.9),
   )
@@ -335,14 +336,14 @@ def test_fused_lamb_equals_chain_of_primitives():
 def test_trust_ratio_source_gradient_with_inner():
   params = make_params()
   g = grads_at(params, 1)
-  tx = date_optax.scale_by_trust_ratio(inner=optax.scale(3.0), source="gradient",
+  tx = date_optax.scale_by_trust_ratio(inner=optax.scale(3.0), ratio_source="gradient",
                                        lower=0.0, upper=1e9)
   out, state = tx.update(g, tx.init(params), params)
   w, gg = np.asarray(params["conv"]), np.asarray(g["conv"])
   r = ref.norm(w) / ref.norm(gg)
   np.testing.assert_allclose(np.asarray(out["conv"]), r * 3.0 * gg, rtol=1e-5)
-  # With source='update' the factor 3 cancels.
-  tx2 = date_optax.scale_by_trust_ratio(inner=optax.scale(3.0), source="update")
+  # With ratio_source='update' the factor 3 cancels.
+  tx2 = date_optax.scale_by_trust_ratio(inner=optax.scale(3.0), ratio_source="update")
   out2, _ = tx2.update(g, tx2.init(params), params)
   np.testing.assert_allclose(np.asarray(out2["conv"]), r * gg, rtol=1e-5)
 
@@ -672,7 +673,7 @@ def test_optimizers_train_nnx_model_with_mask(opt_name):
   tx = {
       "lars": date_optax.lars(0.5, weight_decay=1e-4, trust_ratio_mask=mask,
                               trust_coefficient=0.01),
-      "lamb": date_optax.lamb(0.01, weight_decay=1e-4, mask=mask),
+      "lamb": date_optax.lamb(0.01, weight_decay=1e-4, weight_decay_mask=mask),
       "bounded": date_optax.bounded_lars(0.05, trust_ratio_mask=mask, upper=1.0),
   }[opt_name]
   optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)

@@ -61,7 +61,7 @@ TRANSFORMS = {
     "scale_by_trust_ratio(adam)": lambda: date_optax.scale_by_trust_ratio(
         inner=optax.scale_by_adam(), weight_decay=1e-4, trust_ratio_mask=MASK),
     "scale_by_trust_ratio(adam,gradient)": lambda: date_optax.scale_by_trust_ratio(
-        inner=optax.scale_by_adam(), source="gradient", weight_decay=1e-4,
+        inner=optax.scale_by_adam(), ratio_source="gradient", weight_decay=1e-4,
         denominator="norm_of_sum"),
     "lars": lambda: date_optax.lars(0.1, weight_decay=1e-4),
     "lars(norm_of_sum)": lambda: date_optax.lars(0.1, weight_decay=1e-4,
@@ -72,7 +72,7 @@ TRANSFORMS = {
     "lamb": lambda: date_optax.lamb(1e-3, weight_decay=1e-2),
     "lamb(nvlamb,decoupled)": lambda: date_optax.lamb(
         1e-3, weight_decay=1e-2, normalize_grads=True, decoupled_weight_decay=True,
-        mask=MASK, lower=0.0, upper=10.0),
+        weight_decay_mask=MASK, lower=0.0, upper=10.0),
     **{f"bounded_lars({base})": (lambda base=base: date_optax.bounded_lars(
         0.1, base=base, weight_decay=1e-4)) for base in lars_lib.BASES},
     "bounded_lars(adam,update)": lambda: date_optax.bounded_lars(

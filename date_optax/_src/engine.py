@@ -554,6 +554,10 @@ def scale_recipe(
         warmup_factor=warmup_factor,
     )
   except (TypeError, ValueError) as e:
+    if "peak_value" not in str(e):
+      # An error about an argument of this call (warmup_factor, decay, ...)
+      # already names it.
+      raise
     # The schedule's peak_value is no argument of this call: say where it
     # comes from.
     raise type(e)(

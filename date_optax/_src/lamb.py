@@ -13,7 +13,6 @@ from date_optax._src import validation
 from date_optax._src.types import DType, LayerAxes, MaskOrFn, ScalarOrSchedule
 
 
-@tr.register_ratio_state
 class LambState(NamedTuple):
   """State of :func:`lamb`.
 
@@ -44,7 +43,7 @@ def lamb(
     eps: float = 1e-6,
     eps_root: float = 0.0,
     weight_decay: ScalarOrSchedule = 0.0,
-    mask: MaskOrFn = None,
+    weight_decay_mask: MaskOrFn = None,
     trust_ratio_mask: MaskOrFn = None,
     lower: ScalarOrSchedule | None = None,
     upper: ScalarOrSchedule | None = None,
@@ -52,8 +51,8 @@ def lamb(
     normalize_grads: bool = False,
     state_dtype: DType = None,
     layer_axes: LayerAxes = None,
-    weight_decay_mask: MaskOrFn = None,
     decoupled_weight_decay: bool = False,
+    mask: MaskOrFn = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Layer-wise Adaptive Moments for Batch training.
 
@@ -78,19 +77,20 @@ def lamb(
   parameter dtype (complex parameters supported, as ``optax.lamb``); updates
   have dtype ``jnp.promote_types(param.dtype, grad.dtype)``, as optax.
 
-  Masks follow the package's one rule (README, "Masks"): the weight-decay
-  mask (``mask``, or its alias ``weight_decay_mask``) and
-  ``trust_ratio_mask``; if only one is given it is used for both (the ALBERT
-  reference: the ratio follows the weight-decay exclusions); if both are
-  given they are independent; if neither, every layer gets both. A layer
+  Masks follow the package's one rule (docs/guide/optimizers.md, "Masks"):
+  ``weight_decay_mask`` and ``trust_ratio_mask``; if only one is given it is
+  used for both (the ALBERT reference: the ratio follows the weight-decay
+  exclusions); if both are given they are independent; if neither, every
+  layer gets both. A layer
   outside the trust mask takes the plain Adam step :math:`-\eta u` (ratio
   1), with :math:`\lambda w` iff the weight-decay mask includes it.
 
   Equality with :func:`optax.lamb` (same hyperparameters, bias correction on,
   no bounds, no NVLAMB, coupled decay) holds without masks, and with a mask
-  ``m`` when called as ``lamb(mask=m, trust_ratio_mask=True)``:
+  ``m`` when called as ``lamb(weight_decay_mask=m, trust_ratio_mask=True)``:
   ``optax.lamb(mask=m)`` masks only the decay and ratios every layer, while
-  ``lamb(mask=m)`` alone also leaves the masked layers out of the ratio.
+  ``lamb(weight_decay_mask=m)`` alone also leaves the masked layers out of
+  the ratio.
 
   Args:
     learning_rate: :math:`\eta \ge 0`, float or schedule.
@@ -99,8 +99,9 @@ def lamb(
     eps: :math:`\epsilon \ge 0` outside the square root.
     eps_root: :math:`\epsilon_{root} \ge 0` inside the square root.
     weight_decay: :math:`\lambda \ge 0` (float or schedule).
-    mask: layers that get weight decay (pytree, prefix or callable; ``None``
-      = not given), the name :func:`optax.lamb` uses.
+    weight_decay_mask: layers that get weight decay (pytree, prefix or
+      callable; ``True`` = apply; ``None`` = not given), :func:`optax.lamb`'s
+      ``mask``.
     trust_ratio_mask: layers that get the trust ratio; ``None`` = not given
       (see the rule above).
     lower: optional lower bound on the ratio (float or schedule).
@@ -112,10 +113,11 @@ def lamb(
     state_dtype: dtype of both moments; ``None`` keeps the parameters' dtype.
     layer_axes: axes of a leaf that index separate layers (see
       :func:`date_optax.scale_by_trust_ratio`).
-    weight_decay_mask: alias of ``mask`` (give one of the two), the name the
-      other optimizers of this package use.
     decoupled_weight_decay: apply :math:`\eta\lambda w` outside the ratio
       instead of adding :math:`\lambda w` to :math:`u`.
+    mask: deprecated name of ``weight_decay_mask`` (the name
+      :func:`optax.lamb` uses; ``DeprecationWarning``, removed in the next
+      release).
 
   Returns:
     An :class:`optax.GradientTransformationExtraArgs` (``update`` requires
@@ -155,7 +157,8 @@ def lamb(
   validation.check_bool("decoupled_weight_decay", decoupled_weight_decay)
   validation.check_layer_axes("layer_axes", layer_axes)
   validation.check_float_dtype("state_dtype", state_dtype)
-  wd_mask = validation.resolve_alias("weight_decay_mask", weight_decay_mask, "mask", mask)
+  wd_mask = validation.deprecated_keyword(
+      "lamb", "weight_decay_mask", weight_decay_mask, "mask", mask)
   wd_given, wd_name = wd_mask, "mask" if mask is not None else "weight_decay_mask"
   # The masks' one rule, resolved here (the decay may leave the ratio).
   trust_mask = wd_mask if trust_ratio_mask is None else trust_ratio_mask
@@ -166,7 +169,7 @@ def lamb(
   pieces = (
       tr.trust_ratio_kernel(
           1.0, 0.0, lower=lower, upper=upper, weight_decay=weight_decay,
-          denominator="norm_of_sum", inner=moments, source="update",
+          denominator="norm_of_sum", inner=moments, ratio_source="update",
           trust_mask=trust_mask, weight_decay_mask=wd_mask, layer_axes=layer_axes,
           decay="decoupled" if decoupled_weight_decay else "update",
           mask_names=(wd_name if trust_ratio_mask is None else "trust_ratio_mask",

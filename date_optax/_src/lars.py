@@ -16,7 +16,6 @@ from date_optax._src import validation
 from date_optax._src.types import DType, LayerAxes, MaskOrFn, ScalarOrSchedule
 
 
-@tr.register_ratio_state
 class LarsState(NamedTuple):
   """State of :func:`lars`.
 
@@ -81,7 +80,7 @@ def lars(
   (complex parameters supported); updates have dtype
   ``jnp.promote_types(param.dtype, grad.dtype)``, as optax.
 
-  Masks follow the package's one rule (README, "Masks"): if only one of
+  Masks follow the package's one rule (docs/guide/optimizers.md, "Masks"): if only one of
   ``trust_ratio_mask``/``weight_decay_mask`` is given it is used for both
   (TF's ``skip_list``: an excluded layer gets neither ratio nor decay); if
   both are given they are independent; if neither, every layer gets both.
@@ -101,7 +100,8 @@ def lars(
     weight_decay: :math:`\lambda \ge 0`, float or schedule.
     momentum: :math:`\beta \in [0, 1)`.
     nesterov: use Nesterov momentum.
-    trust_coefficient: :math:`c > 0` (LARS's :math:`\eta`, 0.001 in the paper).
+    trust_coefficient: :math:`c > 0` and finite (LARS's :math:`\eta`, 0.001 in
+      the paper; the rule of every transform of the package).
     eps: :math:`\epsilon \ge 0` in the denominator.
     weight_decay_mask: layers that get weight decay (pytree, prefix or
       callable; ``True`` = apply); ``None`` = not given (see the rule above).
@@ -145,7 +145,7 @@ def lars(
   validation.check_nonnegative("weight_decay", weight_decay, allow_schedule=True)
   validation.check_unit_interval("momentum", momentum)
   validation.check_bool("nesterov", nesterov)
-  validation.check_positive("trust_coefficient", trust_coefficient)
+  validation.check_trust_coefficient(trust_coefficient)
   validation.check_nonnegative("eps", eps)
   validation.check_mask("weight_decay_mask", weight_decay_mask)
   validation.check_mask("trust_ratio_mask", trust_ratio_mask)
@@ -157,7 +157,7 @@ def lars(
   pieces = (
       tr.trust_ratio_kernel(
           trust_coefficient, eps, lower=lower, upper=upper, weight_decay=weight_decay,
-          denominator=denominator, inner=None, source="update",
+          denominator=denominator, inner=None, ratio_source="update",
           trust_mask=trust_ratio_mask, weight_decay_mask=weight_decay_mask,
           layer_axes=layer_axes,
       ),
@@ -331,7 +331,6 @@ def _mask_names(trust_ratio_mask: Any, weight_decay_mask: Any) -> tuple[str, str
   return t, w
 
 
-@tr.register_ratio_state
 class BoundedLarsState(NamedTuple):
   """State of :func:`bounded_lars`.
 
@@ -388,7 +387,7 @@ def bounded_lars(
   :math:`\sum|x|^2` in float32 (complex parameters supported when the base
   supports them); updates have dtype ``jnp.promote_types(param, grad)``.
 
-  Masks follow the package's one rule (README, "Masks"): if only one of
+  Masks follow the package's one rule (docs/guide/optimizers.md, "Masks"): if only one of
   ``trust_ratio_mask``/``weight_decay_mask`` is given it is used for both;
   if both are given they are independent; if neither, every layer gets both.
   A layer outside the trust mask gets the plain base update
@@ -419,7 +418,8 @@ def bounded_lars(
       - ``'sgd'`` and a ``GradientTransformation`` base: none.
 
       Any other key raises a ``ValueError`` that lists the allowed ones.
-    trust_coefficient: :math:`c > 0` multiplying the ratio before the bounds.
+    trust_coefficient: :math:`c > 0` and finite, multiplying the ratio before
+      the bounds.
     weight_decay: :math:`\lambda \ge 0` (float or schedule); adds
       :math:`\lambda w` to the gradient fed to the base (L2 style) but not
       to the ratio's gradient norm.
@@ -442,7 +442,8 @@ def bounded_lars(
     An :class:`optax.GradientTransformationExtraArgs`; the state is a
     :class:`BoundedLarsState`, whose ratios, bounds and learning rate are
     readable with :func:`date_optax.trust_ratios`,
-    :func:`date_optax.trust_ratio_bounds` and :func:`date_optax.learning_rate`.
+    :func:`date_optax.trust_ratio_bounds` and
+    :func:`date_optax.current_learning_rate`.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -474,7 +475,7 @@ def bounded_lars(
         "bounded_lars needs both bounds: lower >= 0 and upper > 0 "
         f"(got lower={lower!r}, upper={upper!r})."
     )
-  validation.check_positive("trust_coefficient", trust_coefficient)
+  validation.check_trust_coefficient(trust_coefficient)
   validation.check_nonnegative("weight_decay", weight_decay, allow_schedule=True)
   validation.check_mask("weight_decay_mask", weight_decay_mask)
   validation.check_mask("trust_ratio_mask", trust_ratio_mask)
@@ -492,7 +493,7 @@ def bounded_lars(
   pieces = (
       tr.trust_ratio_kernel(
           trust_coefficient, 0.0, lower=lower, upper=upper, weight_decay=weight_decay,
-          denominator="sum_of_norms", inner=direction, source=ratio_source,
+          denominator="sum_of_norms", inner=direction, ratio_source=ratio_source,
           trust_mask=trust_mask, weight_decay_mask=wd_mask, layer_axes=layer_axes,
           decay="input", mask_names=_mask_names(trust_ratio_mask, weight_decay_mask),
       ),

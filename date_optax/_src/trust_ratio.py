@@ -10,7 +10,7 @@ import optax
 
 from date_optax._src import masks as masks_lib
 from date_optax._src import validation
-from date_optax._src.types import LayerAxes, MaskOrFn, PyTree, ScalarOrSchedule
+from date_optax._src.types import LayerAxes, MaskOrFn, ScalarOrSchedule
 
 NO_PARAMS_MSG = (
     "You are using a transformation that requires the current value of "
@@ -260,7 +260,7 @@ def init_ratios(params: Any, layer_axes_list: list) -> Any:
 
 
 def validate_common(trust_coefficient, eps, lower, upper) -> None:
-  validation.check_positive("trust_coefficient", trust_coefficient)
+  validation.check_trust_coefficient(trust_coefficient)
   validation.check_nonnegative("eps", eps)
   validation.check_bounds(lower, upper)
 
@@ -277,11 +277,12 @@ def scale_by_trust_ratio(
     weight_decay: ScalarOrSchedule = 0.0,
     denominator: Literal["sum_of_norms", "norm_of_sum"] = "sum_of_norms",
     inner: optax.GradientTransformation | None = None,
-    source: Literal["update", "gradient"] = "update",
-    mask: MaskOrFn = None,
+    ratio_source: Literal["update", "gradient"] = "update",
     layer_axes: LayerAxes = None,
     trust_ratio_mask: MaskOrFn = None,
     weight_decay_mask: MaskOrFn = None,
+    source: Literal["update", "gradient"] | None = None,
+    mask: MaskOrFn = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Scales each layer's update by a (bounded) trust ratio.
 
@@ -291,7 +292,7 @@ def scale_by_trust_ratio(
 
   .. math::
 
-    d &= g \text{ if source = 'gradient' else } u \\
+    d &= g \text{ if ratio_source = 'gradient' else } u \\
     r &= \mathrm{clip}\Big(\frac{c\,\|w\|}{\|d\| + \lambda\|w\| + \epsilon},
         \text{lower}, \text{upper}\Big) \\
     \text{out} &= r\,(u + \lambda w)
@@ -307,10 +308,10 @@ def scale_by_trust_ratio(
   (complex leaves included); the output has dtype
   ``jnp.promote_types(param.dtype, update.dtype)``, as optax.
 
-  Masks follow the package's one rule (see the README's masking table):
-  ``trust_ratio_mask`` (alias ``mask``) selects the layers that get the
-  ratio, ``weight_decay_mask`` those that get :math:`\lambda w`; if only one
-  is given it is used for both, if neither every layer gets both. A layer
+  Masks follow the package's one rule (docs/guide/optimizers.md, "Masks"):
+  ``trust_ratio_mask`` selects the layers that get the ratio,
+  ``weight_decay_mask`` those that get :math:`\lambda w`; if only one is
+  given it is used for both, if neither every layer gets both. A layer
   outside the trust mask gets ratio 1 (``u``, plus :math:`\lambda w` iff the
   weight-decay mask includes it) and records a ratio of 1.
 
@@ -319,7 +320,8 @@ def scale_by_trust_ratio(
   and :func:`date_optax.trust_ratio_bounds`).
 
   Args:
-    trust_coefficient: :math:`c > 0`, multiplies the ratio.
+    trust_coefficient: :math:`c > 0` and finite (the rule of every transform
+      of the package), multiplies the ratio.
     eps: :math:`\epsilon \ge 0`, added to the denominator.
     lower: optional lower bound on the ratio, a float :math:`\ge 0` or a
       schedule of the step (dynamic bounds).
@@ -334,10 +336,9 @@ def scale_by_trust_ratio(
       ``optax.lars``).
     inner: optional transformation whose output is scaled (a base solver's
       preconditioned direction, without its learning rate).
-    source: ``'update'`` measures the ratio on ``inner``'s output;
-      ``'gradient'`` on the raw incoming update (DATE's bounded LARS).
-    mask: the trust-ratio mask under its historical name (an alias of
-      ``trust_ratio_mask``; give one of the two).
+    ratio_source: ``'update'`` (the default) measures the ratio on
+      ``inner``'s output; ``'gradient'`` on the raw incoming update (as
+      :func:`date_optax.bounded_lars`, whose default it is).
     layer_axes: which axes of a leaf index separate layers, so a stacked leaf
       of shape ``(L, ...)`` from ``nn.scan`` gets ``L`` ratios: ``None`` (each
       leaf is one layer), an int or tuple of ints for every leaf, a prefix
@@ -346,6 +347,10 @@ def scale_by_trust_ratio(
     trust_ratio_mask: ``None`` (not given), a bool pytree or prefix, or a
       callable ``params -> bool pytree``; ``True`` = apply the ratio.
     weight_decay_mask: layers that get :math:`\lambda w`, same forms.
+    source: deprecated name of ``ratio_source`` (``DeprecationWarning``;
+      removed in the next release).
+    mask: deprecated name of ``trust_ratio_mask`` (``DeprecationWarning``;
+      removed in the next release).
 
   Returns:
     An :class:`optax.GradientTransformationExtraArgs`; ``update`` requires
@@ -376,19 +381,26 @@ def scale_by_trust_ratio(
   validation.check_choice(
       "denominator", denominator, ("sum_of_norms", "norm_of_sum")
   )
-  validation.check_choice("source", source, ("update", "gradient"))
+  if source is not None:
+    validation.check_choice("source", source, ("update", "gradient"))
+  validation.check_choice("ratio_source", ratio_source, ("update", "gradient"))
+  ratio_source = validation.deprecated_keyword(
+      "scale_by_trust_ratio", "ratio_source", ratio_source, "source", source,
+      default="update")
   validation.check_mask("mask", mask)
   validation.check_mask("trust_ratio_mask", trust_ratio_mask)
   validation.check_mask("weight_decay_mask", weight_decay_mask)
   validation.check_layer_axes("layer_axes", layer_axes)
-  trust_mask = validation.resolve_alias("trust_ratio_mask", trust_ratio_mask, "mask", mask)
+  trust_mask = validation.deprecated_keyword(
+      "scale_by_trust_ratio", "trust_ratio_mask", trust_ratio_mask, "mask", mask)
   if inner is not None and not isinstance(inner, optax.GradientTransformation):
     raise TypeError(
         f"inner must be an optax.GradientTransformation or None, got {inner!r}."
     )
   return trust_ratio_kernel(
       trust_coefficient, eps, lower=lower, upper=upper, weight_decay=weight_decay,
-      denominator=denominator, inner=inner, source=source, trust_mask=trust_mask,
+      denominator=denominator, inner=inner, ratio_source=ratio_source,
+      trust_mask=trust_mask,
       weight_decay_mask=weight_decay_mask, layer_axes=layer_axes,
       mask_names=("mask" if mask is not None else "trust_ratio_mask",
                   "weight_decay_mask"),
@@ -404,7 +416,7 @@ def trust_ratio_kernel(
     weight_decay: Any,
     denominator: str,
     inner: optax.GradientTransformation | None,
-    source: str,
+    ratio_source: str,
     trust_mask: MaskOrFn,
     weight_decay_mask: MaskOrFn,
     layer_axes: LayerAxes,
@@ -482,13 +494,13 @@ def trust_ratio_kernel(
         v = add_decay(v, wd, w)
       if trust:
         red = reduce_axes(w.ndim, ax)
-        d = g if source == "gradient" else u
+        d = g if ratio_source == "gradient" else u
         r = layer_ratio(
             w, d, red, weight_decay=wd if coupled else None,
             denominator=denominator, trust_coefficient=trust_coefficient,
             eps=eps, lower=lo, upper=hi,
             # The update u + λw is the vector whose norm is measured.
-            decayed=v if coupled and source == "update" else None,
+            decayed=v if coupled and ratio_source == "update" else None,
         )
         v = r * v
         ratios.append(stored_ratio(r, w.shape, ax))
@@ -544,155 +556,26 @@ def learning_rate_state(learning_rate: Any, count: jax.Array) -> Any:
   return optax.EmptyState()
 
 
-# States of this package that keep per-layer ratios; filled by the optimizer
-# modules, which keep their chains' states under their own names.
-RATIO_STATES: tuple[type, ...] = (TrustRatioState,)
+# The state readers (trust_ratios, trust_ratio_bounds, current_learning_rate)
+# and the table of the state types they read live in state_readers.py, which
+# imports this module. Older code imports them from here, the reader of the
+# learning rate under its former name `learning_rate`; resolved on first use.
+_MOVED = {
+    "trust_ratios": "trust_ratios",
+    "trust_ratio_bounds": "trust_ratio_bounds",
+    "learning_rate": "current_learning_rate",
+    "current_learning_rate": "current_learning_rate",
+}
 
 
-def register_ratio_state(cls: type) -> type:
-  global RATIO_STATES
-  RATIO_STATES = RATIO_STATES + (cls,)
-  return cls
+def __getattr__(name: str) -> Any:
+  if name in _MOVED:
+    from date_optax._src import state_readers
 
+    return getattr(state_readers, _MOVED[name])
+  if name == "RATIO_STATES":
+    from date_optax._src import state_readers
 
-def _find(opt_state: Any, pick) -> Any:
-  """The first value `pick(node)` returns (not None) over a state's nodes."""
-  found = []
-
-  def is_node(x):
-    return isinstance(x, RATIO_STATES) or isinstance(
-        x, optax.InjectStatefulHyperparamsState
-    )
-
-  def visit(x):
-    if not found and is_node(x):
-      v = pick(x)
-      if v is not None:
-        found.append(v)
-      elif not isinstance(x, RATIO_STATES):
-        # An inject_hyperparams state without the value: look inside.
-        inner = _find(x.inner_state, pick)
-        if inner is not None:
-          found.append(inner)
-    return x
-
-  jax.tree.map(visit, opt_state, is_leaf=is_node)
-  return found[0] if found else None
-
-
-def trust_ratios(opt_state: PyTree) -> PyTree | None:
-  """The last step's per-layer trust ratios kept in an optimizer state.
-
-  Searches the state of any composition (``optax.chain``,
-  ``optax.inject_hyperparams``, ``optax.MultiSteps``, ``optax.masked``, ...)
-  for the first date_optax state that keeps ratios.
-
-  Args:
-    opt_state: an optimizer state.
-
-  Returns:
-    A pytree with the parameters' structure and float32 ratio leaves (shape
-    ``()`` per leaf, or the shape of the leaf's layer axes), or ``None`` when
-    the optimizer keeps no ratios.
-
-  Examples:
-    >>> import jax.numpy as jnp
-    >>> import date_optax
-    >>> params = {'w': jnp.array([3.0, 4.0])}
-    >>> opt = date_optax.lamb(1e-3)
-    >>> state = opt.init(params)
-    >>> _, state = opt.update({'w': jnp.array([1.0, 0.0])}, state, params)
-    >>> print(f"{date_optax.trust_ratios(state)['w']:.4f}")  # ||w|| / ||u||
-    5.0000
-
-  References:
-    You et al., `Large Batch Optimization for Deep Learning: Training BERT in
-    76 minutes <https://arxiv.org/abs/1904.00962>`_, 2020.
-  """
-  return _find(
-      opt_state, lambda x: x.ratios if isinstance(x, RATIO_STATES) else None
-  )
-
-
-def trust_ratio_bounds(opt_state: PyTree) -> tuple[jax.Array, jax.Array] | None:
-  """The `(lower, upper)` ratio bounds the last step applied, from the state.
-
-  Every date_optax state that keeps ratios also records the bounds it clipped
-  them to, evaluated at that step (schedules included). An unbounded
-  optimizer records ``lower = 0`` and ``upper = +inf``; before the first
-  step the state holds the bounds at step 0. Compositions are searched as by
-  :func:`trust_ratios`.
-
-  Args:
-    opt_state: an optimizer state.
-
-  Returns:
-    ``(lower, upper)``, two float32 scalars, or ``None`` when the optimizer
-    keeps no ratios.
-
-  Examples:
-    >>> import jax.numpy as jnp
-    >>> import date_optax
-    >>> params = {'w': jnp.array([3.0, 4.0])}
-    >>> opt = date_optax.bounded_lars(0.1, lower=0.01, upper=10.0)
-    >>> _, state = opt.update({'w': jnp.ones(2)}, opt.init(params), params)
-    >>> [f"{float(b):g}" for b in date_optax.trust_ratio_bounds(state)]
-    ['0.01', '10']
-    >>> lars_state = date_optax.lars(0.1).init(params)
-    >>> [float(b) for b in date_optax.trust_ratio_bounds(lars_state)]
-    [0.0, inf]
-
-  References:
-    You et al., `Large-Batch Training for LSTM and Beyond
-    <https://arxiv.org/abs/1901.08256>`_, SC 2019 (bounded ratios, Algorithm 1).
-  """
-  return _find(
-      opt_state, lambda x: x.bounds if isinstance(x, RATIO_STATES) else None
-  )
-
-
-def learning_rate(opt_state: PyTree) -> jax.Array | None:
-  """The learning rate the optimizer applied at its last step, from its state.
-
-  Found in the state of the optimizers (:func:`date_optax.lars`,
-  :func:`date_optax.lamb`, :func:`date_optax.bounded_lars`, hence
-  :func:`date_optax.date`), which record it each step (the schedule's value
-  at that step; at step 0 before the first update), or as
-  ``hyperparams['learning_rate']`` of an :func:`optax.inject_hyperparams`
-  state. Compositions are searched as by :func:`trust_ratios`; the first
-  match wins.
-
-  Args:
-    opt_state: an optimizer state.
-
-  Returns:
-    A float32 scalar, or ``None`` when the state does not expose it.
-
-  Examples:
-    >>> import jax.numpy as jnp
-    >>> import optax
-    >>> import date_optax
-    >>> params = {'w': jnp.array([3.0, 4.0])}
-    >>> opt = date_optax.lars(optax.linear_schedule(0.0, 1.0, 10))
-    >>> state = opt.init(params)
-    >>> for _ in range(3):
-    ...   _, state = opt.update({'w': jnp.ones(2)}, state, params)
-    >>> print(f"{date_optax.learning_rate(state):.2f}")  # applied at step 2
-    0.20
-    >>> sgd = optax.inject_hyperparams(optax.sgd)(learning_rate=0.5)
-    >>> float(date_optax.learning_rate(sgd.init(params)))
-    0.5
-
-  References:
-    You et al., `Large-Batch Training for LSTM and Beyond
-    <https://arxiv.org/abs/1901.08256>`_, SC 2019 (the learning rate DATE
-    follows, Algorithm 1).
-  """
-
-  def pick(x):
-    if isinstance(x, optax.InjectStatefulHyperparamsState):
-      lr = x.hyperparams.get("learning_rate") if isinstance(x.hyperparams, dict) else None
-      return None if lr is None else jnp.asarray(lr, jnp.float32)
-    return getattr(x, "learning_rate", None)
-
-  return _find(opt_state, pick)
+    return tuple(cls for cls, f in state_readers.STATE_FIELDS.items()
+                 if f.ratios is not None)
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

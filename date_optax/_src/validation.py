@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -160,11 +161,62 @@ def check_bounds(lower: Any, upper: Any) -> None:
     )
 
 
-def resolve_alias(name: str, value: Any, alias: str, alias_value: Any) -> Any:
-  """The value of a keyword that also has an older alias; both is an error."""
-  if value is not None and alias_value is not None:
-    raise ValueError(f"{alias} is an alias of {name}: give one of them, not both.")
-  return value if alias_value is None else alias_value
+def check_trust_coefficient(value: Any) -> Any:
+  """The trust coefficient ``c`` of every trust-ratio transform: finite and > 0.
+
+  One rule for every transform that takes it (:func:`date_optax.lars`,
+  :func:`date_optax.bounded_lars`, :func:`date_optax.scale_by_trust_ratio`,
+  hence :func:`date_optax.date`): ``c`` multiplies every layer's ratio, so
+  ``c = 0`` would zero the update of every layer with nonzero norms (only
+  the zero-norm rule's ratio 1 or a lower bound would be left) and ``c < 0``
+  would reverse it.
+  """
+  try:
+    return check_positive("trust_coefficient", value)
+  except ValueError:
+    raise ValueError(
+        "trust_coefficient must be finite and > 0 (it multiplies every layer's "
+        f"trust ratio: 0 would zero the updates), got {value!r}."
+    ) from None
+
+
+def warn_deprecated_keyword(fn: str, old: str, new: str, *, stacklevel: int = 3) -> None:
+  """A ``DeprecationWarning`` for ``fn(old=...)``, renamed ``new``.
+
+  The default ``stacklevel`` points at the caller of the public function
+  that calls this helper directly.
+  """
+  warnings.warn(
+      f"{fn}({old}=...) is deprecated and will be removed in the next release: "
+      f"pass {new}=... (same meaning).",
+      DeprecationWarning,
+      stacklevel=stacklevel,
+  )
+
+
+def deprecated_keyword(
+    fn: str, new: str, value: Any, old: str, old_value: Any, *, default: Any = None,
+    stacklevel: int = 4,
+) -> Any:
+  """The value of keyword ``new``, or of its deprecated former name ``old``.
+
+  ``old_value`` is ``None`` when the old name was not given; otherwise it
+  warns (``DeprecationWarning``) and is used, unless ``new`` was given a
+  different value too (``value`` not ``default``), which is an error naming
+  both.
+  """
+  if old_value is None:
+    return value
+  warn_deprecated_keyword(fn, old, new, stacklevel=stacklevel)
+  # Strings compare by value (a choice such as ratio_source); anything else
+  # (a mask) counts as given when it is not the default object.
+  given = not (value is default or (isinstance(value, str) and value == default))
+  if given and not (isinstance(value, str) and value == old_value):
+    raise ValueError(
+        f"{old} is the deprecated name of {new}: give one of them, not both "
+        f"(got {new}={value!r} and {old}={old_value!r})."
+    )
+  return old_value
 
 
 def check_mask(name: str, value: Any) -> Any:
@@ -180,8 +232,8 @@ def check_mask(name: str, value: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------
-# Checks of the trust-ratio transforms (issues 22 and 26): structure at
-# construction or trace time, never inside the jitted computation.
+# Checks of the trust-ratio transforms: the structure of masks, layer axes and
+# updates, at construction or trace time, never inside the jitted computation.
 
 
 def _keystr(path: Any) -> str:

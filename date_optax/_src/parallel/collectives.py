@@ -687,4 +687,3 @@ def torus_all_reduce(
   """
   grid = None if grid is None else tuple(grid)
   return _reduce_tree(tree, blockwise_all_reduce("torus", axes, grid))
-

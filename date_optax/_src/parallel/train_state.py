@@ -20,7 +20,7 @@ from jax import lax
 from date_optax._src import telemetry, validation
 from date_optax._src.gain import find_gain_state
 from date_optax._src.parallel import grad_stats as gs_lib
-from date_optax._src.trust_ratio import learning_rate, trust_ratio_bounds, trust_ratios
+from date_optax._src.state_readers import current_learning_rate, trust_ratio_bounds, trust_ratios
 
 Metrics = dict[str, Any]
 
@@ -222,7 +222,7 @@ def apply_gradients(
 
   Telemetry comes from the optimizer state alone: the per-layer ratios, the
   bounds the optimizer applied (`date_optax.trust_ratio_bounds`) and the
-  learning rate (`date_optax.learning_rate`) where the state records them.
+  learning rate (`date_optax.current_learning_rate`) where the state records them.
 
   `residual` is the new error-feedback residual (`TrainState.grad_residual`),
   or None without error feedback. On a skipped step it is discarded and the
@@ -292,7 +292,7 @@ def apply_gradients(
     metrics.update(
         telemetry.trust_ratio_summary(ratios, lower, upper, prefix="trust_ratio/")
     )
-  lr = learning_rate(opt_state)
+  lr = current_learning_rate(opt_state)
   gain_state = find_gain_state(opt_state)
   if gain_state is not None and lr is not None:  # the gain multiplies the rate
     lr = lr * gain_state.lr_factor

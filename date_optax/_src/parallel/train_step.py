@@ -235,7 +235,7 @@ def make_train_step(
     `date_optax.diagnostics.trust_ratio_summary`; the bounds are those the
     optimizer recorded, `date_optax.trust_ratio_bounds`), and
     "learning_rate" where the optimizer state records it
-    (`date_optax.learning_rate`: date_optax's optimizers, `date()`,
+    (`date_optax.current_learning_rate`: date_optax's optimizers, `date()`,
     `optax.inject_hyperparams`).
 
   Raises:
