@@ -16,19 +16,19 @@ import numpy as np
 import optax
 import pytest
 from jax.sharding import PartitionSpec as P
+from test_grad_sync import (
+  _assert_bit_equal,
+  _batch,
+  _int8_atol,
+  _local_max,
+  _loss,
+  _params,
+  _reference_step,
+  _run,
+)
 
 import date_optax.parallel as dp
 from date_optax._src.parallel import compat
-from test_grad_sync import (
-    _assert_bit_equal,
-    _batch,
-    _int8_atol,
-    _local_max,
-    _loss,
-    _params,
-    _reference_step,
-    _run,
-)
 
 
 def test_block_size_and_measured_shift_are_refused_in_grad_sync_naming_both_options():
