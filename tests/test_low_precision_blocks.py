@@ -486,3 +486,48 @@ def test_reduce_scatter_for_a_sharded_update_matches_the_all_reduce(alg, kw):
     eps = fmt.eps
     m = np.abs(x["w"]).max()
     assert np.abs(got.reshape(-1) - exact).max() <= eps * (1 + eps) ** (r - 1) * c * m
+
+
+@pytest.mark.parametrize("kind", _cases(["jit", "shard_update"],
+                                        ["jit", "shard_update", "pmap"]))
+def test_train_step_with_block_scales_through_grad_sync(kind):
+  """SGD with lr 1: params - new params = the block-scaled mean gradient."""
+  import optax
+
+  rng = np.random.default_rng(9)
+  params = {"w": rng.normal(size=(8, 16)).astype(np.float32),
+            "b": np.zeros(16, np.float32)}
+  batch = {"x": rng.normal(size=(32, 8)).astype(np.float32),
+           "y": rng.normal(size=(32, 16)).astype(np.float32)}
+
+  def loss(p, b):
+    return jnp.mean((b["x"] @ p["w"] + p["b"] - b["y"]) ** 2)
+
+  rows = jax.tree.map(lambda v: v.reshape((N, -1) + v.shape[1:]), batch)
+  local = jax.tree.map(lambda g: np.asarray(g) / N,
+                       jax.vmap(jax.grad(loss), in_axes=(None, 0))(params, rows))
+  sync = dp.GradSync("ring", comm_dtype="int8", block_size=16)
+  assert not sync.uses_aps and sync.measures_scales
+  want = _reduce(local, "ring", comm_dtype="int8", block_size=16)
+  if kind == "pmap":
+    step = dp.make_pmap_train_step(loss, optax.sgd(1.0), grad_sync=sync)
+    state, _ = step(step.init(params), batch)
+    new = jax.tree.map(lambda v: np.asarray(v[0]), state.params)
+  else:
+    step = dp.make_train_step(loss, optax.sgd(1.0), dp.data_mesh(), grad_sync=sync,
+                              shard_update=kind == "shard_update")
+    state, _ = step(step.init(params), batch)
+    new = jax.tree.map(np.asarray, state.params)
+  for k in params:
+    if kind == "shard_update":  # leaves split over the replicas: other blocks
+      exact = local[k].astype(np.float64).sum(0)
+      m = np.abs(local[k]).max()
+      eps = lp.comm_format("int8").eps
+      assert np.abs(params[k] - new[k] - exact).max() <= (
+          eps * (1 + eps) ** (N - 1) * N * (N + 1) / 2 * m + 1e-6)
+      continue
+    np.testing.assert_allclose(params[k] - new[k], want[k][0], rtol=1e-6, atol=1e-7)
+  with pytest.raises(ValueError, match=r"block_size.*\[1, 65536\]"):
+    dp.GradSync("ring", comm_dtype="int8", block_size=0)
+  with pytest.raises(ValueError, match="psum"):
+    dp.GradSync("psum", comm_dtype="int8", block_size=32)
