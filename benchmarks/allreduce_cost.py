@@ -13,6 +13,12 @@ The second table adds the payload dtype (`comm_dtype` of
 bfloat16, 8-bit (float8 or int8) and 4-bit (int4 or float4_e2m1fn) values;
 the bandwidth term shrinks with the bits, the latency term does not.
 
+The third table prices the scales of an int8 payload: the APS `pmax` (one
+more all-reduce of 8 bytes per layer before the payload), block scales of 32
+elements (8.25 bits per element) and the measured per-layer shift (one
+exponent byte per layer on every message); layers are the parameter leaves
+of the usual implementations.
+
 Part 2 (--measure, 8 emulated CPU devices): psum, the ppermute ring and the
 ppermute torus summing the same buffer on a 2x4 mesh, as ratios to psum
 measured in the same run, with the rounds of neighbour exchanges on the
@@ -41,7 +47,10 @@ GRADIENTS = {
     "BERT-base": 109_482_240,
     "BERT-large": 335_141_888,
 }
+LAYERS = {"ResNet-50": 161, "BERT-base": 199, "BERT-large": 391}  # parameter leaves
 PODS = [(4, 4), (8, 8), (16, 16), (32, 32)]
+SCALINGS = (("int8", {}), ("+ APS pmax", {"aps": True}), ("blocks 32", {"block_size": 32}),
+            ("measured shift", {"measured_shift": True}))
 PAYLOADS = (("fp32", None), ("bf16", "bfloat16"), ("8-bit", "float8_e4m3fn"),
             ("4-bit", "float4_e2m1fn"))
 
@@ -101,6 +110,25 @@ def print_payload_table(rows: list[dict]) -> None:
           f"| {c['fp32'].bytes_per_link / 1e6:.1f} | "
           + " | ".join(f"{c[lb].seconds * 1e3:.2f}" for lb in labels)
           + f" | {c['fp32'].seconds / c['4-bit'].seconds:.2f} |")
+
+
+def print_scaling_table(alpha: float, beta: float) -> None:
+  from date_optax.parallel import allreduce_cost
+
+  labels = [label for label, _ in SCALINGS]
+  print("\nScales of an int8 payload (time in ms, latency steps):\n")
+  print("| gradients | pod | algorithm | " + " | ".join(labels) + " |")
+  print("|---|---|---|" + "---:|" * len(labels))
+  for name, params in GRADIENTS.items():
+    for x, y in PODS[2:]:
+      for alg in ("ring", "torus"):
+        cells = []
+        for _, kw in SCALINGS:
+          layers = LAYERS[name] if kw.get("aps") or kw.get("measured_shift") else None
+          c = allreduce_cost(alg, (x, y), 4 * params, alpha=alpha, beta=beta,
+                             comm_dtype="int8", layers=layers, **kw)
+          cells.append(f"{c.seconds * 1e3:.3f} ({c.latency_steps})")
+        print(f"| {name} | {x}x{y} | {alg} | " + " | ".join(cells) + " |")
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -182,6 +210,7 @@ def main(argv=None) -> None:
   rows = model_table(args.alpha, args.beta)
   print_table(rows, args.alpha, args.beta)
   print_payload_table(payload_rows(args.alpha, args.beta))
+  print_scaling_table(args.alpha, args.beta)
   if args.plot:
     plot(rows, args.plot)
   if args.measure:

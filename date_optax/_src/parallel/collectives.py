@@ -30,6 +30,7 @@ import numpy as np
 from jax import lax
 
 from date_optax._src.parallel import compat
+from date_optax._src.parallel import low_precision as lp
 from date_optax._src.parallel.low_precision import CommFormat
 from date_optax._src.types import PyTree
 
@@ -182,7 +183,7 @@ def _rotate(rows: jax.Array, start: jax.Array) -> jax.Array:
 
 
 def _ring_reduce_scatter(
-    blocks: jax.Array, ring: _Ring, fmt: CommFormat | None = None
+    blocks: jax.Array, ring: _Ring, fmt: CommFormat | None = None, gids: Any = None
 ) -> Generator:
   """(n, c) per device -> (c,): the sum over the ring of row `position`.
 
@@ -192,9 +193,14 @@ def _ring_reduce_scatter(
   `fmt` the rows are rounded to it, every partial sum is rounded to it before
   it is sent (it travels in the format's wire dtype), and the sums are taken
   in float32 from two values of the format; the returned sum is not rounded.
+  With a `lp.ScaledFormat` the rows are not rounded (the device adds its
+  float32 row to the decoded partial sum) and each partial sum is sent with
+  scales measured on it; `gids` (n, c) are the rows' segment ids for the
+  measured per-layer shift.
   """
   n, idx = ring.size, ring.position
-  if fmt is not None:
+  scaled = isinstance(fmt, lp.ScaledFormat)
+  if fmt is not None and not scaled:
     blocks = fmt.round(blocks)
   if n == 1:
     return blocks[0]
@@ -204,10 +210,15 @@ def _ring_reduce_scatter(
   # Rotating the rows once so that row (i - 1 - s) comes s-th makes every
   # step a static slice (no copy of the whole buffer per step).
   rows = _rotate(blocks[::-1], n - idx)  # rows[j] = blocks[(i - 1 - j) % n]
+  grows = None if gids is None else _rotate(gids[::-1], n - idx)
   acc = rows[0]
   for s in range(n - 1):
     if fmt is None:
       got = yield acc, ring
+    elif scaled:
+      g_out = None if grows is None else grows[s]
+      g_in = None if grows is None else grows[s + 1]
+      got = fmt.decode((yield fmt.encode(acc, g_out), ring), g_in)
     else:
       got = fmt.decode((yield fmt.encode(acc), ring))
     acc = rows[s + 1] + got
@@ -253,23 +264,31 @@ def _torus_rings(axes: Any, grid: tuple[int, int] | None) -> tuple[_Ring, _Ring]
 
 
 def _torus_reduce_scatter(
-    blocks: jax.Array, rx: _Ring, ry: _Ring, fmt: CommFormat | None = None
+    blocks: jax.Array, rx: _Ring, ry: _Ring, fmt: CommFormat | None = None,
+    gids: Any = None,
 ) -> jax.Array:
   nx, ny = rx.size, ry.size
   c = blocks.shape[1]
   blocks = _pad_to(blocks, 2)
   h = blocks.shape[1] // 2
+  if gids is not None:  # padding repeats the last id, so ids stay sorted
+    gids = jnp.pad(gids, ((0, 0), (0, blocks.shape[1] - c)), mode="edge")
 
-  def half_a(a):  # rows ordered (x, y): x-rings first, then y-rings
-    a = yield from _ring_reduce_scatter(a.reshape(nx, ny * h), rx, fmt)
-    return (yield from _ring_reduce_scatter(a.reshape(ny, h), ry, fmt))
+  def half_a(a, g):  # rows ordered (x, y): x-rings first, then y-rings
+    g = None if g is None else g.reshape(nx, ny * h)
+    a = yield from _ring_reduce_scatter(a.reshape(nx, ny * h), rx, fmt, g)
+    g = None if g is None else g[rx.position].reshape(ny, h)
+    return (yield from _ring_reduce_scatter(a.reshape(ny, h), ry, fmt, g))
 
-  def half_b(b):  # rows reordered to (y, x) so that the y-phase comes first
+  def half_b(b, g):  # rows reordered to (y, x) so that the y-phase comes first
     b = b.reshape(nx, ny, h).transpose(1, 0, 2).reshape(ny, nx * h)
-    b = yield from _ring_reduce_scatter(b, ry, fmt)
-    return (yield from _ring_reduce_scatter(b.reshape(nx, h), rx, fmt))
+    g = None if g is None else g.reshape(nx, ny, h).transpose(1, 0, 2).reshape(ny, nx * h)
+    b = yield from _ring_reduce_scatter(b, ry, fmt, g)
+    g = None if g is None else g[ry.position].reshape(nx, h)
+    return (yield from _ring_reduce_scatter(b.reshape(nx, h), rx, fmt, g))
 
-  a, b = _run_in_rounds(half_a(blocks[:, :h]), half_b(blocks[:, h:]))
+  ga, gb = (None, None) if gids is None else (gids[:, :h], gids[:, h:])
+  a, b = _run_in_rounds(half_a(blocks[:, :h], ga), half_b(blocks[:, h:], gb))
   return jnp.concatenate([a, b])[:c]
 
 
@@ -349,6 +368,7 @@ def reduce_scatter_blocks(
     *,
     grid: tuple[int, int] | None = None,
     fmt: CommFormat | None = None,
+    gids: Any = None,
 ) -> jax.Array:
   """Sums `blocks` (n, c) over the devices; device k keeps row k, shape (c,).
 
@@ -356,9 +376,19 @@ def reduce_scatter_blocks(
   `PartitionSpec(axes)` uses to place shards. With a communication format
   `fmt` the payload travels in it (partial sums rounded at every hop for
   "ring"/"torus"); the result is float32 and not yet rounded to `fmt`.
+  With a `lp.ScaledFormat` of `block_size` B, `c` must be a multiple of B
+  ("ring") or 2B ("torus") so that every message holds whole blocks; with
+  one of segment ids, `gids` (n, c) gives each element's sorted id.
   """
   if fmt is None:
     return _algorithm(algorithm).reduce_scatter(blocks, axes, grid)
+  if isinstance(fmt, lp.ScaledFormat):
+    if algorithm == "psum":
+      raise ValueError("scales measured at every hop need algorithm 'ring' or 'torus'.")
+    gids = None if gids is None else jnp.asarray(gids, jnp.int32)
+    return _algorithm(algorithm).reduce_scatter(
+        blocks.astype(jnp.float32), axes, grid, fmt, gids
+    )
   return _algorithm(algorithm).reduce_scatter(blocks.astype(jnp.float32), axes, grid, fmt)
 
 
@@ -369,14 +399,26 @@ def all_gather_blocks(
     *,
     grid: tuple[int, int] | None = None,
     fmt: CommFormat | None = None,
+    gids: Any = None,
 ) -> jax.Array:
   """Inverse layout of `reduce_scatter_blocks`: (c,) per device -> (n, c).
 
   With `fmt` the chunk is rounded to the format once and travels in it, so
-  every device ends with the same (rounded) values, float32.
+  every device ends with the same (rounded) values, float32. With a
+  `lp.ScaledFormat` the chunk travels as one packed message (payload and
+  scales) and `gids` (n, c) are the segment ids of all rows.
   """
   if fmt is None:
     return _algorithm(algorithm).all_gather(chunk, axes, grid)
+  if isinstance(fmt, lp.ScaledFormat):
+    axes_t = compat.as_tuple(axes)
+    k = lax.axis_index(axes_t if len(axes_t) > 1 else axes_t[0])
+    gids = None if gids is None else jnp.asarray(gids, jnp.int32)
+    own = None if gids is None else gids[k]
+    rows = _algorithm(algorithm).all_gather(fmt.encode(chunk, own), axes, grid)
+    if gids is None:
+      return jax.vmap(fmt.decode)(rows)
+    return jax.vmap(fmt.decode)(rows, gids)
   return fmt.decode(_algorithm(algorithm).all_gather(fmt.encode(chunk), axes, grid))
 
 
@@ -396,18 +438,121 @@ def blockwise_all_reduce(
   return flat_reduce
 
 
+def _scaled_sum(
+    xs: list[jax.Array],
+    axes: Any,
+    algorithm: str,
+    grid: tuple[int, int] | None,
+    fmt: Any,
+    block_size: int | None,
+) -> list[jax.Array]:
+  """Ring/torus sum of float32 arrays with scales measured at every hop.
+
+  With `block_size` B each array is zero-padded to whole blocks (a block
+  never mixes two layers) and the buffer to `n` rows of a multiple of B
+  elements (2B for the torus, which halves the rows); without, every element
+  carries the index of its array as segment id (the measured per-layer
+  shift: one scale per layer piece in each message).
+  """
+  n = compat.axis_size(axes)
+  flat = [x.reshape(-1) for x in xs]
+  unit = 2 if algorithm == "torus" else 1
+  if block_size is not None:
+    flat = [_pad_to(x, block_size) for x in flat]
+    unit *= block_size
+    codec, ids = lp.ScaledFormat(fmt, block_size=block_size), None
+  else:
+    codec = lp.ScaledFormat(fmt, groups=len(xs))
+    ids = np.concatenate([np.full(x.size, i, np.int32) for i, x in enumerate(flat)])
+  buf = jnp.concatenate(flat)
+  total = buf.shape[0]
+  rows = _pad_to(buf, n * unit).reshape(n, -1)
+  if ids is not None:
+    ids = np.pad(ids, (0, rows.size - total), mode="edge").reshape(n, -1)
+  chunk = reduce_scatter_blocks(rows, axes, algorithm, grid=grid, fmt=codec, gids=ids)
+  out_flat = all_gather_blocks(chunk, axes, algorithm, grid=grid, fmt=codec, gids=ids)
+  out_flat = out_flat.reshape(-1)
+  out, offset = [], 0
+  for x, f in zip(xs, flat, strict=True):
+    out.append(out_flat[offset : offset + x.size].reshape(x.shape))
+    offset += f.size
+  return out
+
+
+def low_precision_reduce_scatter(
+    blocks: list[jax.Array],
+    axes: Any,
+    algorithm: str,
+    grid: tuple[int, int] | None,
+    fmt: Any,
+    *,
+    block_size: int | None = None,
+    measured_shift: bool = False,
+) -> list[jax.Array]:
+  """Reduce-scatters float32 `(n, c_i)` arrays with the payload in `fmt`.
+
+  Device k (row-major over `axes`) gets row k of the sum of each array,
+  `(c_i,)`, rounded as the final sum would travel (the shard of a sharded
+  update). With `block_size` each array's columns are zero-padded to whole
+  blocks (2 blocks' worth of alignment for the torus) so that no block
+  mixes two arrays; with `measured_shift` each array's piece is one group.
+  """
+  widths = [b.shape[1] for b in blocks]
+  if block_size is None and not measured_shift:
+    chunk = fmt.round(reduce_scatter_blocks(
+        jnp.concatenate(blocks, axis=1), axes, algorithm, grid=grid, fmt=fmt))
+    padded_widths = widths
+  else:
+    if algorithm == "psum":
+      raise ValueError(
+          "block_size/measured_shift need algorithm 'ring' or 'torus', got 'psum'."
+      )
+    if block_size is not None:
+      blocks = [_pad_to(b, block_size) for b in blocks]
+      codec, ids = lp.ScaledFormat(fmt, block_size=block_size), None
+    else:
+      codec = lp.ScaledFormat(fmt, groups=len(blocks))
+      ids = np.concatenate([np.full(b.shape[1], i, np.int32) for i, b in enumerate(blocks)])
+    padded_widths = [b.shape[1] for b in blocks]
+    buf = jnp.concatenate(blocks, axis=1)
+    unit = (2 if algorithm == "torus" else 1) * (block_size or 1)
+    buf = _pad_to(buf, unit)
+    if ids is not None:
+      ids = np.pad(ids, (0, buf.shape[1] - ids.size), mode="edge")
+      ids = np.tile(ids, (buf.shape[0], 1))
+    chunk = reduce_scatter_blocks(buf, axes, algorithm, grid=grid, fmt=codec, gids=ids)
+    chunk = codec.round(chunk, None if ids is None else jnp.asarray(ids[0]))
+  out, offset = [], 0
+  for w, pw in zip(widths, padded_widths, strict=True):
+    out.append(chunk[offset : offset + w])
+    offset += pw
+  return out
+
+
 def low_precision_sum(
     xs: list[jax.Array],
     axes: Any,
     algorithm: str,
     grid: tuple[int, int] | None,
     fmt: CommFormat,
+    *,
+    block_size: int | None = None,
+    measured_shift: bool = False,
 ) -> list[jax.Array]:
   """Sums float32 arrays (already shifted) with the payload in `fmt`.
 
   One packed buffer for "ring"/"torus" (rounded at every hop), one
-  `lax.psum` per array on the wire dtype for "psum".
+  `lax.psum` per array on the wire dtype for "psum". With `block_size` or
+  `measured_shift` ("ring"/"torus" only) each message carries scales
+  measured on it (`lp.ScaledFormat`): one per block of `block_size`
+  elements, or one per layer piece.
   """
+  if block_size is not None or measured_shift:
+    if algorithm == "psum":
+      raise ValueError(
+          "block_size/measured_shift need algorithm 'ring' or 'torus', got 'psum'."
+      )
+    return _scaled_sum(xs, axes, algorithm, grid, fmt, block_size)
   if algorithm == "psum":
     return [fmt.decode(lax.psum(fmt.encode(x), compat.as_tuple(axes))) for x in xs]
   flat = blockwise_all_reduce(algorithm, axes, grid, fmt)(
@@ -542,4 +687,3 @@ def torus_all_reduce(
   """
   grid = None if grid is None else tuple(grid)
   return _reduce_tree(tree, blockwise_all_reduce("torus", axes, grid))
-

@@ -27,10 +27,24 @@ class AllReduceCost(NamedTuple):
   seconds: float
 
 
-def _ring(p: int, m: float, alpha: float, beta: float) -> AllReduceCost:
-  steps = 2 * (p - 1)
-  nbytes = 2 * (p - 1) / p * m
-  return AllReduceCost(steps, nbytes, alpha * steps + beta * nbytes)
+def _ring(p: int, m: float, per_message: float = 0.0) -> tuple[int, float]:
+  """Steps and bytes per link of a ring over p devices moving m bytes, plus
+  `per_message` bytes on each of its 2(p-1) messages."""
+  return 2 * (p - 1), 2 * (p - 1) / p * m + 2 * (p - 1) * per_message
+
+
+def _torus(x: int, y: int, m: float, per_message: float = 0.0) -> tuple[int, float]:
+  # A vertical ring moves (X-1)/X of what it is given, once to scatter and once
+  # to gather: half A whole (M/2) in its first phase, half B after its y-phase
+  # left 1/Y of it (M/(2Y)) in its second; 4(X-1) messages in all.
+  vertical = 2 * (x - 1) / x * (m / 2 + m / (2 * y)) + 4 * (x - 1) * per_message
+  horizontal = 2 * (y - 1) / y * (m / 2 + m / (2 * x)) + 4 * (y - 1) * per_message
+  return 2 * (x - 1) + 2 * (y - 1), max(vertical, horizontal)
+
+
+def _scale_bits(fmt: Any) -> int:
+  """Bits of one scale exponent on the wire: 8, in a 16-bit slot for bfloat16."""
+  return max(8, fmt.bits)
 
 
 def allreduce_cost(
@@ -41,6 +55,10 @@ def allreduce_cost(
     alpha: float,
     beta: float,
     comm_dtype: Any = None,
+    block_size: int | None = None,
+    measured_shift: bool = False,
+    aps: bool = False,
+    layers: int | None = None,
 ) -> AllReduceCost:
   """Predicts latency steps, link traffic and time of one all-reduce.
 
@@ -69,9 +87,22 @@ def allreduce_cost(
   gradients are stored; with `comm_dtype` the payload that moves is
   `nbytes · bits / 32` (16 bits for bfloat16, 8 for the float8 formats and
   int8, 4 for int4 and float4_e2m1fn, counted as 4 bits whatever container
-  an emulation uses). The latency term is unchanged. The extra `pmax` of
-  Auto-Precision Scaling (two float32 per layer) is not included: it is one
-  more all-reduce of `8 · layers` bytes, latency-bound.
+  an emulation uses). The latency term is unchanged.
+
+  *Scales.* With `block_size` B every block carries one 8-bit exponent
+  (a 16-bit slot for bfloat16) beside its payload, so each element costs
+  `bits + 8/B` bits: `M · (bits + 8/B) / 32` bytes move instead of
+  `M · bits / 32` (leaf padding to whole blocks is not counted). With
+  `measured_shift` every message carries one exponent per layer, `layers`
+  bytes (as `all_reduce` sends them: all layers' slots, an upper bound on the
+  pieces one message holds) on each of the `2(P-1)` messages a ring link
+  carries, `4(X-1)` and `4(Y-1)` on the torus's vertical and horizontal
+  links. With `aps=True` the `pmax` that Auto-Precision Scaling issues
+  before the payload (a float32 max-abs and a non-finite flag per layer,
+  `8 · layers` bytes) is priced as one more all-reduce of the same algorithm
+  on the critical path: its steps and bytes per link are added. `all_reduce`
+  issues it by default for formats of 8 bits or fewer without block scales
+  or the measured shift; the default here (False) keeps the payload alone.
 
   Args:
     algorithm: "ring" or "torus".
@@ -82,6 +113,13 @@ def allreduce_cost(
     beta: seconds per byte on one link (1 / bandwidth), >= 0.
     comm_dtype: None or "float32" (payload = `nbytes`), or one of
       `date_optax.parallel.COMM_DTYPES` (names or dtypes).
+    block_size: elements per block scale (None: no block scales); an integer
+      in [1, 65536]; needs a low-precision `comm_dtype`.
+    measured_shift: price one exponent per layer on every message (needs a
+      low-precision `comm_dtype` and `layers`; excludes `block_size`).
+    aps: price the APS `pmax` (needs a low-precision `comm_dtype` and
+      `layers`).
+    layers: the number of layers (parameter leaves), >= 1.
 
   Returns:
     An `AllReduceCost(latency_steps, bytes_per_link, seconds)`.
@@ -97,6 +135,13 @@ def allreduce_cost(
     ...                         comm_dtype="float8_e4m3fn")
     >>> round(full.seconds / fp8.seconds, 6)
     4.0
+
+    Block scales of 32 elements add 8/32 bit per element to int8:
+
+    >>> mx = dp.allreduce_cost("ring", 256, 1e6, alpha=0.0, beta=1e-9,
+    ...                        comm_dtype="int8", block_size=32)
+    >>> round(mx.bytes_per_link / fp8.bytes_per_link, 6)
+    1.03125
 
   References:
     Ying et al., "Image Classification at Supercomputer Scale", 2018,
@@ -117,19 +162,34 @@ def allreduce_cost(
   validation.check_nonnegative("alpha", alpha)
   validation.check_nonnegative("beta", beta)
   fmt = low_precision.comm_format(comm_dtype)
-  m = float(nbytes) * (1.0 if fmt is None else fmt.bits / 32)
-  if algorithm == "ring":
-    return _ring(math.prod(shape), m, alpha, beta)
-  if len(shape) != 2:
+  _, block_size, measured_shift = low_precision.resolve_scaling(
+      fmt, False, block_size, measured_shift
+  )
+  aps = validation.check_bool("aps", aps)
+  if aps and fmt is None:
+    raise ValueError("aps=True needs a low-precision comm_dtype; pass comm_dtype.")
+  if layers is not None:
+    layers = validation.check_int("layers", layers, low=1)
+  if (aps or measured_shift) and layers is None:
+    raise ValueError(
+        "aps=True and measured_shift=True need layers (an integer >= 1): their "
+        "cost is per layer."
+    )
+  bits = 32.0 if fmt is None else float(fmt.bits)
+  if block_size is not None:
+    bits += _scale_bits(fmt) / block_size
+  m = float(nbytes) * bits / 32
+  per_message = layers * _scale_bits(fmt) / 8 if measured_shift else 0.0
+  if algorithm == "torus" and len(shape) != 2:
     raise ValueError(
         f"the torus algorithm needs mesh_shape=(X, Y), got mesh_shape={mesh_shape!r}."
     )
-  x, y = shape
-  steps = 2 * (x - 1) + 2 * (y - 1)
-  # A vertical ring moves (X-1)/X of what it is given, once to scatter and once
-  # to gather: half A whole (M/2) in its first phase, half B after its y-phase
-  # left 1/Y of it (M/(2Y)) in its second.
-  vertical = 2 * (x - 1) / x * (m / 2 + m / (2 * y))
-  horizontal = 2 * (y - 1) / y * (m / 2 + m / (2 * x))
-  per_link = max(vertical, horizontal)
+  if algorithm == "ring":
+    steps, per_link = _ring(math.prod(shape), m, per_message)
+  else:
+    steps, per_link = _torus(*shape, m, per_message)
+  if aps:
+    extra = _ring(math.prod(shape), 8.0 * layers) if algorithm == "ring" else _torus(
+        *shape, 8.0 * layers)
+    steps, per_link = steps + extra[0], per_link + extra[1]
   return AllReduceCost(steps, per_link, alpha * steps + beta * per_link)

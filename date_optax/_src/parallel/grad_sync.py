@@ -6,7 +6,10 @@ per-replica body (`replica_step.replica_step`), for an all-reduce mean or,
 with weight-update sharding, a reduce-scatter mean. The options travel as one
 frozen `GradSync`, validated when it is built: the algorithm ("psum", "ring",
 "torus"), the torus layout (`grid`), the payload format (`comm_dtype`),
-Auto-Precision Scaling (`aps`) and the rounding.
+Auto-Precision Scaling (`aps`), the rounding, the scales measured at every
+hop (`block_size`, `measured_shift`) and error feedback (`error_feedback`:
+each replica's compression residual, carried in the train state, is added
+to its next gradient before it is compressed).
 
 The algorithms themselves (neighbour exchanges, packing) live in
 `collectives`; the formats and APS in `low_precision`. This module wires them
@@ -59,6 +62,19 @@ class GradSync:
     rounding: "nearest" or "stochastic" (unbiased; needs a low-precision
       `comm_dtype`). The steps draw the key of step s as
       `fold_in(fold_in(rng, 0x5352), s)` (`low_precision.rounding_key`).
+    block_size: None, or the elements per scale of MX-style block scaling,
+      an integer in [1, 65536] (MX uses 32): every message carries one
+      power-of-two scale per block of one layer, measured on what is sent
+      at every hop. Needs a low-precision `comm_dtype` and "ring" or
+      "torus"; APS then defaults to off.
+    measured_shift: one power-of-two scale per layer piece of every
+      message, measured at every hop instead of APS's worst case `N · M`.
+      Needs a low-precision `comm_dtype` and "ring" or "torus"; excludes
+      `block_size`.
+    error_feedback: keep each replica's compression residual and add it to
+      its next contribution before compressing (EF-SGD, Karimireddy et al.
+      2019), as `sync_gradients(..., residual=)` describes; the steps carry
+      it in `TrainState.grad_residual`. Needs a low-precision `comm_dtype`.
 
   Returns:
     The config (a frozen dataclass; `dataclasses.replace` gives variants).
@@ -66,8 +82,12 @@ class GradSync:
   Raises:
     ValueError: an unknown algorithm, format or rounding; `grid` without
       "torus" or not two positive integers; `aps=True` or
-      `rounding="stochastic"` without a low-precision `comm_dtype`.
-    TypeError: `aps` not None or a bool.
+      `rounding="stochastic"` without a low-precision `comm_dtype`;
+      `block_size` outside [1, 65536]; `block_size` or `measured_shift`
+      without a low-precision `comm_dtype`, with "psum", or both at once;
+      `error_feedback=True` without a low-precision `comm_dtype`.
+    TypeError: `aps` not None or a bool, `block_size` not an integer,
+      `measured_shift` or `error_feedback` not a bool.
 
   Examples:
     >>> import date_optax.parallel as dp
@@ -79,13 +99,20 @@ class GradSync:
     ... except ValueError as e:
     ...   print(str(e)[:55])
     rounding="stochastic" needs a low-precision comm_dtype
+    >>> dp.GradSync("ring", comm_dtype="int8", block_size=32).uses_aps
+    False
+    >>> dp.GradSync("ring", comm_dtype="int4", error_feedback=True).error_feedback
+    True
 
   References:
     Ying et al., "Image Classification at Supercomputer Scale", 2018; Han,
     Demmel and You, "Auto-Precision Scaling for Distributed Deep Learning",
     2020, https://arxiv.org/abs/2003.00119; Gupta et al., "Deep Learning
     with Limited Numerical Precision", ICML 2015,
-    https://arxiv.org/abs/1502.02551.
+    https://arxiv.org/abs/1502.02551; Open Compute Project, "OCP
+    Microscaling Formats (MX) Specification v1.0", 2023 (block scales);
+    Karimireddy et al., "Error Feedback Fixes SignSGD and other Gradient
+    Compression Schemes", ICML 2019, https://arxiv.org/abs/1901.09847.
   """
 
   algorithm: str = "psum"
@@ -93,6 +120,9 @@ class GradSync:
   comm_dtype: Any = None
   aps: bool | None = None
   rounding: str = "nearest"
+  block_size: int | None = None
+  measured_shift: bool = False
+  error_feedback: bool = False
 
   def __post_init__(self) -> None:
     if not isinstance(self.algorithm, str) or self.algorithm not in ALGORITHMS:
@@ -114,8 +144,23 @@ class GradSync:
       object.__setattr__(self, "grid", grid)
     fmt = lp.comm_format(self.comm_dtype)
     object.__setattr__(self, "comm_dtype", None if fmt is None else fmt.name)
-    lp.resolve_aps(fmt, self.aps)  # aps=True without a format, or not a bool
+    # aps=True without a format or not a bool; block_size/measured_shift out
+    # of range, without a format, with "psum" or both at once.
+    _, block_size, measured_shift = lp.resolve_scaling(
+        fmt, self.aps, self.block_size, self.measured_shift, self.algorithm
+    )
+    object.__setattr__(self, "block_size", block_size)
+    object.__setattr__(self, "measured_shift", measured_shift)
     lp.resolve_rounding(fmt, self.rounding)  # unknown, or stochastic without a format
+    error_feedback = validation.check_bool("error_feedback", self.error_feedback)
+    if error_feedback and fmt is None:
+      raise ValueError(
+          "error_feedback=True needs a low-precision comm_dtype: with "
+          f"comm_dtype={self.comm_dtype!r} (float32) the reduction is exact and there "
+          "is no compression residual to feed back; pass comm_dtype (e.g. \"int8\") "
+          "or error_feedback=False."
+      )
+    object.__setattr__(self, "error_feedback", error_feedback)
 
   @property
   def format(self) -> CommFormat | None:
@@ -125,7 +170,14 @@ class GradSync:
   @property
   def uses_aps(self) -> bool:
     """Whether Auto-Precision Scaling is applied (the `aps=None` default resolved)."""
-    return lp.resolve_aps(self.format, self.aps)
+    return lp.resolve_scaling(
+        self.format, self.aps, self.block_size, self.measured_shift, self.algorithm
+    )[0]
+
+  @property
+  def measures_scales(self) -> bool:
+    """Whether every message carries scales measured on it (blocks or layers)."""
+    return self.block_size is not None or self.measured_shift
 
   def rounding_key(self, rng: Any, step: jax.Array) -> Any:
     """The step's stochastic-rounding key, or None for round-to-nearest."""
@@ -171,6 +223,9 @@ def grad_sync_from(
     comm_dtype: Any = None,
     aps: Any = None,
     rounding: Any = "nearest",
+    block_size: Any = None,
+    measured_shift: Any = False,
+    error_feedback: Any = False,
 ) -> GradSync:
   """The builders' `grad_sync=`, or the config their flat keywords spell."""
   return config_from(grad_sync, GradSync, {
@@ -179,6 +234,9 @@ def grad_sync_from(
       "comm_dtype": ("comm_dtype", comm_dtype, None),
       "aps": ("aps", aps, None),
       "rounding": ("rounding", rounding, "nearest"),
+      "block_size": ("block_size", block_size, None),
+      "measured_shift": ("measured_shift", measured_shift, False),
+      "error_feedback": ("error_feedback", error_feedback, False),
   })
 
 
@@ -219,7 +277,8 @@ def _sum(
   if whole:
     parts = [xs[i] for i in whole]
     reduced = _exact_sum(parts, axes, sync) if fmt is None else collectives.low_precision_sum(
-        parts, axes, sync.algorithm, sync.grid, fmt
+        parts, axes, sync.algorithm, sync.grid, fmt,
+        block_size=sync.block_size, measured_shift=sync.measured_shift,
     )
     for i, r in zip(whole, reduced, strict=True):
       out[i] = r
@@ -229,21 +288,54 @@ def _sum(
       groups.setdefault(xs[i].dtype, []).append(i)
   for idxs in groups.values():
     blocks = [us.to_blocks(xs[i], dims[i], n) for i in idxs]
-    chunk = collectives.reduce_scatter_blocks(
-        jnp.concatenate(blocks, axis=1), axes, sync.algorithm, grid=sync.grid, fmt=fmt
-    )
-    if fmt is not None:  # the shard is the final sum: rounded as it would travel
-      chunk = fmt.round(chunk)
-    offset = 0
-    for i, b in zip(idxs, blocks, strict=True):
-      c = b.shape[1]
-      out[i] = us.shard_from_chunk(chunk[offset : offset + c], xs[i].shape, dims[i], n)
-      offset += c
+    if fmt is None:
+      chunk = collectives.reduce_scatter_blocks(
+          jnp.concatenate(blocks, axis=1), axes, sync.algorithm, grid=sync.grid
+      )
+      widths = np.cumsum([0] + [b.shape[1] for b in blocks])
+      chunks = [chunk[a:b] for a, b in zip(widths[:-1], widths[1:], strict=True)]
+    else:  # the shards are final sums: rounded as they would travel
+      chunks = collectives.low_precision_reduce_scatter(
+          blocks, axes, sync.algorithm, sync.grid, fmt,
+          block_size=sync.block_size, measured_shift=sync.measured_shift,
+      )
+    for i, c in zip(idxs, chunks, strict=True):
+      out[i] = us.shard_from_chunk(c, xs[i].shape, dims[i], n)
   return out
 
 
-def _reduce(tree: PyTree, axes: Any, sync: GradSync, key: Any, scatter: bool) -> PyTree:
-  """Sum of `tree` over `axes` with `sync`'s algorithm and payload."""
+def compress(x: jax.Array, fmt: Any, sync: GradSync) -> jax.Array:
+  """C(x): one replica's own contribution as the payload format carries it.
+
+  `x` is float32 and already APS-shifted. Without measured scales C rounds
+  every element to `fmt` (the first rounding the reduction applies to each
+  replica's rows anyway, so a contribution already on the grid travels
+  unchanged); with `block_size` B it is `ScaledFormat`'s rounding of the
+  leaf, flattened row-major and zero-padded to whole blocks, one scale per
+  block measured on this replica's values; with `measured_shift` one scale
+  for the whole leaf.
+  """
+  if not sync.measures_scales:
+    return fmt.round(x)
+  flat = x.reshape(-1)
+  if sync.block_size is not None:
+    pad = (-flat.size) % sync.block_size
+    codec = lp.ScaledFormat(fmt, block_size=sync.block_size)
+    return codec.round(jnp.pad(flat, (0, pad)))[: flat.size].reshape(x.shape)
+  codec = lp.ScaledFormat(fmt, groups=1)
+  return codec.round(flat, jnp.zeros(flat.size, jnp.int32)).reshape(x.shape)
+
+
+def _reduce(
+    tree: PyTree, axes: Any, sync: GradSync, key: Any, scatter: bool, residual: Any = None
+) -> tuple[PyTree, Any]:
+  """Sum of `tree` over `axes` with `sync`'s algorithm and payload.
+
+  With `residual` (a pytree like `tree`, float32) each low-precision leaf
+  sends `C(x + e)` instead of `x`; returns the sum and the new residuals
+  `x + e - C(x + e)` (the others' residuals unchanged), else the sum and None.
+  """
+  res_leaves = None if residual is None else jax.tree.leaves(residual)
   leaves, treedef = jax.tree.flatten(tree)
   leaves = [jnp.asarray(x) for x in leaves]
   n = compat.axis_size(axes)
@@ -255,15 +347,33 @@ def _reduce(tree: PyTree, axes: Any, sync: GradSync, key: Any, scatter: bool) ->
     reduced = _sum([leaves[i] for i in exact], [dims[i] for i in exact], axes, sync, n, None)
     for i, r in zip(exact, reduced, strict=True):
       out[i] = r
+  new_res = None if res_leaves is None else list(res_leaves)
   if low:
-    xs, scaling = lp.prepare(
-        [leaves[i].astype(jnp.float32) for i in low], compat.as_tuple(axes), n, fmt,
-        sync.uses_aps,
-    )
-    reduced = _sum(xs, [dims[i] for i in low], axes, sync, n, lp.device_format(fmt, axes, key))
+    xs = [leaves[i].astype(jnp.float32) for i in low]
+    if res_leaves is not None:  # p = x + e: the residual rides with the contribution
+      xs = [x + res_leaves[i].astype(jnp.float32) for x, i in zip(xs, low, strict=True)]
+    scaling = None
+    # Scales measured at every hop need no pmax (a non-finite group travels
+    # as its NaN code); APS beside them shifts first.
+    if sync.uses_aps or not sync.measures_scales:
+      xs, scaling = lp.prepare(xs, compat.as_tuple(axes), n, fmt, sync.uses_aps)
+    dev_fmt = lp.device_format(fmt, axes, key)
+    if new_res is not None:  # send C(p), keep p - C(p) (in the unshifted units)
+      sent = [compress(x, dev_fmt, sync) for x in xs]
+      for j, i in enumerate(low):
+        d = xs[j] - sent[j]
+        new_res[i] = (d if scaling is None else jnp.ldexp(d, -scaling.exponents[j])).astype(
+            res_leaves[i].dtype
+        )
+      xs = sent
+    reduced = _sum(xs, [dims[i] for i in low], axes, sync, n, dev_fmt)
     for j, i in enumerate(low):
-      out[i] = scaling.undo(j, reduced[j]).astype(leaves[i].dtype)
-  return jax.tree.unflatten(treedef, out)
+      r = reduced[j] if scaling is None else scaling.undo(j, reduced[j])
+      out[i] = r.astype(leaves[i].dtype)
+  residual_out = None if new_res is None else jax.tree.unflatten(
+      jax.tree.structure(residual), new_res
+  )
+  return jax.tree.unflatten(treedef, out), residual_out
 
 
 def sync_gradients(
@@ -273,7 +383,8 @@ def sync_gradients(
     *,
     key: Any = None,
     scatter: bool = False,
-) -> PyTree:
+    residual: PyTree | None = None,
+) -> PyTree | tuple[PyTree, PyTree]:
   """The mean of a gradient pytree over the replicas: the steps' one reduction.
 
   Call it inside `shard_map` or `pmap`, where `axis_name` is bound, as
@@ -288,6 +399,26 @@ def sync_gradients(
   back whole. With a low-precision `comm_dtype` the float leaves travel in
   the format, APS shifts from one `pmax` over all of them, whole and split.
 
+  *Error feedback* (`grad_sync.error_feedback`, EF-SGD of Karimireddy et
+  al. 2019, the error compensation of 1-bit Adam): this replica's share of
+  the mean, `x = g / N` in float32, is sent as `C(x + e)` instead of `x`,
+  and the new residual is `e' = x + e - C(x + e)`, where `e` is `residual`
+  (this replica's, float32, shaped like `grads`) and `C` the replica's own
+  quantisation of its contribution before the sum: rounding to `comm_dtype`
+  after the APS shift (the shift is chosen from `max|x + e|` over the
+  replicas, the `pmax` APS issues anyway, and undone on `e'`), or with
+  `block_size` / `measured_shift` the scaled rounding with scales measured
+  on this replica's own blocks / leaf (`compress`). The mean is then
+  `Σ_r C(x_r + e_r)` up to the roundings of partial sums on the hops of
+  "ring"/"torus", which belong to no replica and are not fed back (for
+  "psum", and for any algorithm where the partial sums stay on the grid,
+  as integer formats with APS do, the mean is exactly that sum). Leaves
+  that do not travel in the format (non-float) keep their residual. A
+  contribution already on the grid leaves `e' = 0`, so error feedback then
+  changes nothing. The sum over replicas of the residuals is what the
+  reduction still owes the optimizer: `Σ_r e'_r = Σ_r (x_r + e_r) - mean`
+  (with the hop roundings aside).
+
   Args:
     grads: a pytree of gradients (the local gradient of this replica).
     axis_name: the data axis name, or a tuple of names (two for a torus
@@ -296,13 +427,17 @@ def sync_gradients(
     key: the PRNG key for `rounding="stochastic"` (the same on every
       replica: the device index is folded in); None otherwise.
     scatter: reduce-scatter the leaves that split over the replicas.
+    residual: with `grad_sync.error_feedback`, this replica's residual (a
+      float32 pytree shaped like `grads`; zeros at the start); None
+      otherwise.
 
   Returns:
     The mean gradient (or, with `scatter`, its shards), each leaf in its
-    own dtype.
+    own dtype; with error feedback, `(mean, new_residual)`.
 
   Raises:
-    ValueError: a stochastic rounding without a key, or a key without it.
+    ValueError: a stochastic rounding without a key, or a key without it;
+      error feedback without a `residual`, or a `residual` without it.
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -316,18 +451,48 @@ def sync_gradients(
     >>> bool(jnp.allclose(f(g), g.mean()))
     True
 
+    Error feedback: a share of 0.25 per replica rounds to 0 in int8 without
+    APS, so without feedback the mean is 0 at every step; with it the
+    residuals grow until the contributions round up, and over 8 steps the
+    means average to the true mean, 2.
+
+    >>> ef = dp.GradSync("ring", comm_dtype="int8", aps=False, error_feedback=True)
+    >>> h = jax.jit(jax.shard_map(
+    ...     lambda g, e: dp.sync_gradients(g, "data", ef, residual=e),
+    ...     mesh=mesh, in_specs=P("data"), out_specs=(P(), P("data")),
+    ...     check_vma=False))
+    >>> g = jnp.full(mesh.size, 2.0)  # each replica's share: 2 / 8 = 0.25
+    >>> e, means = jnp.zeros(mesh.size), []
+    >>> for _ in range(8):
+    ...   m, e = h(g, e)
+    ...   means.append(float(m[0]))
+    >>> means, float(e[0])
+    ([0.0, 0.0, 8.0, 0.0, 0.0, 0.0, 8.0, 0.0], 0.0)
+
   References:
     Goyal et al., "Accurate, Large Minibatch SGD", 2017; Xu et al.,
     "Automatic Cross-Replica Sharding of Weight Update in Data-Parallel
     Training", 2020, https://arxiv.org/abs/2004.13336; Han, Demmel and You,
-    "Auto-Precision Scaling for Distributed Deep Learning", 2020.
+    "Auto-Precision Scaling for Distributed Deep Learning", 2020; Karimireddy
+    et al., "Error Feedback Fixes SignSGD and other Gradient Compression
+    Schemes", ICML 2019, https://arxiv.org/abs/1901.09847; Tang et al.,
+    "1-bit Adam: Communication Efficient Large-Scale Training with Adam's
+    Convergence Speed", ICML 2021, https://arxiv.org/abs/2102.02888.
   """
   sync = GradSync() if grad_sync is None else grad_sync
   _check_key(sync, key)
+  if sync.error_feedback and residual is None:
+    raise ValueError(
+        "grad_sync.error_feedback=True needs this replica's residual: pass "
+        "residual= (float32 zeros shaped like grads at the start)."
+    )
+  if residual is not None and not sync.error_feedback:
+    raise ValueError("residual is only used with error_feedback=True; pass residual=None.")
   n = compat.axis_size(axis_name)
   scaled = jax.tree.map(lambda g: g.astype(acc_dtype(g.dtype)) / n, grads)
-  total = _reduce(scaled, axis_name, sync, key, scatter)
-  return jax.tree.map(lambda t, g: t.astype(g.dtype), total, grads)
+  total, new_residual = _reduce(scaled, axis_name, sync, key, scatter, residual)
+  mean = jax.tree.map(lambda t, g: t.astype(g.dtype), total, grads)
+  return mean if residual is None else (mean, new_residual)
 
 
 def all_reduce(
@@ -340,6 +505,8 @@ def all_reduce(
     aps: bool | None = None,
     rounding: str = "nearest",
     key: Any = None,
+    block_size: int | None = None,
+    measured_shift: bool = False,
 ) -> PyTree:
   """Sums a pytree over named axes with the chosen algorithm and payload format.
 
@@ -372,6 +539,22 @@ def all_reduce(
   less than one grid step (nearest: half), so the per-layer bound doubles.
   The rules and the error bounds are in `docs/algorithms.md`.
 
+  With `block_size` (MX-style block scaling) or `measured_shift` ("ring"
+  and "torus" only) the scales are measured on what is sent instead of
+  fixed by APS: every message (each partial sum a device sends on, and the
+  final sum it gathers) carries, per group, the power of two
+  `2^e = min{2^e : m · 2^-e <= fmt_max}` of the group's current max-abs
+  `m` beside the payload `round(x · 2^-e)`, one 8-bit exponent per group
+  packed into the same message. Groups are blocks of `block_size`
+  consecutive elements of one layer (layers are zero-padded to whole
+  blocks), or with `measured_shift=True` each layer's piece of the message.
+  The receiver decodes to float32, adds its own float32 row and measures
+  again, so early hops and sums that cancel use the whole range, where APS
+  pays for the worst case `N · M` at every hop; one rounding errs by at
+  most `eps_fmt · m`. No `pmax` is issued (APS defaults to off; `aps=True`
+  beside them changes no value): a group holding a NaN or Inf arrives as
+  NaN on every device, other groups are unaffected.
+
   The options are those of `GradSync` (validated there); `sync_gradients`
   is the same reduction as a mean, for gradients.
 
@@ -391,6 +574,12 @@ def all_reduce(
       `comm_dtype` and a `key`).
     key: a PRNG key (`jax.random.key` or a raw `PRNGKey`) for
       `rounding="stochastic"`; not used otherwise.
+    block_size: None (no block scales) or the elements per block scale, an
+      integer in [1, 65536] (MX uses 32); needs a low-precision `comm_dtype`
+      and "ring" or "torus".
+    measured_shift: one scale per layer piece of every message, measured at
+      every hop (needs a low-precision `comm_dtype` and "ring" or "torus";
+      excludes `block_size`, whose blocks are measured already).
 
   Returns:
     The sum over all devices of the named axes, each leaf in its own dtype.
@@ -399,7 +588,10 @@ def all_reduce(
     ValueError: for an unknown algorithm, `comm_dtype` or `rounding`,
       `aps=True` or `rounding="stochastic"` without a low-precision
       `comm_dtype`, `grid` without "torus", a stochastic rounding without
-      `key`, or a `key` with `rounding="nearest"`.
+      `key`, or a `key` with `rounding="nearest"`; `block_size` outside
+      [1, 65536], `block_size` or `measured_shift=True` without a
+      low-precision `comm_dtype` or with "psum", or both at once.
+    TypeError: `block_size` not an integer, `measured_shift` not a bool.
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -434,13 +626,28 @@ def all_reduce(
     >>> bool(abs(float(sums.mean()) / mesh.size - 0.3) < 0.05)
     True
 
+    Block scales: a block of small values beside a block of large ones in
+    the same layer keeps its precision (APS would scale both by the large
+    one's worst case).
+
+    >>> b = jax.shard_map(
+    ...     lambda t: dp.all_reduce(t, "data", algorithm="ring",
+    ...                             comm_dtype="int8", block_size=32),
+    ...     mesh=mesh, in_specs=P("data"), out_specs=P("data"), check_vma=False)
+    >>> v = jnp.tile(jnp.concatenate([jnp.full(32, 1e-3), jnp.full(32, 1e3)]),
+    ...              mesh.size)
+    >>> out = b(v).reshape(mesh.size, 64)[0]
+    >>> bool(jnp.allclose(out[:32], mesh.size * 1e-3, rtol=0.02))
+    True
+
   References:
     Ying et al., "Image Classification at Supercomputer Scale", 2018;
     Han, Demmel and You, "Auto-Precision Scaling for Distributed Deep
     Learning", 2020, https://arxiv.org/abs/2003.00119; Gupta et al., "Deep
     Learning with Limited Numerical Precision", ICML 2015,
-    https://arxiv.org/abs/1502.02551.
+    https://arxiv.org/abs/1502.02551; Open Compute Project, "OCP
+    Microscaling Formats (MX) Specification v1.0", 2023 (block scales).
   """
-  sync = GradSync(algorithm, grid, comm_dtype, aps, rounding)
+  sync = GradSync(algorithm, grid, comm_dtype, aps, rounding, block_size, measured_shift)
   _check_key(sync, key)
-  return _reduce(tree, axis_name, sync, key, scatter=False)
+  return _reduce(tree, axis_name, sync, key, scatter=False)[0]

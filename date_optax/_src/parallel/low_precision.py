@@ -20,6 +20,12 @@ and divides by `2^k_l` after the reduction. `M_l` comes from one small
 `pmax` over the replicas of a vector with two entries per layer (its max-abs
 and a non-finite flag), taken before the payload.
 
+`ScaledFormat` measures the scales instead (block scaling after the OCP
+Microscaling formats, MX, 2023, and the measured per-layer shift): every
+message carries, per block of `block_size` elements or per layer piece, the
+exponent of the group's current max-abs beside the payload, re-measured at
+every hop, so no `pmax` is needed and no worst case `N · M` is paid.
+
 Rounding is to nearest by default. `StochasticRounding` rounds each value
 instead to one of its two neighbouring grid points, the upper with
 probability equal to the distance from the lower in units of the grid step,
@@ -330,3 +336,186 @@ def split_floats(leaves: Sequence[Any]) -> tuple[list[int], list[int]]:
   for i, x in enumerate(leaves):
     (floats if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact) else others).append(i)
   return floats, others
+
+
+# ---------------------------------------------------------------------------
+# Scales measured at every hop: block scaling (MX-style) and the measured
+# per-layer shift. See docs/algorithms.md ("Block scaling and the measured
+# shift").
+# ---------------------------------------------------------------------------
+
+#: The accepted range of `block_size` (elements that share one scale).
+BLOCK_SIZE_RANGE = (1, 65536)
+
+# The scale exponent of a group holding a NaN or Inf (MX's E8M0 has a NaN
+# code too): the group decodes to NaN on every device. Other exponents lie in
+# [-_MAX_SHIFT, _MAX_SHIFT] so that 2^e stays a normal float32.
+_NONFINITE_EXP = -128
+
+
+def resolve_scaling(
+    fmt: CommFormat | None,
+    aps: bool | None,
+    block_size: Any,
+    measured_shift: Any,
+    algorithm: str | None = None,
+) -> tuple[bool, int | None, bool]:
+  """Validates `block_size`/`measured_shift` and resolves the APS default.
+
+  Returns `(aps, block_size, measured_shift)`. With block scales or the
+  measured shift APS defaults to off (the scales measured at every hop
+  replace the fixed per-layer shift); `aps=True` beside them is allowed.
+
+  Raises:
+    TypeError: `block_size` not an integer, `measured_shift` not a bool.
+    ValueError: `block_size` outside `BLOCK_SIZE_RANGE`, either option
+      without a low-precision `comm_dtype` or with `algorithm="psum"`, or
+      both at once.
+  """
+  if block_size is not None:
+    lo, hi = BLOCK_SIZE_RANGE
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
+      raise TypeError(
+          f"block_size must be None or an integer in [{lo}, {hi}], got {block_size!r}."
+      )
+    if not lo <= int(block_size) <= hi:
+      raise ValueError(
+          f"block_size must be None or an integer in [{lo}, {hi}], got {block_size!r}."
+      )
+    block_size = int(block_size)
+  if not isinstance(measured_shift, (bool, np.bool_)):
+    raise TypeError(f"measured_shift must be a bool, got {measured_shift!r}.")
+  measured_shift = bool(measured_shift)
+  scaled = block_size is not None or measured_shift
+  if scaled:
+    what = "block_size" if block_size is not None else "measured_shift=True"
+    if block_size is not None and measured_shift:
+      raise ValueError(
+          "block_size and measured_shift=True exclude each other: block scales "
+          "are already measured at every hop; pass one of them."
+      )
+    if fmt is None:
+      raise ValueError(
+          f"{what} needs a low-precision comm_dtype (float32 is exact, there is "
+          "nothing to scale); pass comm_dtype or leave it unset."
+      )
+    if algorithm == "psum":
+      raise ValueError(
+          f"{what} needs algorithm 'ring' or 'torus' (the scales travel beside "
+          "the payload on every hop; lax.psum has no hops to measure), got 'psum'."
+      )
+  if aps is None and scaled:
+    aps = False
+  return resolve_aps(fmt, aps), block_size, measured_shift
+
+
+def group_exponents(maxabs: jax.Array, fmt_max: float) -> jax.Array:
+  """The smallest `e` with `maxabs · 2^-e <= fmt_max` (int32), clipped to ±100.
+
+  Zero or non-finite `maxabs` gives 0. It is `-aps_exponents(maxabs, 1,
+  fmt_max)`: the APS rule for one value, measured instead of bounded.
+  """
+  return -aps_exponents(maxabs, 1, fmt_max)
+
+
+_INT_OF_BITS = {4: jnp.int4, 8: jnp.int8, 16: jnp.int16}
+
+
+class ScaledFormat:
+  """A payload with one power-of-two scale per group, measured on what is sent.
+
+  Every `encode` measures, for each group of the values it is given, the
+  max-abs `m` of the finite values and the exponent `e = group_exponents(m)`,
+  sends `round(x · 2^-e)` in the format and `e` beside it (one 8-bit
+  exponent per group; two 4-bit slots for 4-bit formats, one 16-bit slot for
+  bfloat16), packed into one buffer of the format's width. A group holding a
+  NaN or Inf sends the exponent -128 and decodes to NaN. Groups are either
+  consecutive blocks of `block_size` elements, or given by sorted segment
+  ids `gid` in `[0, groups)` (the measured per-layer shift: one group per
+  layer piece). The values are not rounded before they are added: the
+  device adds its float32 row to the decoded partial sum, because the two
+  carry different scales.
+
+  Args:
+    fmt: the rounding (a `CommFormat` or a `StochasticRounding`).
+    block_size: elements per block, or None for segment ids.
+    groups: the number of segment ids (with `block_size=None`).
+  """
+
+  def __init__(self, fmt: Any, block_size: int | None = None, groups: int | None = None):
+    if (block_size is None) == (groups is None):
+      raise ValueError("pass exactly one of block_size and groups.")
+    self.fmt = fmt
+    self.block_size = block_size
+    self.groups = groups
+    self.bits = fmt.bits
+    self.container = _INT_OF_BITS[fmt.bits]
+    self.slots = 2 if fmt.bits == 4 else 1  # wire elements per exponent
+
+  def _num_groups(self, size: int) -> int:
+    if self.block_size is None:
+      return self.groups
+    if size % self.block_size:
+      raise ValueError(f"{size} values do not fill blocks of {self.block_size}.")
+    return size // self.block_size
+
+  def _per_element(self, e: jax.Array, gid: Any, size: int) -> jax.Array:
+    if self.block_size is None:
+      return e[gid]
+    return jnp.repeat(e, self.block_size, total_repeat_length=size)
+
+  def exponents(self, x: jax.Array, gid: Any = None) -> jax.Array:
+    """The exponent of each group of `x` (1-D float32), -128 if non-finite."""
+    a = jnp.where(jnp.isfinite(x), jnp.abs(x), 0.0)
+    bad = (~jnp.isfinite(x)).astype(jnp.float32)
+    if self.block_size is None:
+      m = jax.ops.segment_max(a, gid, self.groups, indices_are_sorted=True)
+      nf = jax.ops.segment_max(bad, gid, self.groups, indices_are_sorted=True)
+      m = jnp.maximum(m, 0.0)  # empty segments give -inf
+    else:
+      m = a.reshape(-1, self.block_size).max(axis=1)
+      nf = bad.reshape(-1, self.block_size).max(axis=1)
+    e = group_exponents(m, self.fmt.max)
+    return jnp.where(nf > 0, _NONFINITE_EXP, e)
+
+  def _pack_exponents(self, e: jax.Array) -> jax.Array:
+    if self.bits == 4:  # e = 16·hi + lo + 8 with hi, lo in [-8, 7]
+      hi = jnp.floor_divide(e, 16)
+      return jnp.stack([hi, e - 16 * hi - 8], axis=-1).reshape(-1).astype(jnp.int4)
+    return e.astype(self.container)
+
+  def _unpack_exponents(self, w: jax.Array) -> jax.Array:
+    w = w.astype(jnp.int32)
+    if self.bits == 4:
+      w = w.reshape(-1, 2)
+      return 16 * w[:, 0] + w[:, 1] + 8
+    return w
+
+  def encode(self, x: jax.Array, gid: Any = None) -> jax.Array:
+    """1-D float32 -> one packed message: the payload, then the exponents."""
+    x = x.astype(jnp.float32)
+    e = self.exponents(x, gid)
+    ee = self._per_element(e, gid, x.shape[0])
+    scaled = jnp.ldexp(x, -jnp.where(ee == _NONFINITE_EXP, 0, ee))
+    payload = self.fmt.encode(scaled)
+    if payload.dtype != self.container:
+      payload = lax.bitcast_convert_type(payload, self.container)
+    return jnp.concatenate([payload, self._pack_exponents(e)])
+
+  def decode(self, msg: jax.Array, gid: Any = None) -> jax.Array:
+    """A packed message -> float32 values (exact)."""
+    length = msg.shape[0]
+    if self.block_size is None:
+      size = length - self.slots * self.groups
+    else:
+      size = length * self.block_size // (self.block_size + self.slots)
+    payload, e = msg[:size], self._unpack_exponents(msg[size:])
+    if self.fmt.wire_dtype != self.container:
+      payload = lax.bitcast_convert_type(payload, self.fmt.wire_dtype)
+    ee = self._per_element(e, gid, size)
+    out = jnp.ldexp(self.fmt.decode(payload), jnp.where(ee == _NONFINITE_EXP, 0, ee))
+    return jnp.where(ee == _NONFINITE_EXP, jnp.nan, out)
+
+  def round(self, x: jax.Array, gid: Any = None) -> jax.Array:
+    """float32 -> the values that would arrive, as float32."""
+    return self.decode(lax.optimization_barrier(self.encode(x, gid)), gid)

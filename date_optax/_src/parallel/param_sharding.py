@@ -28,6 +28,7 @@ from jax.sharding import PartitionSpec as P
 
 from date_optax._src.parallel import update_sharding as us
 
+
 def path_name(path: Sequence[Any]) -> str:
   """'/'-joined names of a key path: dict keys, attribute names, indices."""
   parts = []

@@ -21,6 +21,7 @@ from date_optax._src.parallel import grad_stats as gs_lib
 from date_optax._src.parallel import local_grads as lg
 from date_optax._src.parallel.grad_sync import GradSync, grad_sync_from, most_square_grid
 from date_optax._src.parallel.replica_step import apply_update, replica_step
+from date_optax._src.parallel.step_base import zero_residuals
 from date_optax._src.parallel.step_config import StepConfig, step_config_from
 from date_optax._src.parallel.train_state import Metrics, TrainState, check_metrics
 from date_optax._src.types import LossFn, PyTree
@@ -59,6 +60,7 @@ class PmapTrainStep:
     self.optimizer = optimizer
     self.axis_name = axis_name
     self.grad_sync = grad_sync
+    self.error_feedback = grad_sync.error_feedback
     self.config = config
     self.grad_stats_decay = grad_stats_decay
     self.devices = list(devices)
@@ -91,6 +93,7 @@ class PmapTrainStep:
         self.loss_fn, self.config, self.grad_sync, params=state.params, batch=batch,
         model_state=state.model_state, rng=state.rng, step=state.step,
         axes=(self.axis_name,), with_stats=self.grad_stats_decay is not None,
+        residual=state.grad_residual if self.error_feedback else None,
     )
     return apply_update(
         state, result, self.optimizer, self.config,
@@ -113,6 +116,8 @@ class PmapTrainStep:
     )
     if self.grad_stats_decay is not None:
       state = state.replace(grad_stats=gs_lib.GradStatsState.zeros())
+    if self.error_feedback:
+      state = state.replace(grad_residual=zero_residuals(state.params))
     n = self.num_replicas
     stacked = jax.tree.map(
         lambda x: jnp.broadcast_to(x, (n,) + jnp.shape(x)), state
@@ -149,6 +154,9 @@ def make_pmap_train_step(
     comm_dtype: Any = None,
     aps: bool | None = None,
     rounding: str = "nearest",
+    block_size: int | None = None,
+    measured_shift: bool = False,
+    error_feedback: bool = False,
     grad_stats: bool = False,
     grad_stats_decay: float | None = None,
     grad_sync: GradSync | None = None,
@@ -183,11 +191,17 @@ def make_pmap_train_step(
     aps: Auto-Precision Scaling, as in `make_train_step`.
     rounding: "nearest" or "stochastic", as in `make_train_step` (same keys:
       the pmap index is the replica index).
+    block_size: MX-style block scales, as in `make_train_step`.
+    measured_shift: the measured per-layer shift, as in `make_train_step`.
+    error_feedback: error feedback, as in `make_train_step`; the residuals
+      are in `state.grad_residual`, one per device along the state's device
+      axis.
     grad_stats: measure gradient-noise statistics, as in `make_train_step`
       (same estimates, state, metrics and `grad_stats=` to the optimizer).
     grad_stats_decay: their moving-average factor, as in `make_train_step`.
     grad_sync: a `GradSync` holding `grad_reduce`, `grid`, `comm_dtype`,
-      `aps` and `rounding`; give it or those flat keywords.
+      `aps`, `rounding`, `block_size`, `measured_shift` and
+      `error_feedback`; give it or those flat keywords.
     step_config: a `StepConfig` holding `microbatches`, `compute_dtype`,
       `donate`, `has_aux` and `max_consecutive_skips`; give it or those
       flat keywords.
@@ -227,7 +241,9 @@ def make_pmap_train_step(
     Classification at Supercomputer Scale", 2018; Han, Demmel and You,
     "Auto-Precision Scaling for Distributed Deep Learning", 2020,
     https://arxiv.org/abs/2003.00119; Gupta et al., "Deep Learning with
-    Limited Numerical Precision", ICML 2015, https://arxiv.org/abs/1502.02551.
+    Limited Numerical Precision", ICML 2015, https://arxiv.org/abs/1502.02551;
+    Karimireddy et al., "Error Feedback Fixes SignSGD and other Gradient
+    Compression Schemes", ICML 2019, https://arxiv.org/abs/1901.09847.
   """
   grid_name = "grid"
   if torus_shape is not None:
@@ -245,7 +261,9 @@ def make_pmap_train_step(
     grid, grid_name = torus_shape, "torus_shape"
   try:
     sync = grad_sync_from(grad_sync, grad_reduce=grad_reduce, grid=grid,
-                          comm_dtype=comm_dtype, aps=aps, rounding=rounding)
+                          comm_dtype=comm_dtype, aps=aps, rounding=rounding,
+                          block_size=block_size, measured_shift=measured_shift,
+      error_feedback=error_feedback)
   except (TypeError, ValueError) as e:
     if grid_name == "grid" or "grid" not in str(e):
       raise

@@ -36,6 +36,7 @@ class ReplicaResult(NamedTuple):
   grads: PyTree  # the mean gradient (or this replica's shards of it)
   model_state: Any  # float leaves averaged, others from replica 0 (or None)
   unit_sq: jax.Array | None  # mean squared gradient norm of one unit (grad_stats)
+  residual: Any = None  # this replica's new error-feedback residual (or None)
 
 
 def replica_step(
@@ -51,8 +52,19 @@ def replica_step(
     axes: tuple[Hashable, ...],
     scatter: bool = False,
     with_stats: bool = False,
+    residual: Any = None,
 ) -> ReplicaResult:
-  """One replica's loss and gradient, and their one reduction over `axes`."""
+  """One replica's loss and gradient, and their one reduction over `axes`.
+
+  With `grad_sync.error_feedback`, `residual` is this replica's residual
+  (`TrainState.grad_residual` without the replica axis) and the result
+  carries the new one.
+  """
+  if grad_sync.error_feedback and residual is None:
+    raise ValueError(
+        "error_feedback=True needs state.grad_residual: build the state with "
+        "this step's init (TrainState.create leaves it None)."
+    )
   replica = lg.replica_index(axes)
   loss, aux, grads, model_state, *sq = lg.replica_grads(
       loss_fn, has_aux=config.has_aux, compute_dtype=config.compute_dtype,
@@ -61,8 +73,11 @@ def replica_step(
       with_sq_norms=with_stats,
   )
   grads = sync_gradients(
-      grads, axes, grad_sync, key=grad_sync.rounding_key(rng, step), scatter=scatter
+      grads, axes, grad_sync, key=grad_sync.rounding_key(rng, step), scatter=scatter,
+      residual=residual if grad_sync.error_feedback else None,
   )
+  if grad_sync.error_feedback:
+    grads, residual = grads
   unit_sq = None
   if with_stats:  # the units' squared norms ride in the loss's scalar all-reduce
     loss, unit_sq = lax.pmean(jnp.stack([loss, sq[0]]), axes)
@@ -70,7 +85,8 @@ def replica_step(
   else:
     loss = lax.pmean(loss, axes)
   model_state = lg.replicate_model_state(model_state, axes, replica)
-  return ReplicaResult(loss, lg.mean_aux(aux, axes), grads, model_state, unit_sq)
+  return ReplicaResult(loss, lg.mean_aux(aux, axes), grads, model_state, unit_sq,
+                       residual if grad_sync.error_feedback else None)
 
 
 def apply_update(
@@ -92,7 +108,8 @@ def apply_update(
   if result.unit_sq is not None:
     stats = (result.unit_sq, units, global_batch, grad_stats_decay)
   new_state, metrics = apply_gradients(
-      state, result.grads, result.loss, optimizer, result.model_state, stats
+      state, result.grads, result.loss, optimizer, result.model_state, stats,
+      result.residual,
   )
   if config.has_aux:
     metrics["aux"] = result.aux

@@ -69,30 +69,39 @@ class ReplicatedTrainStep(TrainStep):
   def __init__(self, loss_fn, optimizer, mesh, *, grad_sync: GradSync, **options):
     super().__init__(loss_fn, optimizer, mesh, **options)
     self.grad_sync = grad_sync
+    self.error_feedback = grad_sync.error_feedback
 
   @property
   def grad_reduce(self) -> str:
     """The all-reduce algorithm (`grad_sync.algorithm`)."""
     return self.grad_sync.algorithm
 
-  def _replicas(self, params, batch, model_state, rng, step) -> ReplicaResult:
+  def _replicas(self, params, batch, model_state, rng, step, residual=None) -> ReplicaResult:
     axes = self.data_axes
+    if not self.error_feedback:
+      residual = None  # a residual the step does not use stays in the state
 
-    def body(params, batch, model_state, rng, step):
-      return replica_step(
+    def body(params, batch, model_state, rng, step, residual):
+      own = None if residual is None else jax.tree.map(lambda e: e[0], residual)
+      result = replica_step(
           self.loss_fn, self.config, self.grad_sync,
           params=compat.to_varying(params, axes), batch=batch,
           model_state=model_state, rng=rng, step=step, axes=axes,
           scatter=self.shard_update, with_stats=self.grad_stats_decay is not None,
+          residual=own,
       )
+      if result.residual is None:
+        return result
+      return result._replace(residual=jax.tree.map(lambda e: e[None], result.residual))
 
+    spec = self.residual_spec
     fn = compat.shard_map(
         body,
         mesh=self.mesh,
-        in_specs=(P(), self.batch_spec, P(), P(), P()),
-        out_specs=ReplicaResult(P(), P(), self._update_specs(params), P(), P()),
+        in_specs=(P(), self.batch_spec, P(), P(), P(), spec),
+        out_specs=ReplicaResult(P(), P(), self._update_specs(params), P(), P(), spec),
     )
-    return fn(params, batch, model_state, rng, step)
+    return fn(params, batch, model_state, rng, step, residual)
 
   def _after_update(self, state: TrainState) -> TrainState:
     if not self.shard_update:

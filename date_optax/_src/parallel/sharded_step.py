@@ -83,7 +83,7 @@ class ShardedTrainStep(TrainStep):
   def _check_layout(self, params: PyTree) -> None:
     ps.resolve(self.param_layout, params, self.mesh, warn=True)  # unused rules warn
 
-  def _replicas(self, params, batch, model_state, rng, step) -> ReplicaResult:
+  def _replicas(self, params, batch, model_state, rng, step, residual=None) -> ReplicaResult:
     """The replicas as a vmap laid out over the data axes."""
     n, axes, config = self.num_replicas, self.data_axes, self.config
     split = NamedSharding(self.mesh, self.batch_spec)

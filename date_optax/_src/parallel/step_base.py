@@ -91,6 +91,8 @@ class TrainStep:
     self.grad_stats_decay = grad_stats_decay
     self.num_replicas = compat.mesh_axis_sizes(mesh, data_axes)
     self.batch_spec = P(us.axes_entry(data_axes))
+    # Error-feedback residuals: a leading replica axis split over the data axes.
+    self.residual_spec = self.batch_spec
     self.batch_sharding = NamedSharding(mesh, self.batch_spec)
     self.replicated = NamedSharding(mesh, P())
     self._compiled: dict[Any, Any] = {}
@@ -141,7 +143,11 @@ class TrainStep:
         model_state=jax.tree.map(lambda _: self.replicated, state.model_state),
         rng=None if state.rng is None else self.replicated,
         grad_stats=jax.tree.map(lambda _: self.replicated, state.grad_stats),
+        grad_residual=jax.tree.map(lambda _: named(self.residual_spec), state.grad_residual),
     )
+
+  #: Whether the state carries error-feedback residuals (set by the builders).
+  error_feedback = False
 
   def _check_layout(self, params: PyTree) -> None:
     """Hook run once per parameter structure at `init`."""
@@ -180,6 +186,8 @@ class TrainStep:
         state = TrainState.create(p, self.optimizer, m, r)
         if self.grad_stats_decay is not None:
           state = state.replace(grad_stats=gs_lib.GradStatsState.zeros())
+        if self.error_feedback:
+          state = state.replace(grad_residual=zero_residuals(p, self.num_replicas))
         return state
 
       shardings = self.state_sharding(jax.eval_shape(create, *inputs))
@@ -193,8 +201,11 @@ class TrainStep:
 
   # -- the step -------------------------------------------------------------
 
-  def _replicas(self, params, batch, model_state, rng, step) -> ReplicaResult:
-    """The replicas' losses and gradients, reduced: the program of each kind."""
+  def _replicas(self, params, batch, model_state, rng, step, residual=None) -> ReplicaResult:
+    """The replicas' losses and gradients, reduced: the program of each kind.
+
+    `residual` is the state's `grad_residual` (error feedback), or None.
+    """
     raise NotImplementedError
 
   def _after_update(self, state: TrainState) -> TrainState:
@@ -205,7 +216,8 @@ class TrainStep:
     batch = jax.tree.map(
         lambda x: lax.with_sharding_constraint(x, self.batch_sharding), batch
     )
-    result = self._replicas(state.params, batch, state.model_state, state.rng, state.step)
+    result = self._replicas(state.params, batch, state.model_state, state.rng, state.step,
+                            state.grad_residual)
     new_state, metrics = apply_update(
         state, result, self.optimizer, self.config,
         units=self.num_replicas * self.microbatches,
@@ -261,6 +273,15 @@ class TrainStep:
       check_metrics(metrics, self.max_consecutive_skips)
     return state, metrics
 
+
+
+def zero_residuals(params: PyTree, replicas: int | None = None) -> PyTree:
+  """Fresh error-feedback residuals: float32 zeros shaped like `params`.
+
+  With `replicas` they get a leading replica axis of that length.
+  """
+  lead = () if replicas is None else (replicas,)
+  return jax.tree.map(lambda x: jnp.zeros(lead + jnp.shape(x), jnp.float32), params)
 
 
 def check_step_args(

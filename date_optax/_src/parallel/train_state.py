@@ -48,6 +48,14 @@ class TrainState(flax.struct.PyTreeNode):
     grad_stats: the smoothed gradient-noise statistics of a step built with
       `grad_stats=True` (a `GradStatsState`), or None. Checkpointed with
       the rest of the state.
+    grad_residual: the error-feedback residuals of a step built with
+      `error_feedback=True`, or None: per replica, what its compressed
+      gradient contributions have not yet delivered (float32, shaped like
+      the parameters; `sync_gradients` defines it). A step over a mesh
+      keeps a leading replica axis sharded over the data axes, so each
+      device holds its own; the `pmap` step's state has the device axis
+      already. Checkpointed with the rest of the state, and kept unchanged
+      by a skipped step.
 
   Examples:
     >>> import jax.numpy as jnp, optax
@@ -69,6 +77,7 @@ class TrainState(flax.struct.PyTreeNode):
   model_state: Any = None
   rng: Any = None
   grad_stats: Any = None
+  grad_residual: Any = None
 
   @classmethod
   def create(
@@ -202,6 +211,7 @@ def apply_gradients(
     optimizer: optax.GradientTransformation,
     model_state: Any = None,
     stats: tuple[jax.Array, int, int, float] | None = None,
+    residual: Any = None,
 ) -> tuple[TrainState, Metrics]:
   """One optimizer step on already-reduced gradients, skipped if non-finite.
 
@@ -213,6 +223,12 @@ def apply_gradients(
   Telemetry comes from the optimizer state alone: the per-layer ratios, the
   bounds the optimizer applied (`date_optax.trust_ratio_bounds`) and the
   learning rate (`date_optax.current_learning_rate`) where the state records them.
+
+  `residual` is the new error-feedback residual (`TrainState.grad_residual`),
+  or None without error feedback. On a skipped step it is discarded and the
+  old one kept: the skipped step's gradient is dropped whole, what it would
+  have added to the residual included, and the next step compresses its own
+  gradient plus the residual as it was before the skip.
 
   `stats` is `(S_b, units, batch_size, decay)` for a step with
   `grad_stats=True` (`S_b` the mean over the units of their squared
@@ -259,6 +275,8 @@ def apply_gradients(
     new_state = new_state.replace(model_state=keep(model_state, state.model_state))
   if new_gs is not None:
     new_state = new_state.replace(grad_stats=keep(new_gs, state.grad_stats))
+  if residual is not None:
+    new_state = new_state.replace(grad_residual=keep(residual, state.grad_residual))
   metrics: Metrics = {
       "loss": loss,
       "grad_norm": jnp.sqrt(grad_sq),

@@ -59,6 +59,9 @@ def make_train_step(
     comm_dtype: Any = None,
     aps: bool | None = None,
     rounding: str = "nearest",
+    block_size: int | None = None,
+    measured_shift: bool = False,
+    error_feedback: bool = False,
     grad_stats: bool = False,
     grad_stats_decay: float | None = None,
     grad_sync: GradSync | None = None,
@@ -188,13 +191,32 @@ def make_train_step(
       with the state's `rng`, or with `jax.random.PRNGKey(0)` when the state
       has none; the all-reduce folds in the replica index, so the keys
       depend on (step, replica) only, whatever the process layout.
+    block_size: None, or MX-style block scaling: one power-of-two scale per
+      block of this many elements of a layer (an integer in [1, 65536]; MX
+      uses 32), measured at every hop and carried beside the payload.
+      Needs a low-precision `comm_dtype` and "ring" or "torus" (see
+      `GradSync` and `docs/algorithms.md`).
+    measured_shift: one scale per layer piece of every message, measured at
+      every hop (allows for cancellation, unlike APS's worst case). Needs a
+      low-precision `comm_dtype` and "ring" or "torus"; excludes
+      `block_size`.
+    error_feedback: error feedback (EF-SGD, Karimireddy et al. 2019; the
+      error compensation of 1-bit Adam, Tang et al. 2021): each replica
+      adds the residual of its last compression to its next gradient
+      before compressing, so what the payload format drops is delivered
+      later instead of lost. The residuals live in
+      `state.grad_residual` (float32, one copy of the parameters per
+      replica, a leading replica axis split over the data axes), are
+      checkpointed with the state and kept unchanged by a skipped step.
+      Needs a low-precision `comm_dtype`. See `sync_gradients`.
     grad_stats: measure gradient-noise statistics (see above); needs more
       than one replica or `microbatches >= 2`.
     grad_stats_decay: the moving-average factor per step, in [0, 1); None
       means fairscale AdaScale's default for n units,
       `max(1 - n/1000, 0) ** n` (0.938 for 8 units).
-    grad_sync: a `GradSync` holding `grad_reduce`, `comm_dtype`, `aps` and
-      `rounding` (and a torus `grid`); give it or those flat keywords.
+    grad_sync: a `GradSync` holding `grad_reduce`, `comm_dtype`, `aps`,
+      `rounding`, `block_size`, `measured_shift` and `error_feedback` (and a
+      torus `grid`); give it or those flat keywords.
     step_config: a `StepConfig` holding `microbatches`, `compute_dtype`,
       `donate`, `has_aux` and `max_consecutive_skips`; give it or those
       flat keywords.
@@ -257,6 +279,16 @@ def make_train_step(
     >>> int(state.step), float(metrics["loss"])
     (1, 1.0)
 
+    A 4-bit payload with block scales and error feedback; the state holds
+    each replica's residual:
+
+    >>> step = dp.make_train_step(loss_fn, date_optax.lamb(1e-2), mesh,
+    ...                           grad_reduce="ring", comm_dtype="int4",
+    ...                           block_size=32, error_feedback=True)
+    >>> state, metrics = step(step.init({"w": np.zeros((3, 1), np.float32)}), batch)
+    >>> state.grad_residual["w"].shape == (mesh.size, 3, 1)
+    True
+
   References:
     Goyal et al., "Accurate, Large Minibatch SGD", 2017; Ying et al., "Image
     Classification at Supercomputer Scale", 2018; Xu et al., "Automatic
@@ -266,10 +298,15 @@ def make_train_step(
     Demmel and You, "Auto-Precision Scaling for Distributed Deep Learning",
     2020, https://arxiv.org/abs/2003.00119; Gupta et al., "Deep Learning
     with Limited Numerical Precision", ICML 2015,
-    https://arxiv.org/abs/1502.02551.
+    https://arxiv.org/abs/1502.02551; Karimireddy et al., "Error Feedback
+    Fixes SignSGD and other Gradient Compression Schemes", ICML 2019,
+    https://arxiv.org/abs/1901.09847; Tang et al., "1-bit Adam", ICML 2021,
+    https://arxiv.org/abs/2102.02888.
   """
   sync = grad_sync_from(
-      grad_sync, grad_reduce=grad_reduce, comm_dtype=comm_dtype, aps=aps, rounding=rounding
+      grad_sync, grad_reduce=grad_reduce, comm_dtype=comm_dtype, aps=aps, rounding=rounding,
+      block_size=block_size, measured_shift=measured_shift,
+      error_feedback=error_feedback,
   )
   config = step_config_from(
       step_config, microbatches=microbatches, compute_dtype=compute_dtype,
