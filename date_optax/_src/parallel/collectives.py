@@ -438,6 +438,30 @@ def blockwise_all_reduce(
   return flat_reduce
 
 
+def _scaled_layout(
+    pieces: list[jax.Array], fmt: Any, block_size: int | None, algorithm: str
+) -> tuple[list[jax.Array], Any, np.ndarray | None]:
+  """Lays out arrays for a sum whose scales are measured at every hop.
+
+  With `block_size` B each piece's last axis is zero-padded to whole blocks
+  (a block never mixes two arrays) and the codec carries one scale per
+  block; without, the codec carries one scale per piece (the measured
+  per-layer shift) and `ids` gives the piece of each element of the last
+  axis. Returns `(pieces, codec, ids)`.
+  """
+  if algorithm == "psum":
+    raise ValueError(
+        "block_size/measured_shift need algorithm 'ring' or 'torus', got 'psum'."
+    )
+  if block_size is not None:
+    pieces = [_pad_to(p, block_size) for p in pieces]
+    return pieces, lp.ScaledFormat(fmt, block_size=block_size), None
+  ids = np.concatenate(
+      [np.full(p.shape[-1], i, np.int32) for i, p in enumerate(pieces)]
+  )
+  return pieces, lp.ScaledFormat(fmt, groups=len(pieces)), ids
+
+
 def _scaled_sum(
     xs: list[jax.Array],
     axes: Any,
@@ -455,15 +479,8 @@ def _scaled_sum(
   shift: one scale per layer piece in each message).
   """
   n = compat.axis_size(axes)
-  flat = [x.reshape(-1) for x in xs]
-  unit = 2 if algorithm == "torus" else 1
-  if block_size is not None:
-    flat = [_pad_to(x, block_size) for x in flat]
-    unit *= block_size
-    codec, ids = lp.ScaledFormat(fmt, block_size=block_size), None
-  else:
-    codec = lp.ScaledFormat(fmt, groups=len(xs))
-    ids = np.concatenate([np.full(x.size, i, np.int32) for i, x in enumerate(flat)])
+  flat, codec, ids = _scaled_layout([x.reshape(-1) for x in xs], fmt, block_size, algorithm)
+  unit = (2 if algorithm == "torus" else 1) * (block_size or 1)
   buf = jnp.concatenate(flat)
   total = buf.shape[0]
   rows = _pad_to(buf, n * unit).reshape(n, -1)
@@ -503,16 +520,7 @@ def low_precision_reduce_scatter(
         jnp.concatenate(blocks, axis=1), axes, algorithm, grid=grid, fmt=fmt))
     padded_widths = widths
   else:
-    if algorithm == "psum":
-      raise ValueError(
-          "block_size/measured_shift need algorithm 'ring' or 'torus', got 'psum'."
-      )
-    if block_size is not None:
-      blocks = [_pad_to(b, block_size) for b in blocks]
-      codec, ids = lp.ScaledFormat(fmt, block_size=block_size), None
-    else:
-      codec = lp.ScaledFormat(fmt, groups=len(blocks))
-      ids = np.concatenate([np.full(b.shape[1], i, np.int32) for i, b in enumerate(blocks)])
+    blocks, codec, ids = _scaled_layout(blocks, fmt, block_size, algorithm)
     padded_widths = [b.shape[1] for b in blocks]
     buf = jnp.concatenate(blocks, axis=1)
     unit = (2 if algorithm == "torus" else 1) * (block_size or 1)
@@ -548,10 +556,6 @@ def low_precision_sum(
   elements, or one per layer piece.
   """
   if block_size is not None or measured_shift:
-    if algorithm == "psum":
-      raise ValueError(
-          "block_size/measured_shift need algorithm 'ring' or 'torus', got 'psum'."
-      )
     return _scaled_sum(xs, axes, algorithm, grid, fmt, block_size)
   if algorithm == "psum":
     return [fmt.decode(lax.psum(fmt.encode(x), compat.as_tuple(axes))) for x in xs]
