@@ -331,7 +331,7 @@ def plot(done: dict, cfg: dict, tasks, path: str) -> None:
 
   recs = list(done.values())
   fmts = list(cfg["formats"])
-  fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.6), squeeze=False)
+  fig, axes = plt.subplots(1, len(tasks), figsize=(max(6.0, 4.2 * len(tasks)), 3.6), squeeze=False)
   for ax, task in zip(axes[0], tasks, strict=True):
     series = (
         (True, "nearest", None, False, "tab:blue", "APS on"),
@@ -341,7 +341,7 @@ def plot(done: dict, cfg: dict, tasks, path: str) -> None:
         (False, "nearest", BLOCK, True, "tab:purple", f"block {BLOCK} + EF"),
         (True, "nearest", None, True, "tab:cyan", "APS + EF"))
     rows = set(_rows(cfg))
-    series = [v for v in series if any(r[1:] == v[:4] for r in rows)]
+    series = [v for v in series if any(r[1:] == v[:4] for r in rows if r[0] != "float32")]
     for k, (aps, rounding, block, ef, color, label) in enumerate(series):
       off = 0.6 * (k - (len(series) - 1) / 2) / max(1, len(series))
       xs, ys = [], []
