@@ -240,7 +240,8 @@ def _rows(cfg):
                    cfg.get("variants"))
 
 
-def run(cfg: dict, out: str, tasks, name: str = "low_precision") -> dict[str, dict]:
+def run(cfg: dict, out: str, tasks, name: str = "low_precision",
+        train: bool = True) -> dict[str, dict]:
   sys.path.insert(0, ROOT)
   sys.path.insert(0, HERE)
   import _runlog
@@ -259,7 +260,7 @@ def run(cfg: dict, out: str, tasks, name: str = "low_precision") -> dict[str, di
 
   for task, fmt, aps, rounding, block, ef, seed in tqdm(todo, desc="runs"):
     ident = _ident(task, fmt, aps, rounding, block, ef, seed, cfg)
-    if ident in done:
+    if ident in done or not train:
       continue
     rec = dict(task=task, fmt=fmt, aps=aps, seed=seed,
                **({"rounding": rounding} if rounding != "nearest" else {}),
@@ -379,6 +380,8 @@ def main(argv=None) -> int:
   parser.add_argument("--extras", default=None,
                       help=f"comma-separated rows for the <=8-bit formats, from {tuple(EXTRAS)}")
   parser.add_argument("--seeds", default=None, help="comma-separated seeds")
+  parser.add_argument("--no-train", action="store_true",
+                      help="write the table and plot from the runs already logged")
   parser.add_argument("--out", default=os.path.join(ROOT, "docs"),
                       help="directory for the .jsonl log, .md table and .png plot")
   parser.add_argument("--tasks", default=",".join(TASKS))
@@ -414,7 +417,8 @@ def main(argv=None) -> int:
     parser.error(f"--tasks must name some of {TASKS}, got {unknown}")
   name = "low_precision_quick" if args.quick else (
       "low_precision_long" if args.long else "low_precision")
-  done = run(cfg, args.out, tasks, "low_precision_long" if args.long else "low_precision")
+  done = run(cfg, args.out, tasks, "low_precision_long" if args.long else "low_precision",
+             train=not args.no_train)
   md = markdown(done, cfg, tasks, sum(r["wall"] for r in done.values()), argv)
   with open(os.path.join(args.out, name + ".md"), "w") as f:
     f.write(md + "\n")
