@@ -34,6 +34,7 @@ Usage:
   python benchmarks/low_precision.py                   # full study (~30 min)
   python benchmarks/low_precision.py --quick --out /tmp/lp   # a smoke run
   python benchmarks/low_precision.py --long --tasks lstm_date --seeds 0
+  python benchmarks/low_precision.py --long --no-train   # table + plot from the log
 """
 
 from __future__ import annotations
