@@ -21,6 +21,11 @@ https://arxiv.org/abs/2003.00119) and without, over 2 seeds; with
 APS and stochastic rounding (Gupta et al. 2015,
 https://arxiv.org/abs/1502.02551). Reported: final
 test accuracy, the gap to float32, the number of skipped (non-finite) steps.
+`--extras block,block_ef,aps_ef` adds, for the formats of at most 8 bits,
+per-block scaling (`block_size=32`, no APS), the same with error feedback,
+and APS with error feedback (`docs/guide/low_precision_communication.md`).
+`--long` trains 64 epochs (512 steps) toward float32's plateau on a chosen
+set of rows and writes `low_precision_long.{jsonl,md,png}`.
 Finished runs go to a JSON-lines log and are reused when the script is run
 again with the same log (a run's key names its rounding only when it is
 stochastic, so the round-to-nearest runs logged before stay valid).
@@ -28,6 +33,8 @@ stochastic, so the round-to-nearest runs logged before stay valid).
 Usage:
   python benchmarks/low_precision.py                   # full study (~30 min)
   python benchmarks/low_precision.py --quick --out /tmp/lp   # a smoke run
+  python benchmarks/low_precision.py --long --tasks lstm_date --seeds 0
+  python benchmarks/low_precision.py --long --no-train   # table + plot from the log
 """
 
 from __future__ import annotations
@@ -57,9 +64,23 @@ TASK_LABELS = {
 B0, SCALE = 16, 64
 FULL = dict(num_train=8192, num_test=4096, epochs=16, seeds=(0, 1),
             formats=("float32", "bfloat16", "float8_e4m3fn", "int8", "float4_e2m1fn"),
-            roundings=("nearest",))
+            roundings=("nearest",), extras=())
 QUICK = dict(num_train=1024, num_test=512, epochs=8, seeds=(0,),
-             formats=("float32", "int8"), roundings=("nearest",))
+             formats=("float32", "int8"), roundings=("nearest",), extras=("block_ef",))
+# Long runs toward float32's plateau: 64 epochs of 8 steps = 512 steps, on the
+# rows of issue 24 (float32; int8 APS, block 32, block 32 + EF; int4 block 32,
+# block 32 + EF). Variants are (format, APS, rounding, block size, EF).
+LONG = dict(num_train=8192, num_test=4096, epochs=64, seeds=(0, 1),
+            formats=("float32", "int8", "int4"), roundings=("nearest",), extras=(),
+            variants=(("float32", False, "nearest", None, False),
+                      ("int8", True, "nearest", None, False),
+                      ("int8", False, "nearest", 32, False),
+                      ("int8", False, "nearest", 32, True),
+                      ("int4", False, "nearest", 32, False),
+                      ("int4", False, "nearest", 32, True)))
+EXTRAS = {"block": (False, 32, False), "block_ef": (False, 32, True),
+          "aps_ef": (True, None, True)}  # name -> (APS, block size, EF)
+BLOCK = 32
 ROUNDINGS = ("nearest", "stochastic")
 _BITS = {"float32": 32, "bfloat16": 16}  # the others have at most 8
 
@@ -71,28 +92,48 @@ def _setup_devices() -> None:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
 
 
-def _variants(formats, roundings=("nearest",)) -> list[tuple[str, bool, str]]:
-  """(format, APS, rounding); stochastic rounding with APS, formats <= 8 bits."""
+def _variants(formats, roundings=("nearest",), extras=(),
+              variants=None) -> list[tuple[str, bool, str, int | None, bool]]:
+  """(format, APS, rounding, block size, error feedback) of each row.
+
+  Stochastic rounding runs with APS; it and the `extras` (block scaling,
+  error feedback) apply to the formats of at most 8 bits. `variants` given
+  explicitly replaces the product.
+  """
+  if variants is not None:
+    return [tuple(v) for v in variants if v[0] in formats]
   out = []
   for f in formats:
     if f == "float32":
-      out.append((f, False, "nearest"))
+      out.append((f, False, "nearest", None, False))
       continue
     if "nearest" in roundings:
-      out += [(f, True, "nearest"), (f, False, "nearest")]
+      out += [(f, True, "nearest", None, False), (f, False, "nearest", None, False)]
     if "stochastic" in roundings and _BITS.get(f, 8) <= 8:
-      out.append((f, True, "stochastic"))
+      out.append((f, True, "stochastic", None, False))
+    if _BITS.get(f, 8) <= 8:
+      out += [(f, EXTRAS[e][0], "nearest", EXTRAS[e][1], EXTRAS[e][2]) for e in extras]
   return out
 
 
-def _ident(task, fmt, aps, rounding, seed, cfg) -> str:
+def _ident(task, fmt, aps, rounding, block, ef, seed, cfg) -> str:
+  # The key names rounding, block size and error feedback only when they are
+  # not the defaults, so the runs logged before these options stay valid.
   sr = "|rounding=stochastic" if rounding == "stochastic" else ""
+  sr += f"|block={block}" if block else ""
+  sr += "|ef=1" if ef else ""
   return (f"{task}|{fmt}|aps={int(aps)}{sr}|seed={seed}|n={cfg['num_train']}"
           f"|E={cfg['epochs']}")
 
 
 def _rounding(rec: dict) -> str:
   return rec.get("rounding", "nearest")
+
+
+def _match(rec: dict, task, fmt, aps, rounding, block, ef) -> bool:
+  return (rec["task"] == task and rec["fmt"] == fmt and rec["aps"] == aps
+          and _rounding(rec) == rounding and rec.get("block_size") == block
+          and rec.get("error_feedback", False) == ef)
 
 
 def _optimizer(task: str, cfg: dict, batch: int):
@@ -125,8 +166,8 @@ def _model(task: str):
   return models.LSTMClassifier()
 
 
-def train_one(task: str, fmt: str, aps: bool, rounding: str, seed: int, data,
-              cfg: dict) -> dict:
+def train_one(task: str, fmt: str, aps: bool, rounding: str, block: int | None, ef: bool,
+              seed: int, data, cfg: dict) -> dict:
   """One training run through make_train_step; final test accuracy etc."""
   import jax
   import jax.numpy as jnp
@@ -159,7 +200,9 @@ def train_one(task: str, fmt: str, aps: bool, rounding: str, seed: int, data,
       loss_fn, _optimizer(task, cfg, batch), mesh,
       grad_reduce="torus" if cnn else "ring",
       comm_dtype=None if fmt == "float32" else fmt,
-      aps=None if fmt == "float32" else aps, rounding=rounding)
+      aps=None if fmt == "float32" else aps, rounding=rounding,
+      block_size=None if fmt == "float32" else block,
+      error_feedback=fmt != "float32" and ef)
   state = step.init(params, model_state=stats)
 
   @jax.jit
@@ -193,7 +236,13 @@ def train_one(task: str, fmt: str, aps: bool, rounding: str, seed: int, data,
               finite=all(math.isfinite(v) for v in losses))
 
 
-def run(cfg: dict, out: str, tasks) -> dict[str, dict]:
+def _rows(cfg):
+  return _variants(cfg["formats"], cfg["roundings"], cfg.get("extras", ()),
+                   cfg.get("variants"))
+
+
+def run(cfg: dict, out: str, tasks, name: str = "low_precision",
+        train: bool = True) -> dict[str, dict]:
   sys.path.insert(0, ROOT)
   sys.path.insert(0, HERE)
   import _runlog
@@ -201,26 +250,29 @@ def run(cfg: dict, out: str, tasks) -> dict[str, dict]:
   from benchmarks.tasks import data as input_pipeline
 
   os.makedirs(out, exist_ok=True)
-  log = os.path.join(out, "low_precision.jsonl")
+  log = os.path.join(out, name + ".jsonl")
   done = _runlog.load_runs(log)
   data = input_pipeline.load_mnist1d(
       cfg["num_train"], cfg["num_test"], seed=0,
       cache_dir=os.path.join(ROOT, "tmp", "mnist1d_cache"))
-  todo = [(t, f, a, r, s) for s in cfg["seeds"] for t in tasks
-          for f, a, r in _variants(cfg["formats"], cfg["roundings"])]
+  todo = [(t, f, a, r, b, e, s) for s in cfg["seeds"] for t in tasks
+          for f, a, r, b, e in _rows(cfg)]
   from tqdm import tqdm
 
-  for task, fmt, aps, rounding, seed in tqdm(todo, desc="runs"):
-    ident = _ident(task, fmt, aps, rounding, seed, cfg)
-    if ident in done:
+  for task, fmt, aps, rounding, block, ef, seed in tqdm(todo, desc="runs"):
+    ident = _ident(task, fmt, aps, rounding, block, ef, seed, cfg)
+    if ident in done or not train:
       continue
     rec = dict(task=task, fmt=fmt, aps=aps, seed=seed,
                **({"rounding": rounding} if rounding != "nearest" else {}),
-               **train_one(task, fmt, aps, rounding, seed, data, cfg))
+               **({"block_size": block} if block else {}),
+               **({"error_feedback": True} if ef else {}),
+               **train_one(task, fmt, aps, rounding, block, ef, seed, data, cfg))
     done[ident] = rec
     with open(log, "a") as f:
       f.write(json.dumps(dict(ident=ident, **rec)) + "\n")
-    tqdm.write(f"{task:10s} {fmt:14s} aps={int(aps)} {rounding} seed={seed}: "
+    tqdm.write(f"{task:10s} {fmt:14s} aps={int(aps)} {rounding} block={block} "
+               f"ef={int(ef)} seed={seed}: "
                f"{rec['accuracy']:.2f}% skipped {rec['skipped']} ({rec['wall']:.0f} s)")
   return {k: v for k, v in done.items()
           if k in {_ident(*c, cfg) for c in todo}}
@@ -252,20 +304,21 @@ def markdown(done: dict, cfg: dict, tasks, elapsed: float, argv) -> str:
   ]
   for task in tasks:
     lines += [f"**{TASK_LABELS[task]}**", "",
-              "| payload | APS | rounding | accuracy | Δ vs fp32 | skip |",
-              "|---|---|---|---:|---:|---:|"]
+              "| payload | APS | block | EF | rounding | accuracy | Δ vs fp32 | skip |",
+              "|---|---|---|---|---|---:|---:|---:|"]
     base = [r for r in recs if r["task"] == task and r["fmt"] == "float32"]
     ref = _cell(base)[0] if base else float("nan")
-    for fmt, aps, rounding in _variants(cfg["formats"], cfg["roundings"]):
-      sel = [r for r in recs if r["task"] == task and r["fmt"] == fmt and r["aps"] == aps
-             and _rounding(r) == rounding]
+    for fmt, aps, rounding, block, ef in _rows(cfg):
+      sel = [r for r in recs if _match(r, task, fmt, aps, rounding, block, ef)]
       if not sel:
         continue
       mean, accs = _cell(sel)
       label = "—" if fmt == "float32" else ("on" if aps else "off")
       rlabel = "—" if fmt == "float32" else rounding
+      blabel = "—" if fmt == "float32" else (str(block) if block else "off")
+      elabel = "—" if fmt == "float32" else ("on" if ef else "off")
       lines.append(
-          f"| {SHORT[fmt]} | {label} | {rlabel} | {mean:.2f} "
+          f"| {SHORT[fmt]} | {label} | {blabel} | {elabel} | {rlabel} | {mean:.2f} "
           f"({', '.join(f'{a:.2f}' for a in accs)})"
           f" | {mean - ref:+.2f} | {sum(r['skipped'] for r in sel)} |")
     lines.append("")
@@ -280,21 +333,25 @@ def plot(done: dict, cfg: dict, tasks, path: str) -> None:
 
   recs = list(done.values())
   fmts = list(cfg["formats"])
-  fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.6), squeeze=False)
+  fig, axes = plt.subplots(1, len(tasks), figsize=(max(6.0, 4.2 * len(tasks)), 3.6), squeeze=False)
   for ax, task in zip(axes[0], tasks, strict=True):
-    for off, aps, rounding, color, label in (
-        (-0.25, True, "nearest", "tab:blue", "APS on"),
-        (0.0, True, "stochastic", "tab:green", "APS on, stochastic rounding"),
-        (0.25, False, "nearest", "tab:red", "APS off")):
-      if rounding not in cfg["roundings"]:
-        continue
+    series = (
+        (True, "nearest", None, False, "tab:blue", "APS on"),
+        (True, "stochastic", None, False, "tab:green", "APS on, stochastic rounding"),
+        (False, "nearest", None, False, "tab:red", "APS off"),
+        (False, "nearest", BLOCK, False, "tab:orange", f"block {BLOCK}"),
+        (False, "nearest", BLOCK, True, "tab:purple", f"block {BLOCK} + EF"),
+        (True, "nearest", None, True, "tab:cyan", "APS + EF"))
+    rows = set(_rows(cfg))
+    series = [v for v in series if any(r[1:] == v[:4] for r in rows if r[0] != "float32")]
+    for k, (aps, rounding, block, ef, color, label) in enumerate(series):
+      off = 0.6 * (k - (len(series) - 1) / 2) / max(1, len(series))
       xs, ys = [], []
       for i, fmt in enumerate(fmts):
         if fmt == "float32":
           continue
         for r in recs:
-          if (r["task"] == task and r["fmt"] == fmt and r["aps"] == aps
-              and _rounding(r) == rounding):
+          if _match(r, task, fmt, aps, rounding, block, ef):
             xs.append(i + off)
             ys.append(r["accuracy"])
       ax.scatter(xs, ys, color=color, s=18, label=label)
@@ -319,6 +376,13 @@ def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--quick", action="store_true", help="a smoke run of seconds")
+  parser.add_argument("--long", action="store_true",
+                      help="512-step runs on the rows of issue 24, low_precision_long.*")
+  parser.add_argument("--extras", default=None,
+                      help=f"comma-separated rows for the <=8-bit formats, from {tuple(EXTRAS)}")
+  parser.add_argument("--seeds", default=None, help="comma-separated seeds")
+  parser.add_argument("--no-train", action="store_true",
+                      help="write the table and plot from the runs already logged")
   parser.add_argument("--out", default=os.path.join(ROOT, "docs"),
                       help="directory for the .jsonl log, .md table and .png plot")
   parser.add_argument("--tasks", default=",".join(TASKS))
@@ -329,7 +393,15 @@ def main(argv=None) -> int:
                       help=f"comma-separated, from {ROUNDINGS} (default nearest)")
   args = parser.parse_args(argv)
   _setup_devices()
-  cfg = dict(QUICK if args.quick else FULL)
+  if args.quick and args.long:
+    parser.error("--quick and --long exclude each other")
+  cfg = dict(QUICK if args.quick else LONG if args.long else FULL)
+  if args.extras is not None:
+    cfg["extras"] = tuple(e for e in args.extras.split(",") if e)
+    if any(e not in EXTRAS for e in cfg["extras"]):
+      parser.error(f"--extras must name some of {tuple(EXTRAS)}, got {args.extras}")
+  if args.seeds is not None:
+    cfg["seeds"] = tuple(int(v) for v in args.seeds.split(","))
   if args.epochs is not None:
     cfg["epochs"] = args.epochs
   if args.formats is not None:
@@ -344,8 +416,10 @@ def main(argv=None) -> int:
   unknown = [t for t in tasks if t not in TASKS]
   if unknown:
     parser.error(f"--tasks must name some of {TASKS}, got {unknown}")
-  done = run(cfg, args.out, tasks)
-  name = "low_precision_quick" if args.quick else "low_precision"
+  name = "low_precision_quick" if args.quick else (
+      "low_precision_long" if args.long else "low_precision")
+  done = run(cfg, args.out, tasks, "low_precision_long" if args.long else "low_precision",
+             train=not args.no_train)
   md = markdown(done, cfg, tasks, sum(r["wall"] for r in done.values()), argv)
   with open(os.path.join(args.out, name + ".md"), "w") as f:
     f.write(md + "\n")

@@ -115,6 +115,7 @@ _STUDY_PAGES = {
     "bert_scaling_short": "BERT batch scaling study (short)",
     "gain_study": "Gain study",
     "low_precision": "Low-precision communication study",
+    "low_precision_long": "Low-precision communication study, longer runs",
     "oracle": "Oracle study",
     "solver_ladder": "Solver ladder study",
 }

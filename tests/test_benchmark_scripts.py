@@ -132,14 +132,18 @@ def test_low_precision_quick_and_resume(tmp_path):
   assert study.main(["--quick", "--out", out, "--tasks", "lstm_date,cnn_gbn"]) == 0
   log = os.path.join(out, "low_precision.jsonl")
   recs = [json.loads(line) for line in open(log)]
-  assert len(recs) == 6  # 2 tasks x (fp32, int8 with APS, int8 without)
-  assert {(r["fmt"], r["aps"]) for r in recs} == {
-      ("float32", False), ("int8", True), ("int8", False)}
+  # 2 tasks x (fp32, int8 with APS, int8 without, int8 block 32 + error feedback)
+  assert len(recs) == 8
+  assert {(r["fmt"], r["aps"], r.get("block_size"), r.get("error_feedback", False))
+          for r in recs} == {("float32", False, None, False), ("int8", True, None, False),
+                             ("int8", False, None, False), ("int8", False, 32, True)}
+  assert len({r["ident"] for r in recs}) == 8
   for r in recs:
     assert 0.0 <= r["accuracy"] <= 100.0 and r["steps"] == 8
   md = open(os.path.join(out, "low_precision_quick.md")).read()
   assert "| int8 | on |" in md and "| int8 | off |" in md
+  assert "| int8 | off | 32 | on |" in md
   assert os.path.exists(os.path.join(out, "low_precision_quick.png"))
   # A second call finds every run in the log and trains nothing.
   assert study.main(["--quick", "--out", out, "--tasks", "lstm_date,cnn_gbn"]) == 0
-  assert len(open(log).read().splitlines()) == 6
+  assert len(open(log).read().splitlines()) == 8
