@@ -186,6 +186,8 @@ def _model(task: str):
 def train_bert(fmt: str, aps: bool, rounding: str, block: int | None, ef: bool,
                seed: int, cfg: dict) -> dict:
   """One run of examples/bert_lamb's command line, as many steps as the MNIST tasks."""
+  if HERE not in sys.path:
+    sys.path.insert(0, HERE)
   import bert_scaling
 
   steps = cfg["epochs"] * (cfg["num_train"] // (B0 * SCALE))
