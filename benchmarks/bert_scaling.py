@@ -148,13 +148,23 @@ def nominal_recipe(method: str, lr: float, batch: int, cfg: dict):
 
 def train_cli(method: str, lr: float, batch: int, seed: int, cfg: dict) -> dict:
   """One run of the example's command line; its results.json and curves."""
+  return run_example(overrides(method, lr, batch, seed, cfg), DEVICES)
+
+
+def run_example(flags: list[str], devices: int) -> dict:
+  """`python -m examples.bert_lamb.main --config=configs/scaling.py` with `flags`.
+
+  Runs in a subprocess on `devices` emulated CPU devices, in a temporary
+  workdir; returns its results.json with the logged curves under "curves".
+  Raises RuntimeError (with the run's stderr) when it fails.
+  """
   env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES}",
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
              PYTHONPATH=os.pathsep.join(
                  [ROOT, *filter(None, [os.environ.get("PYTHONPATH")])]))
   with tempfile.TemporaryDirectory() as workdir:
     cmd = [sys.executable, "-m", "examples.bert_lamb.main", f"--config={CONFIG}",
-           f"--workdir={workdir}", *overrides(method, lr, batch, seed, cfg)]
+           f"--workdir={workdir}", f"--config.cpu_devices={devices}", *flags]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode != 0 or not os.path.exists(os.path.join(workdir, "results.json")):
       # (a preempted run, SIGTERM, exits 0 without results)

@@ -54,20 +54,23 @@ def train_and_evaluate(mesh):
 
 #: The low-precision payloads the two processes run (APS on, the default):
 #: (grad_reduce, comm_dtype, rounding).
-LOW_PRECISION = (("torus", "int8", "nearest"), ("ring", "float8_e4m3fn", "nearest"),
-                 ("torus", "int4", "stochastic"))
+# (algorithm, payload, rounding, aps): aps None is the default scaling (block
+# scales of 32 over ring and torus), True the per-layer APS shift (its pmax).
+LOW_PRECISION = (("torus", "int8", "nearest", None), ("ring", "float8_e4m3fn", "nearest", True),
+                 ("torus", "int4", "stochastic", None))
 
 
-def low_precision_name(grad_reduce, comm_dtype, rounding):
+def low_precision_name(grad_reduce, comm_dtype, rounding, aps=None):
   sr = "_stochastic" if rounding == "stochastic" else ""
-  return f"{grad_reduce}_{comm_dtype}{sr}"
+  return f"{grad_reduce}_{comm_dtype}{sr}" + ("_aps" if aps else "")
 
 
-def train_low_precision(mesh, grad_reduce, comm_dtype, rounding="nearest"):
-  """3 steps of LAMB with the gradient payload in `comm_dtype` (APS on)."""
+def train_low_precision(mesh, grad_reduce, comm_dtype, rounding="nearest", aps=None):
+  """3 steps of LAMB with the gradient payload in `comm_dtype` (`aps` None:
+  the default block scales)."""
   step = dp.make_train_step(
       pm.loss_fn, date_optax.lamb(1e-2, weight_decay=1e-2), mesh,
-      grad_reduce=grad_reduce, comm_dtype=comm_dtype,
+      grad_reduce=grad_reduce, comm_dtype=comm_dtype, aps=aps,
       rounding=rounding if comm_dtype is not None else "nearest",
   )
   state = step.init(pm.init_params())
@@ -145,9 +148,9 @@ def main():
   sharded, sharded_losses, layout = train_sharded(cross_process_mesh())
   assert layout["spec"] == P(None, "model"), layout["spec"]
   low = {}
-  for alg, fmt, rounding in LOW_PRECISION:
-    lp_params, lp_losses = train_low_precision(dp.torus_mesh(2, 4), alg, fmt, rounding)
-    name = low_precision_name(alg, fmt, rounding)
+  for alg, fmt, rounding, aps in LOW_PRECISION:
+    lp_params, lp_losses = train_low_precision(dp.torus_mesh(2, 4), alg, fmt, rounding, aps)
+    name = low_precision_name(alg, fmt, rounding, aps)
     low[f"{name}_losses"] = lp_losses
     low.update(_flat(lp_params, f"{name}/"))
   np.savez(args.out, **low, losses=losses, eval_loss=evals["loss"], eval_agree=evals["agree"],

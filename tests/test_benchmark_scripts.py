@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -147,3 +148,72 @@ def test_low_precision_quick_and_resume(tmp_path):
   # A second call finds every run in the log and trains nothing.
   assert study.main(["--quick", "--out", out, "--tasks", "lstm_date,cnn_gbn"]) == 0
   assert len(open(log).read().splitlines()) == 8
+
+
+@pytest.mark.slow
+def test_low_precision_bert_task_quick(tmp_path):
+  """The BERT task trains through the example's command line on 8 devices."""
+  study = _load("low_precision")
+  out = str(tmp_path / "lp")
+  assert study.main(["--quick", "--out", out, "--tasks", "bert_lamb"]) == 0
+  recs = [json.loads(line) for line in open(os.path.join(out, "low_precision.jsonl"))]
+  assert len(recs) == 4 and all(r["steps"] == 8 and r["skipped"] == 0 for r in recs)
+  acc = {(r["fmt"], r["aps"], r.get("block_size")): r["accuracy"] for r in recs}
+  # int8 with neither APS nor blocks rounds every gradient share to 0: nothing trains.
+  assert acc[("int8", False, None)] < 0.5 * acc[("float32", False, None)]
+  assert abs(acc[("int8", False, 32)] - acc[("float32", False, None)]) < 1.0
+
+
+def test_low_precision_tables_the_bert_task_with_its_eval_loss(tmp_path):
+  """--no-train tables logged runs: accuracy, Δ to float32 and (BERT) the MLM loss."""
+  study = _load("low_precision")
+  out = str(tmp_path / "lp")
+  os.makedirs(out)
+  cfg = dict(study.QUICK)
+  rows = [("float32", False, None, False, 30.0, 2.90), ("int8", True, None, False, 29.5, 2.95),
+          ("int8", False, None, False, 10.0, 4.00), ("int8", False, 32, True, 30.2, 2.89)]
+  with open(os.path.join(out, "low_precision.jsonl"), "w") as f:
+    for fmt, aps, block, ef, acc, loss in rows:
+      ident = study._ident("bert_lamb", fmt, aps, "nearest", block, ef, 0, cfg)
+      rec = dict(task="bert_lamb", fmt=fmt, aps=aps, seed=0, accuracy=acc, eval_loss=loss,
+                 final_loss=loss, skipped=0, steps=8, wall=1.0, finite=True,
+                 **({"block_size": block} if block else {}),
+                 **({"error_feedback": True} if ef else {}))
+      f.write(json.dumps(dict(ident=ident, **rec)) + "\n")
+  assert study.main(["--quick", "--no-train", "--tasks", "bert_lamb", "--out", out]) == 0
+  md = open(os.path.join(out, "low_precision_quick.md")).read()
+  assert "| payload | APS | block | EF | rounding | accuracy | Δ vs fp32 | eval loss | skip |" in md
+  assert "| int8 | on | off | off | nearest | 29.50 (29.50) | -0.50 | 2.9500 | 0 |" in md
+  assert "| int8 | off | 32 | on | nearest | 30.20 (30.20) | +0.20 | 2.8900 | 0 |" in md
+  assert "masked-byte accuracy" in md
+  assert os.path.exists(os.path.join(out, "low_precision_quick.png"))
+
+
+def test_low_precision_bert_runs_pass_the_payload_options_to_the_example(monkeypatch):
+  """The BERT task's command line: the ring, the payload and its scaling."""
+  study = _load("low_precision")
+  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+  import bert_scaling
+
+  calls = []
+
+  def fake(flags, devices):
+    calls.append((flags, devices))
+    return {"eval_accuracy": 0.25, "eval_loss": 3.0, "loss": 3.1, "total_skips": 0,
+            "steps": 512}
+
+  monkeypatch.setattr(bert_scaling, "run_example", fake)
+  cfg = dict(study.LONG)
+  rec = study.train_bert("int4", False, "nearest", 32, True, 1, cfg)
+  assert rec["accuracy"] == 25.0 and rec["eval_loss"] == 3.0 and rec["skipped"] == 0
+  flags, devices = calls[0]
+  assert devices == 8
+  for flag in ("--config.grad_sync.algorithm=ring", "--config.grad_sync.comm_dtype=int4",
+               "--config.grad_sync.aps=off", "--config.grad_sync.block_size=32",
+               "--config.grad_sync.error_feedback=True", "--config.batch_size=128",
+               "--config.base_batch_size=2", "--config.seed=1",
+               f"--config.num_train_tokens={512 * 128 * 32}"):
+    assert flag in flags, flag
+  study.train_bert("float32", False, "nearest", None, False, 0, cfg)
+  assert "--config.grad_sync.aps=auto" in calls[1][0]
+  assert "--config.grad_sync.block_size=0" in calls[1][0]

@@ -226,6 +226,37 @@ def test_bert_one_step_smoke(tmp_path):
   assert metrics["skipped"][1] == 0.0 and "trust_ratio/median" in metrics
 
 
+def test_grad_sync_config_builds_the_step_reduction_and_refuses_bad_values():
+  config = smoke.get_config()
+  assert train.make_grad_sync(config) == dp.GradSync()  # exact psum by default
+  config.grad_sync.update(algorithm="ring", comm_dtype="int8", error_feedback=True)
+  assert train.make_grad_sync(config) == dp.GradSync(
+      "ring", comm_dtype="int8", block_size=32, error_feedback=True)
+  config.grad_sync.update(aps="on", block_size=0, rounding="stochastic")
+  sync = train.make_grad_sync(config)
+  assert sync.uses_aps and sync.block_size is None and sync.rounding == "stochastic"
+  config.grad_sync.aps = "yes"
+  with pytest.raises(ValueError, match=r'config.grad_sync.aps must be "auto", "on" or "off"'):
+    train.make_grad_sync(config)
+  config.grad_sync.update(aps="auto", comm_dtype="float32", rounding="nearest",
+                         error_feedback=True)
+  with pytest.raises(ValueError, match="error_feedback=True needs a low-precision comm_dtype"):
+    train.make_grad_sync(config)
+
+
+def test_bert_one_step_with_a_4_bit_ring_and_error_feedback(tmp_path):
+  """The study's step: a data-only mesh, the ring with an int4 payload, block
+  scales and error feedback (`config.grad_sync`), LAMB, microbatches."""
+  config = smoke.get_config()
+  config.update(num_train_steps=2, eval_max_sequences=16, eval_batch_size=16,
+                model_parallel=1, param_sharding=(), two_stage=False,
+                save_checkpoints=False, tokenizer="bytes")
+  config.grad_sync.update(algorithm="ring", comm_dtype="int4", error_feedback=True)
+  result = train.train_and_evaluate(config, str(tmp_path))
+  assert result["steps"] == 2 and result["total_skips"] == 0
+  assert np.isfinite(result["eval_loss"]) and np.isfinite(result["loss"])
+
+
 @pytest.mark.slow
 def test_bert_stage2_starts_from_stage1_checkpoint(tmp_path):
   config = smoke.get_config()

@@ -199,16 +199,18 @@ def test_error_feedback_delivers_what_compression_dropped():
     np.testing.assert_allclose(params[k], f32 + LR * e[k].astype(np.float64).sum(0),
                                rtol=0, atol=1e-6 * np.abs(f32).max())
     assert np.abs(params[k] - f32).max() < 0.25 * np.abs(no_ef[k] - f32).max(), k
-  step = _step(grad_reduce="ring", comm_dtype="int8", error_feedback=True)
+  step = _step(grad_reduce="ring", comm_dtype="int8", aps=True, error_feedback=True)
   state, _ = _run(step, batches)
   for k in ("w", "b"):
     np.testing.assert_allclose(np.asarray(state.params[k]), params[k], rtol=0, atol=0)
 
 
 def test_first_step_with_error_feedback_is_the_plain_step():
-  """The residual starts at zero: the first step sends what the plain one does."""
-  ef, _ = _run(_step(grad_reduce="ring", comm_dtype="int4", error_feedback=True), BATCHES[:1])
-  plain, _ = _run(_step(grad_reduce="ring", comm_dtype="int4"), BATCHES[:1])
+  """The residual starts at zero: the first step sends what the plain one does
+  (with APS, whose per-layer shift is the same before and during the ring)."""
+  ef, _ = _run(_step(grad_reduce="ring", comm_dtype="int4", aps=True, error_feedback=True),
+               BATCHES[:1])
+  plain, _ = _run(_step(grad_reduce="ring", comm_dtype="int4", aps=True), BATCHES[:1])
   _bit_equal(ef.params, plain.params)
   assert np.abs(np.asarray(ef.grad_residual["w"])).max() > 0
 

@@ -108,7 +108,9 @@ def test_grad_sync_is_a_frozen_normalised_value():
   sync = dp.GradSync("torus", grid=[2, 4], comm_dtype=jnp.int8)
   assert sync == dp.GradSync("torus", grid=(2, 4), comm_dtype="int8")
   assert hash(sync) == hash(dp.GradSync("torus", grid=(2, 4), comm_dtype="int8"))
-  assert sync.grid == (2, 4) and sync.comm_dtype == "int8" and sync.uses_aps
+  # The default scaling of 8 bits or fewer over a torus: MX-style blocks of 32.
+  assert sync.grid == (2, 4) and sync.comm_dtype == "int8" and sync.block_size == 32
+  assert not sync.uses_aps
   assert dp.GradSync(comm_dtype="float32") == dp.GradSync()
   assert not dp.GradSync(comm_dtype="bfloat16").uses_aps
   with pytest.raises(dataclasses.FrozenInstanceError):

@@ -62,8 +62,51 @@ def test_scales_measured_at_every_hop_turn_aps_off_by_default():
   assert sync.block_size == 32 and type(sync.block_size) is int
   assert not sync.uses_aps and sync.measures_scales
   assert dp.GradSync("ring", comm_dtype="int8", measured_shift=True, aps=True).uses_aps
-  assert dp.GradSync("ring", comm_dtype="int8").uses_aps
-  assert not dp.GradSync("ring", comm_dtype="int8").measures_scales
+  assert dp.GradSync("ring", comm_dtype="int8", aps=True).uses_aps
+  assert not dp.GradSync("ring", comm_dtype="int8", aps=True).measures_scales
+
+
+def test_a_payload_alone_gets_blocks_of_32_over_hops_and_aps_over_psum():
+  """The default scaling: 8 bits or fewer get MX-style blocks of 32 over "ring"
+  and "torus" (scales travel with every hop), APS over "psum"; bfloat16 gets
+  neither; `aps=True` or `aps=False` given turns the blocks off."""
+  for algorithm, extra in (("ring", {}), ("torus", {"grid": (2, 4)})):
+    for fmt in ("int8", "int4", "float8_e4m3fn", "float4_e2m1fn"):
+      sync = dp.GradSync(algorithm, comm_dtype=fmt, **extra)
+      assert sync.block_size == 32 and not sync.uses_aps, (algorithm, fmt)
+      assert sync == dp.GradSync(algorithm, comm_dtype=fmt, block_size=32, **extra)
+  psum = dp.GradSync("psum", comm_dtype="int8")
+  assert psum.block_size is None and psum.uses_aps
+  bf16 = dp.GradSync("ring", comm_dtype="bfloat16")
+  assert bf16.block_size is None and not bf16.uses_aps
+  on = dp.GradSync("ring", comm_dtype="int8", aps=True)
+  assert on.block_size is None and on.uses_aps
+  off = dp.GradSync("ring", comm_dtype="int8", aps=False)
+  assert off.block_size is None and not off.uses_aps and not off.measures_scales
+  shift = dp.GradSync("ring", comm_dtype="int8", measured_shift=True)
+  assert shift.block_size is None and not shift.uses_aps
+  # Both builders resolve the flat keywords to the same config.
+  step = dp.make_train_step(_loss, optax.sgd(1.0), dp.data_mesh(), grad_reduce="ring",
+                            comm_dtype="int8")
+  assert step.grad_sync == dp.GradSync("ring", comm_dtype="int8", block_size=32)
+  pstep = dp.make_pmap_train_step(_loss, optax.sgd(1.0), grad_reduce="ring", comm_dtype="int4")
+  assert pstep.grad_sync == dp.GradSync("ring", comm_dtype="int4", block_size=32)
+  # all_reduce with the payload alone is the explicit block-32 reduction, bit
+  # for bit, and beats APS on leaves whose blocks differ in scale.
+  rng = np.random.default_rng(3)
+  x = rng.normal(size=(8, 256)).astype(np.float32) * np.logspace(-4, 0, 256, dtype=np.float32)
+  mesh = dp.data_mesh()
+
+  def reduce(**kw):
+    fn = jax.jit(compat.shard_map(
+        lambda t: dp.all_reduce(t[0], "data", algorithm="ring", comm_dtype="int8", **kw),
+        mesh=mesh, in_specs=P("data"), out_specs=P()))
+    return np.asarray(fn(x), np.float64)
+
+  exact = x.astype(np.float64).sum(0)
+  default, blocks, aps = reduce(), reduce(block_size=32), reduce(aps=True)
+  np.testing.assert_array_equal(default, blocks)
+  assert np.abs(default - exact).max() < 0.5 * np.abs(aps - exact).max()
 
 
 CASES = {
@@ -116,8 +159,8 @@ def test_block_scales_beat_aps_on_a_layer_of_mixed_scales():
         mesh=mesh, in_specs=({"w": P("data")},), out_specs=out_specs))
     return np.asarray(fn(g)["w"], np.float64)
 
-  aps = dp.GradSync("ring", comm_dtype="int8")
-  blocks = dataclasses.replace(aps, block_size=8)
+  aps = dp.GradSync("ring", comm_dtype="int8", aps=True)
+  blocks = dataclasses.replace(aps, aps=None, block_size=8)
   for scatter in (False, True):
     small = np.abs(mean[:8]).max()
     err_aps = np.abs(call(aps, scatter)[:8] - mean[:8]).max()

@@ -325,7 +325,8 @@ def test_payload_keeps_the_rounds_of_the_compiled_program(fmt):
   """The payload changes the bytes, not the 2(P-1) rounds of neighbour exchanges."""
   mesh = dp.data_mesh()
   fn = jax.jit(compat.shard_map(
-      lambda t: dp.all_reduce(t, "data", algorithm="ring", comm_dtype=fmt),
+      lambda t: dp.all_reduce(t, "data", algorithm="ring", comm_dtype=fmt,
+                                   aps=True),
       mesh=mesh, in_specs=P("data"), out_specs=P("data")))
   text = fn.lower(np.ones(8 * 5, np.float32)).compile().as_text()
   rounds = hlo.collective_permute_rounds(text)

@@ -123,22 +123,23 @@ def test_params_sharded_across_two_processes_match_one_process(worker_results):
   assert not np.allclose(params["hidden"]["kernel"], pm.init_params()["hidden"]["kernel"])
 
 
-@pytest.mark.parametrize("grad_reduce,comm_dtype,rounding", [
-    ("torus", "int8", "nearest"), ("ring", "float8_e4m3fn", "nearest"),
-    ("torus", "int4", "stochastic"),
+@pytest.mark.parametrize("grad_reduce,comm_dtype,rounding,aps", [
+    ("torus", "int8", "nearest", None), ("ring", "float8_e4m3fn", "nearest", True),
+    ("torus", "int4", "stochastic", None),
 ])
 def test_low_precision_payload_two_processes_match_one_process(
-    worker_results, grad_reduce, comm_dtype, rounding
+    worker_results, grad_reduce, comm_dtype, rounding, aps
 ):
-  """APS and the rounded hops give the same result when the ring spans processes;
-  stochastic rounding's keys depend on (step, replica) only, not on the process."""
+  """Block scales (the default), APS and the rounded hops give the same result
+  when the ring spans processes; stochastic rounding's keys depend on (step,
+  replica) only, not on the process."""
   import multihost_worker as worker
 
-  assert (grad_reduce, comm_dtype, rounding) in worker.LOW_PRECISION
+  assert (grad_reduce, comm_dtype, rounding, aps) in worker.LOW_PRECISION
   params, losses = worker.train_low_precision(dp.torus_mesh(2, 4), grad_reduce,
-                                              comm_dtype, rounding)
+                                              comm_dtype, rounding, aps)
   exact, exact_losses = worker.train_low_precision(dp.torus_mesh(2, 4), grad_reduce, None)
-  key = worker.low_precision_name(grad_reduce, comm_dtype, rounding)
+  key = worker.low_precision_name(grad_reduce, comm_dtype, rounding, aps)
   for res in worker_results:
     np.testing.assert_allclose(res[f"{key}_losses"], losses, rtol=1e-6)
     for layer in ("hidden", "out"):

@@ -211,7 +211,7 @@ def test_stochastic_keeps_the_rounds_of_the_compiled_program():
   mesh = dp.data_mesh()
   fn = jax.jit(compat.shard_map(
       lambda t, key: dp.all_reduce(t, "data", algorithm="ring", comm_dtype="int8",
-                                   rounding="stochastic", key=key),
+                                   aps=True, rounding="stochastic", key=key),
       mesh=mesh, in_specs=(P("data"), P()), out_specs=P("data")))
   text = fn.lower(np.ones(8 * 5, np.float32), jax.random.key(0)).compile().as_text()
   assert [r for r, _ in hlo.collective_permute_rounds(text)] == list(range(1, 15))

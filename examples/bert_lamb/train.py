@@ -155,6 +155,29 @@ def make_optimizer(
   return tx, recipe
 
 
+def make_grad_sync(config: ml_collections.ConfigDict) -> dp.GradSync:
+  """The step's gradient reduction from `config.grad_sync`.
+
+  Args:
+    config: the run's config; `config.grad_sync` holds `algorithm`,
+      `comm_dtype`, `aps` ("auto", "on" or "off"), `rounding`, `block_size`
+      (0: off) and `error_feedback`.
+
+  Returns:
+    The `date_optax.parallel.GradSync` (it validates the combination).
+  """
+  gs = config.get("grad_sync") or ml_collections.ConfigDict(dict(algorithm="psum"))
+  aps_modes = {"auto": None, "on": True, "off": False}
+  aps = gs.get("aps", "auto")
+  if aps not in aps_modes:
+    raise ValueError(f'config.grad_sync.aps must be "auto", "on" or "off", got {aps!r}.')
+  return dp.GradSync(
+      gs.algorithm, comm_dtype=gs.get("comm_dtype", "float32"), aps=aps_modes[aps],
+      rounding=gs.get("rounding", "nearest"),
+      block_size=gs.get("block_size", 0) or None,
+      error_feedback=gs.get("error_feedback", False))
+
+
 def get_vocab(config: ml_collections.ConfigDict, workdir: str | None = None
               ) -> input_pipeline.Vocab:
   """The run's tokenizer (`config.tokenizer`), cached in a local `workdir`."""
@@ -243,7 +266,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   step_fn = dp.make_train_step(
       loss_fn, tx, mesh, has_aux=True, compute_dtype=compute_dtype,
       shard_update=config.shard_update, microbatches=config.microbatches,
-      param_sharding=rules or None, grad_stats=config.get("grad_stats", False))
+      param_sharding=rules or None, grad_stats=config.get("grad_stats", False),
+      grad_sync=make_grad_sync(config))
   tokens = jnp.zeros((1, stages[0]["seq_len"]), jnp.int32)
   params = jax.jit(lambda key: model.init(key, tokens, train=False)["params"])(
       jax.random.key(config.seed))

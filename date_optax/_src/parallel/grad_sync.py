@@ -57,16 +57,20 @@ class GradSync:
       "float8_e5m2", "int8", "int4" or "float4_e2m1fn" (names or dtypes;
       stored as the name).
     aps: Auto-Precision Scaling of each layer by a power of two before the
-      cast; None means on for formats of at most 8 bits and off for
-      bfloat16. `aps=True` needs a low-precision `comm_dtype`.
+      cast. None (with `block_size` and `measured_shift` unset) picks the
+      default scaling of a format of at most 8 bits: block scales of 32
+      over "ring" and "torus", APS over "psum"; bfloat16 gets neither.
+      `aps=True` or `aps=False` given turns the default blocks off. `aps=True`
+      needs a low-precision `comm_dtype`.
     rounding: "nearest" or "stochastic" (unbiased; needs a low-precision
       `comm_dtype`). The steps draw the key of step s as
       `fold_in(fold_in(rng, 0x5352), s)` (`low_precision.rounding_key`).
-    block_size: None, or the elements per scale of MX-style block scaling,
-      an integer in [1, 65536] (MX uses 32): every message carries one
-      power-of-two scale per block of one layer, measured on what is sent
-      at every hop. Needs a low-precision `comm_dtype` and "ring" or
-      "torus"; APS then defaults to off.
+    block_size: None (the default above), or the elements per scale of
+      MX-style block scaling, an integer in [1, 65536] (MX uses 32): every
+      message carries one power-of-two scale per block of one layer,
+      measured on what is sent at every hop. Needs a low-precision
+      `comm_dtype` and "ring" or "torus"; APS then defaults to off. Stored
+      resolved: `GradSync("ring", comm_dtype="int8").block_size == 32`.
     measured_shift: one power-of-two scale per layer piece of every
       message, measured at every hop instead of APS's worst case `N · M`.
       Needs a low-precision `comm_dtype` and "ring" or "torus"; excludes
@@ -92,8 +96,10 @@ class GradSync:
   Examples:
     >>> import date_optax.parallel as dp
     >>> sync = dp.GradSync("ring", comm_dtype="int8", rounding="stochastic")
-    >>> sync.comm_dtype, sync.uses_aps
-    ('int8', True)
+    >>> sync.comm_dtype, sync.block_size, sync.uses_aps
+    ('int8', 32, False)
+    >>> dp.GradSync("psum", comm_dtype="int8").uses_aps
+    True
     >>> try:
     ...   dp.GradSync("psum", rounding="stochastic")
     ... except ValueError as e:
@@ -567,16 +573,17 @@ def all_reduce(
     comm_dtype: None or "float32" (exact, float32 accumulation), or one of
       "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8", "int4",
       "float4_e2m1fn" (names or dtypes).
-    aps: scale each leaf by a power of two before the cast (None: True for
-      formats of at most 8 bits, False for bfloat16). Needs a low-precision
-      `comm_dtype`.
+    aps: scale each leaf by a power of two before the cast. None: the
+      default scaling of `GradSync` (block scales of 32 over "ring" and
+      "torus", APS over "psum", for formats of at most 8 bits; neither for
+      bfloat16). Needs a low-precision `comm_dtype`.
     rounding: "nearest" (default) or "stochastic" (needs a low-precision
       `comm_dtype` and a `key`).
     key: a PRNG key (`jax.random.key` or a raw `PRNGKey`) for
       `rounding="stochastic"`; not used otherwise.
-    block_size: None (no block scales) or the elements per block scale, an
-      integer in [1, 65536] (MX uses 32); needs a low-precision `comm_dtype`
-      and "ring" or "torus".
+    block_size: None (the default scaling, as for `aps`) or the elements per
+      block scale, an integer in [1, 65536] (MX uses 32); needs a
+      low-precision `comm_dtype` and "ring" or "torus".
     measured_shift: one scale per layer piece of every message, measured at
       every hop (needs a low-precision `comm_dtype` and "ring" or "torus";
       excludes `block_size`, whose blocks are measured already).

@@ -346,6 +346,9 @@ def split_floats(leaves: Sequence[Any]) -> tuple[list[int], list[int]]:
 
 #: The accepted range of `block_size` (elements that share one scale).
 BLOCK_SIZE_RANGE = (1, 65536)
+#: The block size a payload of at most 8 bits gets by default over "ring" or
+#: "torus" (with `aps` and `block_size` unset): MX's 32.
+DEFAULT_BLOCK_SIZE = 32
 
 # The scale exponent of a group holding a NaN or Inf (MX's E8M0 has a NaN
 # code too): the group decodes to NaN on every device. Other exponents lie in
@@ -365,6 +368,9 @@ def resolve_scaling(
   Returns `(aps, block_size, measured_shift)`. With block scales or the
   measured shift APS defaults to off (the scales measured at every hop
   replace the fixed per-layer shift); `aps=True` beside them is allowed.
+  With none of the three given, a format of at most 8 bits gets block
+  scales of `DEFAULT_BLOCK_SIZE` over "ring" or "torus" and APS over
+  "psum" (or an unknown algorithm); bfloat16 gets neither.
 
   Raises:
     TypeError: `block_size` not an integer, `measured_shift` not a bool.
@@ -404,6 +410,11 @@ def resolve_scaling(
           f"{what} needs algorithm 'ring' or 'torus' (the scales travel beside "
           "the payload on every hop; lax.psum has no hops to measure), got 'psum'."
       )
+  if (aps is None and not scaled and fmt is not None and fmt.bits <= 8
+      and algorithm in ("ring", "torus")):
+    # The default for 8 bits or fewer over hops that carry scales: MX-style
+    # blocks (docs/guide/low_precision_communication.md, "Which default").
+    block_size, scaled = DEFAULT_BLOCK_SIZE, True
   if aps is None and scaled:
     aps = False
   return resolve_aps(fmt, aps), block_size, measured_shift

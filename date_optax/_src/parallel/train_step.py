@@ -182,18 +182,21 @@ def make_train_step(
       float32 accumulation), "bfloat16", "float8_e4m3fn", "float8_e5m2",
       "int8", "int4" or "float4_e2m1fn" (names or dtypes). Not with
       `param_sharding` (the compiler places those reductions).
-    aps: Auto-Precision Scaling of each layer before the cast; None means
-      True for formats of at most 8 bits and False for bfloat16. Needs a
-      low-precision `comm_dtype`.
+    aps: Auto-Precision Scaling of each layer before the cast. None (with
+      `block_size` and `measured_shift` unset) gives a format of at most 8
+      bits its default scaling: block scales of 32 over "ring" and "torus"
+      (the most accurate measured, see `GradSync`), APS over "psum";
+      bfloat16 gets neither. Needs a low-precision `comm_dtype`.
     rounding: how the payload is rounded to `comm_dtype` at every hop:
       "nearest" (default) or "stochastic" (unbiased; needs a low-precision
       `comm_dtype`). The key of step s is `fold_in(fold_in(rng, 0x5352), s)`
       with the state's `rng`, or with `jax.random.PRNGKey(0)` when the state
       has none; the all-reduce folds in the replica index, so the keys
       depend on (step, replica) only, whatever the process layout.
-    block_size: None, or MX-style block scaling: one power-of-two scale per
-      block of this many elements of a layer (an integer in [1, 65536]; MX
-      uses 32), measured at every hop and carried beside the payload.
+    block_size: None (the default, as for `aps`), or MX-style block
+      scaling: one power-of-two scale per block of this many elements of a
+      layer (an integer in [1, 65536]; MX uses 32), measured at every hop
+      and carried beside the payload.
       Needs a low-precision `comm_dtype` and "ring" or "torus" (see
       `GradSync` and `docs/algorithms.md`).
     measured_shift: one scale per layer piece of every message, measured at

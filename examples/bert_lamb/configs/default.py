@@ -93,6 +93,16 @@ def get_config() -> ml_collections.ConfigDict:
   config.shard_update = True
   config.microbatches = 2
   config.half_precision = True
+  # Gradient communication (`date_optax.parallel.GradSync`): the all-reduce
+  # ("psum", "ring" or "torus"; the last two need param_sharding=() and one
+  # data axis for "ring"), the payload format ("float32" is exact, or
+  # "bfloat16", "float8_e4m3fn", "int8", "int4", "float4_e2m1fn", ...),
+  # APS ("auto", "on", "off"), the rounding ("nearest", "stochastic"),
+  # MX-style block scales (0: off, 32: MX) and error feedback (each
+  # replica's compression residual in the state).
+  config.grad_sync = ml_collections.ConfigDict(dict(
+      algorithm="psum", comm_dtype="float32", aps="auto", rounding="nearest",
+      block_size=0, error_feedback=False))
   # Gradient-noise statistics in the step (B_simple and the gain in the
   # metrics); needs devices on "data" x microbatches >= 2.
   config.grad_stats = False
