@@ -33,6 +33,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
+from test_low_precision import MESHES, _reduce
 
 import date_optax.parallel as dp
 from date_optax._src.parallel import compat, hlo
@@ -45,8 +46,6 @@ NP_DTYPE = {"bfloat16": ml_dtypes.bfloat16, "float8_e4m3fn": ml_dtypes.float8_e4
             "float8_e5m2": ml_dtypes.float8_e5m2, "float4_e2m1fn": ml_dtypes.float4_e2m1fn}
 BITS = ("int8", "float8_e4m3fn", "int4", "float4_e2m1fn")
 SLOW = pytest.mark.slow
-MESHES = {"ring": lambda: (dp.data_mesh(), "data"),
-          "torus": lambda: (dp.torus_mesh(2, 4), ("x", "y"))}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -54,17 +53,6 @@ def _cases(fast, everything):
   return [c if c in fast else pytest.param(*(c if isinstance(c, tuple) else (c,)),
                                            marks=SLOW)
           for c in everything]
-
-
-def _reduce(tree, alg, **kw):
-  """all_reduce over 8 devices; leaves given as (8, ...) per-device rows."""
-  mesh, axes = MESHES[alg]()
-  spec = P(axes)
-  fn = jax.jit(compat.shard_map(
-      lambda t: jax.tree.map(lambda v: v[None], dp.all_reduce(
-          jax.tree.map(lambda v: v[0], t), axes, algorithm=alg, **kw)),
-      mesh=mesh, in_specs=spec, out_specs=spec))
-  return jax.tree.map(np.asarray, fn(tree))
 
 
 def _layers(seed=0):

@@ -166,16 +166,13 @@ def make_grad_sync(config: ml_collections.ConfigDict) -> dp.GradSync:
   Returns:
     The `date_optax.parallel.GradSync` (it validates the combination).
   """
-  gs = config.get("grad_sync") or ml_collections.ConfigDict(dict(algorithm="psum"))
+  gs = config.grad_sync
   aps_modes = {"auto": None, "on": True, "off": False}
-  aps = gs.get("aps", "auto")
-  if aps not in aps_modes:
-    raise ValueError(f'config.grad_sync.aps must be "auto", "on" or "off", got {aps!r}.')
+  if gs.aps not in aps_modes:
+    raise ValueError(f'config.grad_sync.aps must be "auto", "on" or "off", got {gs.aps!r}.')
   return dp.GradSync(
-      gs.algorithm, comm_dtype=gs.get("comm_dtype", "float32"), aps=aps_modes[aps],
-      rounding=gs.get("rounding", "nearest"),
-      block_size=gs.get("block_size", 0) or None,
-      error_feedback=gs.get("error_feedback", False))
+      gs.algorithm, comm_dtype=gs.comm_dtype, aps=aps_modes[gs.aps], rounding=gs.rounding,
+      block_size=gs.block_size or None, error_feedback=gs.error_feedback)
 
 
 def get_vocab(config: ml_collections.ConfigDict, workdir: str | None = None
