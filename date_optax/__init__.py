@@ -6,16 +6,7 @@ device meshes and TPU pods, and ghost/distributed batch normalisation.
 """
 
 from date_optax import schedules
-from date_optax._src.engine import (
-    Baseline,
-    MultiStageRecipe,
-    Recipe,
-    date,
-    date_recipe,
-    layer_lr_bounds,
-    multi_stage,
-    scale_recipe,
-)
+from date_optax._src.date_optimizer import date, date_recipe, layer_lr_bounds
 from date_optax._src.gain import (
     AdaScaleState,
     GradStats,
@@ -26,6 +17,13 @@ from date_optax._src.gain import (
 from date_optax._src.lamb import LambState, lamb
 from date_optax._src.lars import BoundedLarsState, LarsState, bounded_lars, lars
 from date_optax._src.masks import exclude_bias_and_norm, path_mask
+from date_optax._src.recipe import (
+    Baseline,
+    MultiStageRecipe,
+    Recipe,
+    multi_stage,
+    scale_recipe,
+)
 from date_optax._src.schedules import (
     linear_scaling,
     roller_coaster,

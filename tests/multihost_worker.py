@@ -28,7 +28,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import date_optax  # noqa: E402
 import date_optax.parallel as dp  # noqa: E402
-from date_optax._src.parallel.distributed import fetch_replicated  # noqa: E402
+from date_optax._src.parallel.layout.distributed import fetch_replicated  # noqa: E402
 
 NUM_PROCESSES = 2
 GLOBAL_BATCH = 32

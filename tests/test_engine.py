@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import date_optax
 from date_optax import schedules
-from date_optax._src import engine
+from date_optax._src import date_optimizer
 
 IMAGENET = 1281167
 
@@ -602,7 +602,7 @@ def test_date_bounds_defaults_and_overrides():
   assert ratio_after_one_step(date_optax.date(base, 4096, upper=10.0)) == 10.0
   tuned = date_baseline(optimizer="sgd", ratio_bounds=(0.1, 3.0))
   assert ratio_after_one_step(date_optax.date(tuned, 4096)) == 3.0
-  assert engine.DEFAULT_BOUNDS == (0.01, 1.0)
+  assert date_optimizer.DEFAULT_BOUNDS == (0.01, 1.0)
   # Large gradients are damped, down to the lower bound: 1/sqrt(k) by
   # default (the layer keeps the baseline's η0), 0.01 with fixed bounds.
   g_big = {"w": jnp.full((3, 1), 1e6)}

@@ -19,8 +19,10 @@ from jax.sharding import PartitionSpec as P
 
 import date_optax
 import date_optax.parallel as dp
-from date_optax._src.parallel import collectives, compat, grad_sync, local_grads
-from date_optax._src.parallel import replica_step as replica_step_lib
+from date_optax._src.parallel import compat
+from date_optax._src.parallel.comm import collectives, grad_sync
+from date_optax._src.parallel.step import local_grads
+from date_optax._src.parallel.step import replica_step as replica_step_lib
 
 B = 32  # 4 rows on each of 8 devices
 

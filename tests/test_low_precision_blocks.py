@@ -36,8 +36,9 @@ from jax.sharding import PartitionSpec as P
 from test_low_precision import MESHES, _reduce
 
 import date_optax.parallel as dp
-from date_optax._src.parallel import compat, hlo
-from date_optax._src.parallel import low_precision as lp
+from date_optax._src.parallel import compat
+from date_optax._src.parallel.comm import hlo
+from date_optax._src.parallel.comm import low_precision as lp
 
 N = 8
 FMAX = {"bfloat16": float(ml_dtypes.finfo(jnp.bfloat16).max), "float8_e4m3fn": 448.0,
@@ -436,7 +437,7 @@ def test_one_step_int8_gradient_within_2_percent_per_layer_with_block_scales():
   for layer, (rel, per_nm) in errs[("int8", "block32")].items():
     assert rel < 2.0, (layer, rel)  # the goal: within 2 % of float32
     assert per_nm <= guaranteed, (layer, per_nm)
-  for layer, (rel, per_nm) in errs[("int8", "measured")].items():
+  for layer, (_rel, per_nm) in errs[("int8", "measured")].items():
     assert per_nm <= guaranteed, (layer, per_nm)
   # Today's APS shift is several times worse on the same gradients.
   assert min(v[0] for v in errs[("int8", "aps")].values()) > 3 * max(
@@ -450,7 +451,7 @@ def test_one_step_int8_gradient_within_2_percent_per_layer_with_block_scales():
 def test_reduce_scatter_for_a_sharded_update_matches_the_all_reduce(alg, kw):
   """The shard of `low_precision_reduce_scatter` is the all-reduce's row k
   (one leaf of n·c elements, c a multiple of the block, is the same layout)."""
-  from date_optax._src.parallel import collectives
+  from date_optax._src.parallel.comm import collectives
 
   rng = np.random.default_rng(8)
   x = {"w": (rng.normal(size=(N, N * 32)) * 3.0).astype(np.float32)}

@@ -298,12 +298,3 @@ def test_learning_rate_reader_is_deprecated():
     assert float(date_optax.learning_rate(state)) == 0.25
   with pytest.raises(AttributeError):
     date_optax.no_such_name  # noqa: B018
-
-
-def test_private_import_path_of_the_readers_still_works(no_warnings):
-  # date_optax.parallel imports the readers from the trust-ratio module.
-  from date_optax._src import trust_ratio  # noqa: PLC0415
-
-  assert trust_ratio.learning_rate is date_optax.current_learning_rate
-  assert trust_ratio.trust_ratios is date_optax.trust_ratios
-  assert trust_ratio.trust_ratio_bounds is date_optax.trust_ratio_bounds

@@ -14,7 +14,8 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import date_optax.parallel as dp
-from date_optax._src.parallel import collectives, compat, hlo
+from date_optax._src.parallel import compat
+from date_optax._src.parallel.comm import collectives, hlo
 
 # Leaf shapes that no number of devices here divides, every dtype family,
 # a scalar and an empty leaf.

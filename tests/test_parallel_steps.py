@@ -22,8 +22,9 @@ from jax.sharding import PartitionSpec as P
 
 import date_optax
 import date_optax.parallel as dp
-from date_optax._src.parallel import compat, local_grads
-from date_optax._src.parallel import update_sharding as us
+from date_optax._src.parallel import compat
+from date_optax._src.parallel.comm import update_sharding as us
+from date_optax._src.parallel.step import local_grads
 
 B = 32  # global batch: 4 examples on each of 8 devices
 STEPS = 3

@@ -28,8 +28,9 @@ from jax.sharding import PartitionSpec as P
 from test_low_precision import _hops, _layers
 
 import date_optax.parallel as dp
-from date_optax._src.parallel import compat, hlo
-from date_optax._src.parallel import low_precision as lp
+from date_optax._src.parallel import compat
+from date_optax._src.parallel.comm import hlo
+from date_optax._src.parallel.comm import low_precision as lp
 
 N = 8
 LOW = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "int8", "int4", "float4_e2m1fn")

@@ -554,28 +554,3 @@ def learning_rate_state(learning_rate: Any, count: jax.Array) -> Any:
   if callable(learning_rate):
     return optax.ScaleByScheduleState(count=count)
   return optax.EmptyState()
-
-
-# The state readers (trust_ratios, trust_ratio_bounds, current_learning_rate)
-# and the table of the state types they read live in state_readers.py, which
-# imports this module. Older code imports them from here, the reader of the
-# learning rate under its former name `learning_rate`; resolved on first use.
-_MOVED = {
-    "trust_ratios": "trust_ratios",
-    "trust_ratio_bounds": "trust_ratio_bounds",
-    "learning_rate": "current_learning_rate",
-    "current_learning_rate": "current_learning_rate",
-}
-
-
-def __getattr__(name: str) -> Any:
-  if name in _MOVED:
-    from date_optax._src import state_readers
-
-    return getattr(state_readers, _MOVED[name])
-  if name == "RATIO_STATES":
-    from date_optax._src import state_readers
-
-    return tuple(cls for cls, f in state_readers.STATE_FIELDS.items()
-                 if f.ratios is not None)
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -419,3 +419,36 @@ def check_schedules_at_init(**values: Any) -> None:
     raise ValueError(
         f"lower must be <= upper, got {at0['lower'][0]} = {at0['lower'][1]:g} > "
         f"{at0['upper'][0]} = {at0['upper'][1]:g}.")
+
+
+def _differs(value: Any, default: Any) -> bool:
+  if value is default:
+    return False
+  try:
+    return not bool(value == default)
+  except (TypeError, ValueError):
+    return True
+
+
+def config_from(
+    config: Any, cls: type, flat: dict[str, tuple[str, Any, Any]]
+) -> Any:
+  """A builder's config argument, or the config its flat keywords spell.
+
+  `flat` maps each flat keyword to `(field, value, default)`. A keyword that
+  differs from its default, given together with `config`, is refused, as is
+  a `config` of another type; the name of the argument is `cls`'s in
+  snake case (`grad_sync`, `step_config`).
+  """
+  name = "".join("_" + c.lower() if c.isupper() else c for c in cls.__name__)[1:]
+  if config is None:
+    return cls(**{field: value for field, value, _ in flat.values()})
+  if not isinstance(config, cls):
+    raise TypeError(f"{name} must be a date_optax.parallel.{cls.__name__}, got {config!r}.")
+  given = [k for k, (_, value, default) in flat.items() if _differs(value, default)]
+  if given:
+    raise ValueError(
+        f"pass {name}= or the flat keywords {', '.join(given)}, not both: "
+        f"{name}={config!r} already holds them."
+    )
+  return config

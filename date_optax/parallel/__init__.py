@@ -10,18 +10,21 @@ options), multi-host set-up, distributed evaluation and a per-host input
 pipeline.
 """
 
-from date_optax._src.parallel.collectives import (
+from date_optax._src.parallel.comm.collectives import (
     psum_all_reduce,
     ring_all_reduce,
     torus_all_reduce,
 )
-from date_optax._src.parallel.cost_model import AllReduceCost, allreduce_cost
-from date_optax._src.parallel.distributed import host_local_to_global, initialize
-from date_optax._src.parallel.evaluation import evaluate, pad_batch
-from date_optax._src.parallel.grad_stats import GradStatsState
-from date_optax._src.parallel.grad_sync import GradSync, all_reduce, sync_gradients
-from date_optax._src.parallel.hlo import collective_permute_rounds
-from date_optax._src.parallel.input_pipeline import (
+from date_optax._src.parallel.comm.cost_model import AllReduceCost, allreduce_cost
+from date_optax._src.parallel.comm.grad_sync import GradSync, all_reduce, sync_gradients
+from date_optax._src.parallel.comm.hlo import collective_permute_rounds
+from date_optax._src.parallel.comm.low_precision import COMM_DTYPES, ROUNDINGS
+from date_optax._src.parallel.comm.update_sharding import (
+    bytes_per_device,
+    update_shard_axis,
+)
+from date_optax._src.parallel.data.evaluation import evaluate, pad_batch
+from date_optax._src.parallel.data.input_pipeline import (
     ArraySource,
     DevicePrefetch,
     data_loader,
@@ -31,26 +34,23 @@ from date_optax._src.parallel.input_pipeline import (
     prefetch_to_device,
     restore_iterator,
 )
-from date_optax._src.parallel.low_precision import COMM_DTYPES, ROUNDINGS
-from date_optax._src.parallel.mesh import data_mesh, torus_mesh
-from date_optax._src.parallel.pmap_step import PmapTrainStep, make_pmap_train_step
-from date_optax._src.parallel.replicated_step import (
+from date_optax._src.parallel.layout.distributed import host_local_to_global, initialize
+from date_optax._src.parallel.layout.mesh import data_mesh, torus_mesh
+from date_optax._src.parallel.step.grad_stats import GradStatsState
+from date_optax._src.parallel.step.pmap_step import PmapTrainStep, make_pmap_train_step
+from date_optax._src.parallel.step.replicated_step import (
     ReplicatedTrainStep,
     make_replicated_train_step,
 )
-from date_optax._src.parallel.sharded_step import ShardedTrainStep, make_sharded_train_step
-from date_optax._src.parallel.step_base import TrainStep
-from date_optax._src.parallel.step_config import StepConfig
-from date_optax._src.parallel.train_state import (
+from date_optax._src.parallel.step.sharded_step import ShardedTrainStep, make_sharded_train_step
+from date_optax._src.parallel.step.step_base import TrainStep
+from date_optax._src.parallel.step.step_config import StepConfig
+from date_optax._src.parallel.step.train_state import (
     NonFiniteError,
     TrainState,
     check_metrics,
 )
-from date_optax._src.parallel.train_step import make_train_step
-from date_optax._src.parallel.update_sharding import (
-    bytes_per_device,
-    update_shard_axis,
-)
+from date_optax._src.parallel.step.train_step import make_train_step
 
 __all__ = [
     "COMM_DTYPES",

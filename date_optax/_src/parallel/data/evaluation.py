@@ -16,13 +16,13 @@ from jax.sharding import PartitionSpec as P
 
 from date_optax._src import validation
 from date_optax._src.parallel import compat
-from date_optax._src.parallel import update_sharding as us
-from date_optax._src.parallel.distributed import (
-    fetch_replicated,
-    host_local_to_global,
-    replicate_to_mesh,
+from date_optax._src.parallel.comm import update_sharding as us
+from date_optax._src.parallel.data.input_pipeline import num_examples, process_of
+from date_optax._src.parallel.layout.distributed import (
+  fetch_replicated,
+  host_local_to_global,
+  replicate_to_mesh,
 )
-from date_optax._src.parallel.input_pipeline import num_examples, process_of
 
 MetricFn = Callable[[Any, Any], dict[str, jax.Array]]
 

@@ -27,12 +27,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from date_optax._src import validation
-from date_optax._src.parallel import collectives, compat
-from date_optax._src.parallel import low_precision as lp
-from date_optax._src.parallel import update_sharding as us
-from date_optax._src.parallel.collectives import ALGORITHMS, acc_dtype
-from date_optax._src.parallel.low_precision import CommFormat
-from date_optax._src.parallel.step_config import config_from
+from date_optax._src.parallel import compat
+from date_optax._src.parallel.comm import collectives
+from date_optax._src.parallel.comm import low_precision as lp
+from date_optax._src.parallel.comm import update_sharding as us
+from date_optax._src.parallel.comm.collectives import ALGORITHMS, acc_dtype
+from date_optax._src.parallel.comm.low_precision import CommFormat
 from date_optax._src.types import PyTree
 
 
@@ -234,7 +234,7 @@ def grad_sync_from(
     error_feedback: Any = False,
 ) -> GradSync:
   """The builders' `grad_sync=`, or the config their flat keywords spell."""
-  return config_from(grad_sync, GradSync, {
+  return validation.config_from(grad_sync, GradSync, {
       "grad_reduce": ("algorithm", grad_reduce, "psum"),
       "grid": ("grid", grid, None),
       "comm_dtype": ("comm_dtype", comm_dtype, None),

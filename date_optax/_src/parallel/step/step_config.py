@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from date_optax._src import validation
-from date_optax._src.parallel import local_grads as lg
+from date_optax._src.parallel.step import local_grads as lg
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,39 +69,6 @@ class StepConfig:
     set_("has_aux", validation.check_bool("has_aux", self.has_aux))
 
 
-def _differs(value: Any, default: Any) -> bool:
-  if value is default:
-    return False
-  try:
-    return not bool(value == default)
-  except (TypeError, ValueError):
-    return True
-
-
-def config_from(
-    config: Any, cls: type, flat: dict[str, tuple[str, Any, Any]]
-) -> Any:
-  """A builder's config argument, or the config its flat keywords spell.
-
-  `flat` maps each flat keyword to `(field, value, default)`. A keyword that
-  differs from its default, given together with `config`, is refused, as is
-  a `config` of another type; the name of the argument is `cls`'s in
-  snake case (`grad_sync`, `step_config`).
-  """
-  name = "".join("_" + c.lower() if c.isupper() else c for c in cls.__name__)[1:]
-  if config is None:
-    return cls(**{field: value for field, value, _ in flat.values()})
-  if not isinstance(config, cls):
-    raise TypeError(f"{name} must be a date_optax.parallel.{cls.__name__}, got {config!r}.")
-  given = [k for k, (_, value, default) in flat.items() if _differs(value, default)]
-  if given:
-    raise ValueError(
-        f"pass {name}= or the flat keywords {', '.join(given)}, not both: "
-        f"{name}={config!r} already holds them."
-    )
-  return config
-
-
 def step_config_from(
     step_config: StepConfig | None,
     *,
@@ -112,7 +79,7 @@ def step_config_from(
     max_consecutive_skips: Any = None,
 ) -> StepConfig:
   """The builders' `step_config=`, or the config their flat keywords spell."""
-  return config_from(step_config, StepConfig, {
+  return validation.config_from(step_config, StepConfig, {
       "microbatches": ("microbatches", microbatches, 1),
       "compute_dtype": ("compute_dtype", compute_dtype, None),
       "donate": ("donate", donate, True),

@@ -30,8 +30,8 @@ import numpy as np
 from jax import lax
 
 from date_optax._src.parallel import compat
-from date_optax._src.parallel import low_precision as lp
-from date_optax._src.parallel.low_precision import CommFormat
+from date_optax._src.parallel.comm import low_precision as lp
+from date_optax._src.parallel.comm.low_precision import CommFormat
 from date_optax._src.types import PyTree
 
 

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from date_optax._src.parallel.collectives import acc_dtype
+from date_optax._src.parallel.comm.collectives import acc_dtype
 from date_optax._src.types import LossFn, PyTree
 
 
@@ -404,16 +404,6 @@ def mean_stacked_aux(aux: Any) -> Any:
 # ---------------------------------------------------------------------------
 # Validation shared by the steps.
 # ---------------------------------------------------------------------------
-
-
-def check_fn_and_optimizer(loss_fn: Any, optimizer: Any) -> None:
-  """`loss_fn` is callable and `optimizer` looks like an optax transformation."""
-  if not callable(loss_fn):
-    raise TypeError(f"loss_fn must be callable, got {loss_fn!r}.")
-  if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
-    raise TypeError(
-        f"optimizer must be an optax.GradientTransformation, got {optimizer!r}."
-    )
 
 
 #: Floating dtypes a step computes in (``compute_dtype``), by name.

@@ -21,10 +21,10 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from date_optax._src.parallel import local_grads as lg
-from date_optax._src.parallel.grad_sync import GradSync, sync_gradients
-from date_optax._src.parallel.step_config import StepConfig
-from date_optax._src.parallel.train_state import Metrics, TrainState, apply_gradients
+from date_optax._src.parallel.comm.grad_sync import GradSync, sync_gradients
+from date_optax._src.parallel.step import local_grads as lg
+from date_optax._src.parallel.step.step_config import StepConfig
+from date_optax._src.parallel.step.train_state import Metrics, TrainState, apply_gradients
 from date_optax._src.types import LossFn, PyTree
 
 

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from date_optax._src import validation
-from date_optax._src.parallel.distributed import host_local_to_global
+from date_optax._src.parallel.layout.distributed import host_local_to_global
 
 
 def num_examples(data: Any) -> int:

@@ -25,13 +25,13 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from date_optax._src.parallel import compat
-from date_optax._src.parallel import grad_stats as gs_lib
-from date_optax._src.parallel import update_sharding as us
-from date_optax._src.parallel.grad_sync import GradSync, grad_sync_from
-from date_optax._src.parallel.replica_step import ReplicaResult, replica_step
-from date_optax._src.parallel.step_base import TrainStep, check_step_args
-from date_optax._src.parallel.step_config import StepConfig
-from date_optax._src.parallel.train_state import TrainState
+from date_optax._src.parallel.comm import update_sharding as us
+from date_optax._src.parallel.comm.grad_sync import GradSync, grad_sync_from
+from date_optax._src.parallel.step import grad_stats as gs_lib
+from date_optax._src.parallel.step.replica_step import ReplicaResult, replica_step
+from date_optax._src.parallel.step.step_base import TrainStep, check_step_args
+from date_optax._src.parallel.step.step_config import StepConfig
+from date_optax._src.parallel.step.train_state import TrainState
 from date_optax._src.types import LossFn
 
 

@@ -17,13 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from date_optax._src.parallel import grad_stats as gs_lib
-from date_optax._src.parallel import local_grads as lg
-from date_optax._src.parallel.grad_sync import GradSync, grad_sync_from, most_square_grid
-from date_optax._src.parallel.replica_step import apply_update, replica_step
-from date_optax._src.parallel.step_base import zero_residuals
-from date_optax._src.parallel.step_config import StepConfig, step_config_from
-from date_optax._src.parallel.train_state import Metrics, TrainState, check_metrics
+from date_optax._src.parallel.comm.grad_sync import GradSync, grad_sync_from, most_square_grid
+from date_optax._src.parallel.step import grad_stats as gs_lib
+from date_optax._src.parallel.step import local_grads as lg
+from date_optax._src.parallel.step.replica_step import apply_update, replica_step
+from date_optax._src.parallel.step.step_base import check_fn_and_optimizer, zero_residuals
+from date_optax._src.parallel.step.step_config import StepConfig, step_config_from
+from date_optax._src.parallel.step.train_state import Metrics, TrainState, check_metrics
 from date_optax._src.types import LossFn, PyTree
 
 
@@ -272,7 +272,7 @@ def make_pmap_train_step(
       step_config, microbatches=microbatches, compute_dtype=compute_dtype,
       donate=donate, has_aux=has_aux, max_consecutive_skips=max_consecutive_skips,
   )
-  lg.check_fn_and_optimizer(loss_fn, optimizer)
+  check_fn_and_optimizer(loss_fn, optimizer)
   if not isinstance(axis_name, str):
     raise TypeError(f"axis_name must be a str, got {axis_name!r}.")
   devices = list(jax.local_devices() if devices is None else devices)

@@ -19,7 +19,7 @@ from jax import lax
 
 from date_optax._src import telemetry, validation
 from date_optax._src.gain import find_gain_state
-from date_optax._src.parallel import grad_stats as gs_lib
+from date_optax._src.parallel.step import grad_stats as gs_lib
 from date_optax._src.state_readers import current_learning_rate, trust_ratio_bounds, trust_ratios
 
 Metrics = dict[str, Any]
@@ -156,7 +156,7 @@ def check_metrics(metrics: Mapping[str, Any], max_consecutive_skips: int) -> Non
     >>> dp.check_metrics({"consecutive_skips": 4, "total_skips": 5}, 3)
     Traceback (most recent call last):
       ...
-    date_optax._src.parallel.train_state.NonFiniteError: 4 consecutive steps ...
+    date_optax._src.parallel.step.train_state.NonFiniteError: 4 consecutive steps ...
 
   References:
     Micikevicius et al., "Mixed Precision Training", 2018.

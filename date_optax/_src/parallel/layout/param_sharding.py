@@ -26,7 +26,7 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from date_optax._src.parallel import update_sharding as us
+from date_optax._src.parallel.comm import update_sharding as us
 
 
 def path_name(path: Sequence[Any]) -> str:

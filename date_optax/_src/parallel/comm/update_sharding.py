@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from date_optax._src.parallel import collectives
+from date_optax._src.parallel.comm import collectives
 
 
 def update_shard_axis(shape: Sequence[int], num_shards: int) -> int | None:

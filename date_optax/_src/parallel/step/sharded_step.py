@@ -22,13 +22,13 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from date_optax._src.parallel import compat
-from date_optax._src.parallel import grad_stats as gs_lib
-from date_optax._src.parallel import local_grads as lg
-from date_optax._src.parallel import param_sharding as ps
-from date_optax._src.parallel.collectives import acc_dtype
-from date_optax._src.parallel.replica_step import ReplicaResult
-from date_optax._src.parallel.step_base import TrainStep, check_step_args
-from date_optax._src.parallel.step_config import StepConfig
+from date_optax._src.parallel.comm.collectives import acc_dtype
+from date_optax._src.parallel.layout import param_sharding as ps
+from date_optax._src.parallel.step import grad_stats as gs_lib
+from date_optax._src.parallel.step import local_grads as lg
+from date_optax._src.parallel.step.replica_step import ReplicaResult
+from date_optax._src.parallel.step.step_base import TrainStep, check_step_args
+from date_optax._src.parallel.step.step_config import StepConfig
 from date_optax._src.types import LossFn, PyTree
 
 

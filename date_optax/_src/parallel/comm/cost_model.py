@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from date_optax._src import validation
-from date_optax._src.parallel import low_precision
+from date_optax._src.parallel.comm import low_precision
 
 COST_ALGORITHMS = ("ring", "torus")
 

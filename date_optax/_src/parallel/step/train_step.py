@@ -21,15 +21,14 @@ from typing import Any
 import jax
 import optax
 
-from date_optax._src.parallel import local_grads as lg
-from date_optax._src.parallel.grad_sync import GradSync, grad_sync_from
-from date_optax._src.parallel.replicated_step import (
-    ReplicatedTrainStep,
-    make_replicated_train_step,
+from date_optax._src.parallel.comm.grad_sync import GradSync, grad_sync_from
+from date_optax._src.parallel.step.replicated_step import (
+  ReplicatedTrainStep,
+  make_replicated_train_step,
 )
-from date_optax._src.parallel.sharded_step import ShardedTrainStep, make_sharded_train_step
-from date_optax._src.parallel.step_base import TrainStep
-from date_optax._src.parallel.step_config import StepConfig, step_config_from
+from date_optax._src.parallel.step.sharded_step import ShardedTrainStep, make_sharded_train_step
+from date_optax._src.parallel.step.step_base import TrainStep
+from date_optax._src.parallel.step.step_config import StepConfig, step_config_from
 from date_optax._src.types import LossFn
 
 __all__ = [
@@ -319,7 +318,6 @@ def make_train_step(
                  grad_stats=grad_stats, grad_stats_decay=grad_stats_decay)
   if param_sharding is None:
     return make_replicated_train_step(loss_fn, optimizer, mesh, grad_sync=sync, **options)
-  lg.check_fn_and_optimizer(loss_fn, optimizer)
   if sync.algorithm != "psum":
     raise ValueError(
         f'param_sharding needs grad_reduce="psum" (the compiler places the '

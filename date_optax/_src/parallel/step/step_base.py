@@ -23,15 +23,15 @@ from jax.sharding import PartitionSpec as P
 
 from date_optax._src import validation
 from date_optax._src.parallel import compat
-from date_optax._src.parallel import grad_stats as gs_lib
-from date_optax._src.parallel import local_grads as lg
-from date_optax._src.parallel import param_sharding as ps
-from date_optax._src.parallel import update_sharding as us
-from date_optax._src.parallel.distributed import host_local_to_global, replicate_to_mesh
-from date_optax._src.parallel.mesh import auto_axes_mesh
-from date_optax._src.parallel.replica_step import ReplicaResult, apply_update
-from date_optax._src.parallel.step_config import StepConfig, step_config_from
-from date_optax._src.parallel.train_state import Metrics, TrainState, check_metrics
+from date_optax._src.parallel.comm import update_sharding as us
+from date_optax._src.parallel.layout import param_sharding as ps
+from date_optax._src.parallel.layout.distributed import host_local_to_global, replicate_to_mesh
+from date_optax._src.parallel.layout.mesh import auto_axes_mesh
+from date_optax._src.parallel.step import grad_stats as gs_lib
+from date_optax._src.parallel.step import local_grads as lg
+from date_optax._src.parallel.step.replica_step import ReplicaResult, apply_update
+from date_optax._src.parallel.step.step_config import StepConfig, step_config_from
+from date_optax._src.parallel.step.train_state import Metrics, TrainState, check_metrics
 from date_optax._src.types import LossFn, PyTree
 
 
@@ -284,6 +284,16 @@ def zero_residuals(params: PyTree, replicas: int | None = None) -> PyTree:
   return jax.tree.map(lambda x: jnp.zeros(lead + jnp.shape(x), jnp.float32), params)
 
 
+def check_fn_and_optimizer(loss_fn: Any, optimizer: Any) -> None:
+  """`loss_fn` is callable and `optimizer` looks like an optax transformation."""
+  if not callable(loss_fn):
+    raise TypeError(f"loss_fn must be callable, got {loss_fn!r}.")
+  if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
+    raise TypeError(
+        f"optimizer must be an optax.GradientTransformation, got {optimizer!r}."
+    )
+
+
 def check_step_args(
     loss_fn: Any,
     optimizer: Any,
@@ -295,7 +305,7 @@ def check_step_args(
 ) -> tuple[jax.sharding.Mesh, StepConfig, tuple[Hashable, ...]]:
   """Checks what both builders take; the mesh, the config and the data axes."""
   config = step_config_from(step_config)
-  lg.check_fn_and_optimizer(loss_fn, optimizer)
+  check_fn_and_optimizer(loss_fn, optimizer)
   if not isinstance(mesh, jax.sharding.Mesh):
     raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}.")
   mesh = auto_axes_mesh(mesh)
