@@ -209,28 +209,51 @@ def replica_grads(
     return (*out, sq(out[2])) if with_sq_norms else out
   k = microbatches
   pieces = jax.tree.map(lambda x: x.reshape((k, x.shape[0] // k) + x.shape[1:]), batch)
+
+  def micro(piece, state, j):
+    return loss_and_grads(loss_fn, has_aux, compute_dtype, params, piece, state, key(j))
+
+  loss, aux, grads, model_state, sq_sum = scan_microbatches(
+      micro, pieces, k, params, model_state, sq=sq if with_sq_norms else None
+  )
+  out = (loss, aux, grads, model_state)
+  return (*out, sq_sum) if with_sq_norms else out
+
+
+def scan_microbatches(
+    micro: Any, pieces: PyTree, k: int, params: PyTree, state: Any, *, sq: Any = None
+) -> tuple[jax.Array, Any, PyTree, Any, jax.Array]:
+  """Runs `micro(piece, state, j)` over `k` microbatches under `lax.scan`.
+
+  `micro` returns `(loss, aux, grads, state)` for one piece of `pieces`
+  (leading axis `k`); gradients are accumulated in float32 (or wider), the
+  model state passes from one microbatch to the next, and `sq`, if given,
+  sums a function of each microbatch's gradient (its squared norm).
+
+  Returns:
+    `(loss, aux, grads, state, sq_sum)`: the mean loss and gradient (in the
+    parameters' dtypes), aux reduced over the microbatches (float leaves
+    averaged, integer leaves summed), the last model state and the sum of
+    `sq` (zero without it).
+  """
   zeros = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), acc_dtype(p.dtype)), params)
 
   def body(carry, xs):
     acc, loss_sum, sq_sum, state = carry
     piece, j = xs
-    loss, aux, grads, state = loss_and_grads(
-        loss_fn, has_aux, compute_dtype, params, piece, state, key(j)
-    )
+    loss, aux, grads, state = micro(piece, state, j)
     acc = jax.tree.map(lambda a, g: a + g.astype(a.dtype), acc, grads)
-    if with_sq_norms:
+    if sq is not None:
       sq_sum = sq_sum + sq(grads)
     return (acc, loss_sum + loss, sq_sum, state), aux
 
   zero = jnp.zeros((), jnp.float32)
-  init = (zeros, zero, zero, model_state)
-  (acc, loss_sum, sq_sum, model_state), auxs = lax.scan(
-      body, init, (pieces, jnp.arange(k, dtype=jnp.int32))
+  (acc, loss_sum, sq_sum, state), auxs = lax.scan(
+      body, (zeros, zero, zero, state), (pieces, jnp.arange(k, dtype=jnp.int32))
   )
   grads = jax.tree.map(lambda a, p: (a / k).astype(p.dtype), acc, params)
   aux = None if auxs is None else _reduce_leading(auxs)
-  out = (loss_sum / k, aux, grads, model_state)
-  return (*out, sq_sum) if with_sq_norms else out
+  return loss_sum / k, aux, grads, state, sq_sum
 
 
 def stacked_replica_grads(
@@ -319,23 +342,15 @@ def stacked_replica_grads(
       lambda x: jnp.swapaxes(
           x.reshape((n, k, x.shape[1] // k) + x.shape[2:]), 0, 1), batch
   )
-  zeros = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), acc_dtype(p.dtype)), params)
-
-  def body(carry, xs):
-    acc, loss_sum, states = carry
-    piece, j = xs
+  def constrained(piece, states, j):
     piece = jax.tree.map(lambda x: lax.with_sharding_constraint(x, split), piece)
-    loss, aux, grads, states = micro(piece, states, j)
-    acc = jax.tree.map(lambda a, g: a + g.astype(a.dtype), acc, grads)
-    return (acc, loss_sum + loss, states), aux
+    return micro(piece, states, j)
 
-  init = (zeros, jnp.zeros((), jnp.float32), model_state)
-  (acc, loss_sum, model_state), auxs = lax.scan(
-      body, init, (pieces, jnp.arange(k, dtype=jnp.int32))
+  loss, aux, grads, model_state, _ = scan_microbatches(
+      constrained, pieces, k, params, model_state
   )
-  grads = jax.tree.map(lambda a, p: (a / k).astype(p.dtype), acc, params)
-  aux = None if auxs is None else mean_stacked_aux(_reduce_leading(auxs))
-  return (loss_sum / k, aux, grads, replicate_stacked_model_state(model_state))
+  aux = None if aux is None else mean_stacked_aux(aux)
+  return (loss, aux, grads, replicate_stacked_model_state(model_state))
 
 
 # ---------------------------------------------------------------------------
