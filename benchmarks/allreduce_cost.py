@@ -29,7 +29,7 @@ this shows the overhead of the explicit algorithms, not pod behaviour.
 Usage:
   python benchmarks/allreduce_cost.py                 # the model table
   python benchmarks/allreduce_cost.py --measure       # + CPU timings
-  python benchmarks/allreduce_cost.py --plot docs/allreduce_cost.png
+  python benchmarks/allreduce_cost.py --plot docs/images/allreduce_cost.png
 """
 
 from __future__ import annotations

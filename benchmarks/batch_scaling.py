@@ -59,6 +59,7 @@ import date_optax  # noqa: E402
 # the tasks package: MNIST-1D data, model, methods and in-memory trainer.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _paths  # noqa: E402
 import _runlog  # noqa: E402
 
 from benchmarks.tasks import data as input_pipeline  # noqa: E402
@@ -113,8 +114,8 @@ def main(argv=None) -> int:
     if getattr(args, key) is not None:
       cfg[key] = getattr(args, key)
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  out = args.out or os.path.join(
-      root, "docs", "batch_scaling_quick" if args.quick else "batch_scaling")
+  out = args.out or _paths.study(
+      "batch_scaling", "batch_scaling_quick" if args.quick else "batch_scaling")
   os.makedirs(os.path.dirname(out), exist_ok=True)
   log_path = out + ".jsonl"
   done = _runlog.load_runs(log_path)
@@ -220,8 +221,7 @@ def _oracle_module():
 def _oracle_main(args) -> int:
   oracle = _oracle_module()
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  out = args.out or os.path.join(
-      root, "docs", "oracle_quick" if args.quick else "oracle")
+  out = args.out or _paths.study("oracle", "oracle_quick" if args.quick else "oracle")
   os.makedirs(os.path.dirname(out), exist_ok=True)
   return oracle.run_study(args, root, out)
 

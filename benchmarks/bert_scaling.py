@@ -66,6 +66,7 @@ from importlib import metadata
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import _paths  # noqa: E402
 import _runlog  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -196,7 +197,7 @@ def main(argv=None) -> int:
     cfg["base_steps"] = args.base_steps
   if args.lamb_grid:
     cfg["lamb_grid"] = tuple(float(x) for x in args.lamb_grid.split(","))
-  out = args.out or os.path.join(ROOT, "docs", "bert_scaling_quick" if args.quick
+  out = args.out or _paths.study("bert_scaling", "bert_scaling_quick" if args.quick
                                  else "bert_scaling")
   os.makedirs(os.path.dirname(out), exist_ok=True)
   log_path = out + ".jsonl"

@@ -94,7 +94,7 @@ def main():
   ap.add_argument("--seeds", type=int, default=2)
   ap.add_argument("--epochs", type=float, default=30)
   ap.add_argument("--batches", default="128,512,2048")
-  ap.add_argument("--plot", default="docs/date_bounds.png",
+  ap.add_argument("--plot", default="docs/images/date_bounds.png",
                   help="PNG of test accuracy against batch size ('' for none)")
   args = ap.parse_args()
 

@@ -17,7 +17,7 @@ devices, so that the step measures the gradient-noise statistics:
 
 The rows ``date`` (defaults), ``linear`` and ``legw`` and the oracle grid
 are read from the oracle study's log (`--oracle-log`, default
-docs/oracle.jsonl: the same data order, initialisation and arithmetic, run
+docs/studies/oracle/oracle.jsonl: the same data order, initialisation and arithmetic, run
 by the in-memory trainer of `benchmarks/tasks`). The oracle grid is
 widened where its best point sits on an edge: peak learning rate x8 and
 x16 (or x1/8) of DATE's ``η0·sqrt(k)``, at the best point's warmup, seed 0
@@ -53,6 +53,7 @@ import date_optax  # noqa: E402
 import date_optax.parallel as dp  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _paths  # noqa: E402
 import _runlog  # noqa: E402
 import oracle  # noqa: E402
 
@@ -385,7 +386,6 @@ def plot(done, tasks, cfg, path):
 
 
 def main(argv=None) -> int:
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--quick", action="store_true")
   p.add_argument("--tasks", default=None)
@@ -393,13 +393,14 @@ def main(argv=None) -> int:
   p.add_argument("--seeds", type=int, default=None)
   p.add_argument("--out", default=None)
   p.add_argument("--oracle-log", default=None,
-                 help="the oracle study's log (default docs/oracle.jsonl; none in --quick)")
+                 help="the oracle study's log (default docs/studies/oracle/oracle.jsonl; "
+                      "none in --quick)")
   p.add_argument("--report-only", action="store_true")
   args = p.parse_args(argv)
   if args.out is None:
-    args.out = os.path.join(root, "docs", "gain_study_quick" if args.quick else "gain_study")
+    args.out = _paths.study("gain_study", "gain_study_quick" if args.quick else "gain_study")
   if args.oracle_log is None and not args.quick:
-    args.oracle_log = os.path.join(root, "docs", "oracle.jsonl")
+    args.oracle_log = _paths.study("oracle") + ".jsonl"
   return run_study(args)
 
 

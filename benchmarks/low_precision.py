@@ -8,7 +8,7 @@ all-reduce and APS"), at 64·B0 = 1024 with no retuning:
   lstm_date   MNIST-1D LSTM (examples/mnist1d_lstm), `date_optax.date` of the
               momentum baseline (B0 = 16, lr 0.05), ring all-reduce
   lstm_lamb   the same LSTM with `date_optax.lamb`, peak lr 0.03 (the best
-              LAMB learning rate at batch 1024 in docs/solver_ladder.md), 10%
+              LAMB learning rate at batch 1024 in docs/studies/solver_ladder/solver_ladder.md), 10%
               linear warmup then linear decay, ring all-reduce
   cnn_gbn     the 1-D CNN with ghost batch norm of benchmarks/oracle.py
               (ghost 16) under `date_optax.date` of its momentum baseline
@@ -56,6 +56,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+if HERE not in sys.path:
+  sys.path.insert(0, HERE)
+import _paths  # noqa: E402
 
 FORMATS = ("float32", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8", "int4",
            "float4_e2m1fn")
@@ -71,7 +74,7 @@ TASK_LABELS = {
     "bert_lamb": "BERT-style MLM (bytes), LAMB sqrt rule, batch 128, ring",
 }
 # The BERT task: B0 = 2 sequences of 32 bytes, LAMB's base learning rate
-# there (the best of docs/bert_scaling.md's B0 grid), batch 128 = 64·B0.
+# there (the best of docs/studies/bert_scaling/bert_scaling.md's B0 grid), batch 128 = 64·B0.
 BERT = dict(base_batch_size=2, base_learning_rate=2.5e-3, batch_size=128, seq_len=32)
 B0, SCALE = 16, 64
 FULL = dict(num_train=8192, num_test=4096, epochs=16, seeds=(0, 1),
@@ -445,7 +448,7 @@ def main(argv=None) -> int:
   parser.add_argument("--seeds", default=None, help="comma-separated seeds")
   parser.add_argument("--no-train", action="store_true",
                       help="write the table and plot from the runs already logged")
-  parser.add_argument("--out", default=os.path.join(ROOT, "docs"),
+  parser.add_argument("--out", default=_paths.study("low_precision", ""),
                       help="directory for the .jsonl log, .md table and .png plot")
   parser.add_argument("--tasks", default=None,
                       help=f"comma-separated, from {TASKS} (default: all with --long, "

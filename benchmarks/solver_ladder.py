@@ -49,6 +49,7 @@ import date_optax  # noqa: E402
 # the tasks package: MNIST-1D data, model and in-memory trainer.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _paths  # noqa: E402
 import _runlog  # noqa: E402
 
 from benchmarks.tasks import data as input_pipeline  # noqa: E402
@@ -126,8 +127,8 @@ def main(argv=None) -> int:
   args = p.parse_args(argv)
   cfg = QUICK if args.quick else FULL
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  out = args.out or os.path.join(
-      root, "docs", "solver_ladder_quick" if args.quick else "solver_ladder")
+  out = args.out or _paths.study(
+      "solver_ladder", "solver_ladder_quick" if args.quick else "solver_ladder")
   os.makedirs(os.path.dirname(out), exist_ok=True)
   log_path = out + ".jsonl"
   done = _runlog.load_runs(log_path)

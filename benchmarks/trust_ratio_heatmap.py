@@ -7,13 +7,14 @@ off biases), puts `trust_ratio_summary` in the step metrics, logs them with
 
   python benchmarks/trust_ratio_heatmap.py [--steps 300] [--workdir DIR]
 
-Writes docs/trust_ratio_heatmap.png; about 30 s on 2 CPU cores.
+Writes docs/images/trust_ratio_heatmap.png; about 30 s on 2 CPU cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 
@@ -33,6 +34,9 @@ from date_optax.diagnostics import (
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import _paths  # noqa: E402
+
 LOWER, UPPER = 0.01, 10.0
 
 
@@ -50,7 +54,7 @@ def main(argv=None):
   p.add_argument("--batch-size", type=int, default=512)
   p.add_argument("--lr", type=float, default=2e-2)
   p.add_argument("--workdir", default=None, help="metrics dir (default: a temp dir)")
-  p.add_argument("--out", default=os.path.join(ROOT, "docs", "trust_ratio_heatmap.png"))
+  p.add_argument("--out", default=_paths.image("trust_ratio_heatmap.png"))
   a = p.parse_args(argv)
 
   from mnist1d.data import get_dataset_args, make_dataset

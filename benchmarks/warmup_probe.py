@@ -12,7 +12,7 @@ fixed probe batch at every iteration.
   python benchmarks/warmup_probe.py            # quick: < 2 min on 2 CPU cores
   python benchmarks/warmup_probe.py --full     # more iterations and data
 
-Writes docs/warmup_probe.png and prints a Markdown table for docs/RESULTS.md.
+Writes docs/images/warmup_probe.png and prints a Markdown table for docs/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from tqdm import tqdm
 from date_optax.diagnostics import lipschitz_estimate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import _paths  # noqa: E402
 
 
 def mnist1d_data(num_samples: int, seed: int):
@@ -122,7 +124,7 @@ def main(argv=None):
   p.add_argument("--base-lr", type=float, default=0.1)
   p.add_argument("--probe-size", type=int, default=1024)
   p.add_argument("--seeds", type=int, default=None, help="runs per batch size")
-  p.add_argument("--out", default=os.path.join(ROOT, "docs", "warmup_probe.png"))
+  p.add_argument("--out", default=_paths.image("warmup_probe.png"))
   a = p.parse_args(argv)
 
   batch_sizes = a.batch_sizes or [32, 128, 512, 2048]

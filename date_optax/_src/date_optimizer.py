@@ -14,17 +14,17 @@ from typing import Any
 import jax
 import optax
 
+from date_optax._src import decays as decays_lib
 from date_optax._src import gain as gain_lib
 from date_optax._src import lars as lars_lib
 from date_optax._src import masks as masks_lib
-from date_optax._src import schedules as sched_lib
 from date_optax._src import validation
 from date_optax._src.recipe import (
-    Baseline,
-    Recipe,
-    check_baseline,
-    check_solver_options,
-    scale_recipe,
+  Baseline,
+  Recipe,
+  check_baseline,
+  check_solver_options,
+  scale_recipe,
 )
 from date_optax._src.types import ScalarOrSchedule
 
@@ -64,7 +64,7 @@ def date_recipe(
     *,
     lr_scaling: str = "sqrt",
     warmup_scaling: str = "linear",
-    decay: sched_lib.Decay | str | None = None,
+    decay: decays_lib.Decay | str | None = None,
     critical_batch: float | None = None,
 ) -> Recipe:
   """The recipe behind ``date(baseline, batch_size, ...)``.
@@ -109,8 +109,8 @@ def date_recipe(
   elif decay is None:
     decay = (
         baseline.decay
-        if isinstance(baseline.decay, sched_lib.RollerCoaster)
-        else sched_lib.RollerCoaster()
+        if isinstance(baseline.decay, decays_lib.RollerCoaster)
+        else decays_lib.RollerCoaster()
     )
   return scale_recipe(
       baseline,
@@ -204,7 +204,7 @@ def date(
     ratio_source: str = "gradient",
     lr_scaling: str = "sqrt",
     warmup_scaling: str = "linear",
-    decay: sched_lib.Decay | str | None = None,
+    decay: decays_lib.Decay | str | None = None,
     learning_rate: ScalarOrSchedule | None = None,
     bounds: str = "baseline_to_recipe",
     critical_batch: float | None = None,

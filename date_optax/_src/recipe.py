@@ -22,6 +22,7 @@ import numpy as np
 import optax
 
 from date_optax._src import critical_batch as critical_lib
+from date_optax._src import decays as decays_lib
 from date_optax._src import lars as lars_lib
 from date_optax._src import schedules as sched_lib
 from date_optax._src import validation
@@ -84,7 +85,7 @@ class Baseline:
   warmup_ratio: float | None = None
   warmup: str = "gradual"
   warmup_factor: float = 0.1
-  decay: sched_lib.Decay | str = "roller_coaster"
+  decay: decays_lib.Decay | str = "roller_coaster"
   optimizer: str | optax.GradientTransformation = "momentum"
   optimizer_options: Mapping[str, Any] = dataclasses.field(
       default_factory=dict, hash=False
@@ -109,12 +110,12 @@ class Baseline:
       )
     if self.warmup_ratio is not None:
       validation.check_unit_interval("warmup_ratio", self.warmup_ratio)
-    validation.check_choice("warmup", self.warmup, sched_lib.WARMUPS)
+    validation.check_choice("warmup", self.warmup, decays_lib.WARMUPS)
     validation.check_real(
         "warmup_factor", self.warmup_factor, low=0.0, high=1.0,
         low_inclusive=False,
     )
-    object.__setattr__(self, "decay", sched_lib.decay_from_name(self.decay))
+    object.__setattr__(self, "decay", decays_lib.decay_from_name(self.decay))
     if isinstance(self.optimizer, str):
       validation.check_choice("optimizer", self.optimizer, BASES)
     elif not isinstance(self.optimizer, optax.GradientTransformation):
@@ -312,7 +313,7 @@ class Recipe:
   scale: float
   epochs: float
   warmup_ratio: float
-  decay: sched_lib.Decay
+  decay: decays_lib.Decay
   warmup: str
   baseline: Baseline = dataclasses.field(repr=False)
 
@@ -327,9 +328,9 @@ class Recipe:
 
 def _base_warmup(baseline: Baseline) -> Fraction:
   if baseline.warmup_epochs is not None:
-    return sched_lib.exact(baseline.warmup_epochs)
+    return decays_lib.exact(baseline.warmup_epochs)
   if baseline.warmup_ratio is not None:
-    return sched_lib.exact(baseline.warmup_ratio) * sched_lib.exact(baseline.epochs)
+    return decays_lib.exact(baseline.warmup_ratio) * decays_lib.exact(baseline.epochs)
   return Fraction(0)
 
 
@@ -352,11 +353,11 @@ def _iteration_counts(
   """
   n = baseline.num_examples
   k = Fraction(batch_size, baseline.batch_size)
-  epochs = sched_lib.exact(baseline.epochs)
+  epochs = decays_lib.exact(baseline.epochs)
   w = _base_warmup(baseline) * _warmup_factor_exact(warmup_scaling, k)
   # For linear scaling w·n/B == w0·n/B0 exactly: the warmup iterations do not
   # depend on the batch size.
-  warmup_steps = sched_lib.round_half_up(w * n / batch_size)
+  warmup_steps = decays_lib.round_half_up(w * n / batch_size)
   total_steps = math.ceil(epochs * n / batch_size)
   if check and w > 0 and warmup_steps == 0:
     raise ValueError(_vanished_warmup_message(baseline, batch_size, warmup_scaling))
@@ -424,7 +425,7 @@ def _largest_supported_batch(
 
   def ok(b: int) -> bool:
     w, ws, ts = _iteration_counts(baseline, b, warmup_scaling)
-    return _fits(w, ws, sched_lib.exact(baseline.epochs), ts)
+    return _fits(w, ws, decays_lib.exact(baseline.epochs), ts)
 
   lo, hi = 1, batch_size  # invariant: ok(lo) (checked below), not ok(hi)
   if not ok(lo):
@@ -444,7 +445,7 @@ def scale_recipe(
     *,
     lr_scaling: str = "sqrt",
     warmup_scaling: str = "linear",
-    decay: sched_lib.Decay | str | None = None,
+    decay: decays_lib.Decay | str | None = None,
     warmup: str | None = None,
     warmup_factor: float | None = None,
     critical_batch: float | None = None,
@@ -501,10 +502,10 @@ def scale_recipe(
   validation.check_int("batch_size", batch_size, low=1)
   validation.check_choice("lr_scaling", lr_scaling, sched_lib.SCALING_RULES)
   validation.check_choice("warmup_scaling", warmup_scaling, sched_lib.SCALING_RULES)
-  decay = baseline.decay if decay is None else sched_lib.decay_from_name(decay)
+  decay = baseline.decay if decay is None else decays_lib.decay_from_name(decay)
   warmup = baseline.warmup if warmup is None else warmup
   warmup_factor = baseline.warmup_factor if warmup_factor is None else warmup_factor
-  validation.check_choice("warmup", warmup, sched_lib.WARMUPS)
+  validation.check_choice("warmup", warmup, decays_lib.WARMUPS)
   critical_lib.warn_if_far(batch_size, critical_batch, "scale_recipe")
 
   w, warmup_steps, total_steps = _iteration_counts(
@@ -515,7 +516,7 @@ def scale_recipe(
   )
   spe = Fraction(baseline.num_examples, batch_size)
   try:
-    schedule = sched_lib.warmup_decay_schedule(
+    schedule = decays_lib.warmup_decay_schedule(
         peak,
         warmup_steps,
         total_steps,
@@ -540,11 +541,11 @@ def scale_recipe(
     # Exact, so that BERT's 1/320 · 2^j prints as given.
     k = Fraction(batch_size, baseline.batch_size)
     ratio = float(
-        sched_lib.exact(baseline.warmup_ratio)
+        decays_lib.exact(baseline.warmup_ratio)
         * _warmup_factor_exact(warmup_scaling, k)
     )
   else:
-    ratio = float(w / sched_lib.exact(baseline.epochs))
+    ratio = float(w / decays_lib.exact(baseline.epochs))
   return Recipe(
       batch_size=int(batch_size),
       peak_learning_rate=peak,

@@ -5,9 +5,9 @@
 picks the ghost size and replicas per group for a desired effective BN batch.
 """
 
-from date_optax._src.batch_norm import BNGroupLayout as BNGroupLayout
 from date_optax._src.batch_norm import GhostBatchNorm as GhostBatchNorm
-from date_optax._src.batch_norm import bn_group_layout as bn_group_layout
+from date_optax._src.batch_norm_layout import BNGroupLayout as BNGroupLayout
+from date_optax._src.batch_norm_layout import bn_group_layout as bn_group_layout
 from date_optax.nn import nnx as nnx
 
 __all__ = [

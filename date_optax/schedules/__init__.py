@@ -5,9 +5,8 @@ iterations counted from 1 (docs/algorithms.md, "Learning-rate scaling and
 LEGW").
 """
 
-from date_optax._src.schedules import (
+from date_optax._src.decays import (
     DECAYS,
-    SCALING_RULES,
     WARMUPS,
     Constant,
     Cosine,
@@ -16,10 +15,14 @@ from date_optax._src.schedules import (
     MultiStep,
     Poly,
     RollerCoaster,
+    decay_from_name,
+    warmup_decay_schedule,
+)
+from date_optax._src.schedules import (
+    SCALING_RULES,
     constant,
     constant_warmup,
     cosine,
-    decay_from_name,
     exponential,
     gradual_warmup,
     linear_scaling,
@@ -29,7 +32,6 @@ from date_optax._src.schedules import (
     roller_coaster,
     scale_by_rule,
     sqrt_scaling,
-    warmup_decay_schedule,
 )
 
 __all__ = [
