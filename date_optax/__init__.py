@@ -37,7 +37,7 @@ from date_optax._src.state_readers import (
 )
 from date_optax._src.trust_ratio import TrustRatioState, scale_by_trust_ratio
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "BoundedLarsState",

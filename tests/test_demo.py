@@ -134,11 +134,33 @@ def test_demo_end_to_end_small(tmp_path, capsys, monkeypatch):
     (["--base-batch", "64", "--scale", "64", "--num-train", "1024"], "exceeds --num-train"),
     (["--devices", "3"], "must divide evenly over --devices=3"),
     (["--learning-rate", "0"], "--learning-rate must be > 0"),
+    (["--seeds", "0,x"], "--seeds must be distinct non-negative integers"),
+    (["--seeds", "1,1"], "--seeds must be distinct non-negative integers"),
 ])
 def test_demo_rejects_bad_arguments(tmp_path, capsys, monkeypatch, extra, message):
   monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
   assert demo.main(["--workdir", str(tmp_path), *extra]) == 2
   assert message in capsys.readouterr().err
+
+
+def test_demo_over_seeds_reports_mean_and_range(tmp_path, capsys, monkeypatch):
+  monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+  argv = ["--workdir", str(tmp_path), "--num-train", "256", "--num-test", "64",
+          "--epochs", "2", "--base-batch", "8", "--scale", "8", "--devices", "8",
+          "--no-progress", "--seeds", "0,1"]
+  assert demo.main(argv) == 0
+  out = capsys.readouterr().out
+  assert "other CPUs print other last digits" in out
+  summary = json.load(open(tmp_path / "results.json"))
+  assert summary["seeds"] == [0, 1]
+  per_seed = [json.load(open(tmp_path / f"seed{s}" / "results.json")) for s in (0, 1)]
+  for i, row in enumerate(summary["summary"]):
+    finals = [r["runs"][i]["test_accuracy"][-1] for r in per_seed]
+    np.testing.assert_allclose(row["test_accuracy"], finals)
+    np.testing.assert_allclose(row["mean"], np.mean(finals))
+    assert (row["min"], row["max"]) == (min(finals), max(finals))
+    assert f"{row['mean']:.2f} | {row['min']:.2f}–{row['max']:.2f}" in out
+  assert os.path.getsize(tmp_path / "demo.png") > 10_000
 
 
 def test_set_host_device_count_replaces_an_existing_flag(monkeypatch):
