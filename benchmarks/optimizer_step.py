@@ -20,6 +20,7 @@ Usage:
   python benchmarks/optimizer_step.py --trees resnet50 --steps 10
   python benchmarks/optimizer_step.py --check    # also compare numerics
   python benchmarks/optimizer_step.py --trees resnet50,resnet50_flat  # per-leaf cost
+  python benchmarks/optimizer_step.py --trees small1000  # 1,000 small leaves (small<N>)
   python benchmarks/optimizer_step.py --json out.json --repeats 3  # machine-readable
 """
 
@@ -118,6 +119,13 @@ def small_leaves_shapes(n: int = 1000, width: int = 32) -> dict[str, tuple[int, 
 TREES = {"resnet50": resnet50_shapes, "bert_base": bert_base_shapes,
          "stacked": stacked_shapes, "resnet50_flat": resnet50_flat_shapes,
          "small1000": small_leaves_shapes}
+
+
+def tree_shapes(name: str) -> dict[str, tuple[int, ...]]:
+  """The leaf shapes of a `TREES` key, or of "small<N>": N small leaves."""
+  if name not in TREES and name.startswith("small") and name[5:].isdigit():
+    return small_leaves_shapes(int(name[5:]))
+  return TREES[name]()
 
 
 def make_tree(shapes: dict[str, tuple[int, ...]], seed: int) -> dict:
@@ -261,7 +269,7 @@ def run_tree(tree_name: str, steps: int, repeats: int, *, check: bool = False,
     repeats: runs per optimizer; ratios are the median [min-max] over runs.
     check: also compare date_optax's parameters with optax's after the steps.
     names: the optimizers to time (default: all of `optimizers`).
-    shapes: the tree's leaf shapes (default `TREES[tree_name]()`).
+    shapes: the tree's leaf shapes (default `tree_shapes(tree_name)`).
     alternate: call the optimizers' steps in turn within a run
       (`time_alternating`) instead of one optimizer's steps after another's.
     deadline: a `time.perf_counter()` value; no repeat starts that would end
@@ -270,7 +278,7 @@ def run_tree(tree_name: str, steps: int, repeats: int, *, check: bool = False,
   Returns:
     ``dict(params, leaves, bandwidth_gbs, rows)``, ``rows`` by optimizer.
   """
-  shapes = TREES[tree_name]() if shapes is None else shapes
+  shapes = tree_shapes(tree_name) if shapes is None else shapes
   params = make_tree(shapes, 0)
   grads = make_tree(shapes, 1)
   n = sum(int(np.prod(s)) for s in shapes.values())
@@ -305,7 +313,7 @@ def run_tree(tree_name: str, steps: int, repeats: int, *, check: bool = False,
         # A fresh state each time, so only one optimizer's state is alive.
         t, out = time_step(f, params, opt.init(params), grads, steps)
       rows[name]["ms_runs"].append(1e3 * t)
-      if check and rep == repeats - 1 and name in keep:
+      if check and name in keep:  # the last repeat's (the budget may end them early)
         outs[name] = out
       del out
     now = time.perf_counter()
