@@ -21,7 +21,7 @@ PYTHON ?= $(shell \
     fi; \
   done)
 
-.PHONY: demo test test-all bench lint clean venv docs
+.PHONY: demo test test-all bench bench-device lint clean venv docs
 
 $(VENV)/.created:
 	@test -n "$(PYTHON)" || { echo "no Python >= 3.10 found" >&2; exit 1; }
@@ -62,6 +62,15 @@ docs: $(VENV)/.installed-docs
 
 bench: $(VENV)/.installed-test
 	$(PY) benchmarks/optimizer_step.py
+
+# The optimizer-step and train-step ratios on whatever JAX finds (GPU, TPU or
+# the CPU), in about 4 minutes: BENCH_OUT/bench_device.{json,md}. On a machine
+# without the venv (JAX preinstalled), `make bench-device BENCH_PY=python3`.
+BENCH_OUT ?= tmp/bench_device
+BENCH_PY ?= $(PY)
+BENCH_ARGS ?=
+bench-device: $(if $(filter $(PY),$(BENCH_PY)),$(VENV)/.installed-test,)
+	PYTHONPATH=. $(BENCH_PY) benchmarks/bench_device.py --out $(BENCH_OUT) $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache docs/_build

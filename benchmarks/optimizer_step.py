@@ -20,6 +20,7 @@ Usage:
   python benchmarks/optimizer_step.py --trees resnet50 --steps 10
   python benchmarks/optimizer_step.py --check    # also compare numerics
   python benchmarks/optimizer_step.py --trees resnet50,resnet50_flat  # per-leaf cost
+  python benchmarks/optimizer_step.py --trees small1000  # 1,000 small leaves (small<N>)
   python benchmarks/optimizer_step.py --json out.json --repeats 3  # machine-readable
 """
 
@@ -109,8 +110,22 @@ def resnet50_flat_shapes() -> dict[str, tuple[int, ...]]:
   return {"all/kernel": (n,)}
 
 
+def small_leaves_shapes(n: int = 1000, width: int = 32) -> dict[str, tuple[int, ...]]:
+  """`n` small leaves (half (width, width) kernels, half biases): per-leaf overhead."""
+  return {f"layer{i // 2:04d}/" + ("kernel" if i % 2 == 0 else "bias"):
+          (width, width) if i % 2 == 0 else (width,) for i in range(n)}
+
+
 TREES = {"resnet50": resnet50_shapes, "bert_base": bert_base_shapes,
-         "stacked": stacked_shapes, "resnet50_flat": resnet50_flat_shapes}
+         "stacked": stacked_shapes, "resnet50_flat": resnet50_flat_shapes,
+         "small1000": small_leaves_shapes}
+
+
+def tree_shapes(name: str) -> dict[str, tuple[int, ...]]:
+  """The leaf shapes of a `TREES` key, or of "small<N>": N small leaves."""
+  if name not in TREES and name.startswith("small") and name[5:].isdigit():
+    return small_leaves_shapes(int(name[5:]))
+  return TREES[name]()
 
 
 def make_tree(shapes: dict[str, tuple[int, ...]], seed: int) -> dict:
@@ -202,6 +217,30 @@ def time_step(f, params, state, grads, steps: int) -> tuple[float, dict]:
   return statistics.median(times), params
 
 
+def time_alternating(compiled: dict, params, grads, steps: int) -> dict:
+  """Median step time of each compiled step, the steps called in turn.
+
+  Every optimizer keeps its own parameters and state alive, and one round
+  calls each optimizer's step once, so a slow spell of the machine hits all
+  of them alike. Returns ``{name: (median seconds, parameters after)}``.
+  """
+  live = {}
+  for name, (f, opt) in compiled.items():
+    p, s = f(jax.tree.map(jnp.copy, params), opt.init(params), grads)  # warm up
+    jax.block_until_ready((p, s))
+    live[name] = (p, s)
+  times = {name: [] for name in compiled}
+  for _ in range(steps):
+    for name, (f, _) in compiled.items():
+      p, s = live[name]
+      t0 = time.perf_counter()
+      p, s = f(p, s, grads)
+      jax.block_until_ready((p, s))
+      times[name].append(time.perf_counter() - t0)
+      live[name] = (p, s)
+  return {name: (statistics.median(times[name]), live[name][0]) for name in compiled}
+
+
 def bandwidth(nbytes_target: int, steps: int) -> float:
   """Bytes/s of an elementwise pass (read 2 arrays, write 1) on this machine."""
   n = max(nbytes_target // 12, 1 << 20)
@@ -217,6 +256,109 @@ def bandwidth(nbytes_target: int, steps: int) -> float:
     jax.block_until_ready(a)
     times.append(time.perf_counter() - t0)
   return 3 * n * 4 / statistics.median(times)
+
+
+def run_tree(tree_name: str, steps: int, repeats: int, *, check: bool = False,
+             names=None, shapes=None, alternate: bool = False,
+             deadline: float | None = None) -> dict:
+  """Times the optimizers on one tree and prints its table; returns its results.
+
+  Args:
+    tree_name: a key of `TREES` (or any label when `shapes` is given).
+    steps: timed steps per optimizer and repeat (their median is one run).
+    repeats: runs per optimizer; ratios are the median [min-max] over runs.
+    check: also compare date_optax's parameters with optax's after the steps.
+    names: the optimizers to time (default: all of `optimizers`).
+    shapes: the tree's leaf shapes (default `tree_shapes(tree_name)`).
+    alternate: call the optimizers' steps in turn within a run
+      (`time_alternating`) instead of one optimizer's steps after another's.
+    deadline: a `time.perf_counter()` value; no repeat starts that would end
+      after it (at least one runs).
+
+  Returns:
+    ``dict(params, leaves, bandwidth_gbs, rows)``, ``rows`` by optimizer.
+  """
+  shapes = tree_shapes(tree_name) if shapes is None else shapes
+  params = make_tree(shapes, 0)
+  grads = make_tree(shapes, 1)
+  n = sum(int(np.prod(s)) for s in shapes.values())
+  bw = bandwidth(n * 4 * 3, steps)
+  print(f"\n{tree_name}: {n / 1e6:.1f}M parameters, {len(shapes)} leaves; "
+        f"elementwise bandwidth {bw / 1e9:.1f} GB/s")
+  rows = {}
+  outs = {}
+  opts = optimizers(tree_name)
+  if names is not None:
+    opts = {k: opts[k] for k in names}
+  compiled = {}
+  for name, (opt, ref, nstate, same) in opts.items():
+    f, _, compile_s, stats = compile_step(opt, params, grads)
+    compiled[name] = (f, opt)
+    # Roofline bytes: read params, grads and state; write params and state.
+    nbytes = (2 + 1 + 2 * nstate) * n * 4
+    rows[name] = dict(ms_runs=[], roofline_ms=1e3 * nbytes / bw, ref=ref,
+                      same_math=same, compile_s=compile_s, **stats)
+  # Repeats interleave the optimizers, so a slow spell of the machine hits
+  # every optimizer of a repeat alike; ratios are taken within a repeat.
+  keep = {"date_optax.lars", "optax.lars", "date_optax.lamb", "optax.lamb"}
+  for rep in range(repeats):
+    t_rep = time.perf_counter()
+    if alternate:
+      timed = time_alternating(compiled, params, grads, steps)
+    for name in opts:
+      if alternate:
+        t, out = timed.pop(name)
+      else:
+        f, opt = compiled[name]
+        # A fresh state each time, so only one optimizer's state is alive.
+        t, out = time_step(f, params, opt.init(params), grads, steps)
+      rows[name]["ms_runs"].append(1e3 * t)
+      if check and name in keep:  # the last repeat's (the budget may end them early)
+        outs[name] = out
+      del out
+    now = time.perf_counter()
+    if deadline is not None and rep + 1 < repeats and now + (now - t_rep) > deadline:
+      print(f"  (stopping after {rep + 1} of {repeats} repeats: time budget)", flush=True)
+      break
+  print(f"{'optimizer':38s} {'ms':>8s} {'x roofline':>10s} {'fusions':>8s} "
+        f"{'temp MB':>8s} {'x base optimizer [min-max]':>40s} "
+        f"{'x optax same math [min-max]':>40s}")
+
+  def ratio(a, b, rows=rows):
+    runs = [x / y for x, y in zip(rows[a]["ms_runs"], rows[b]["ms_runs"])]
+    return statistics.median(runs), min(runs), max(runs)
+
+  for name, r in rows.items():
+    ref, same = r["ref"], r["same_math"]
+    r["ms"] = statistics.median(r["ms_runs"])
+    r["x_roofline"] = r["ms"] / r["roofline_ms"]
+    ref = r["ref"] = ref if ref in rows else None  # not timed in this run
+    same = r["same_math"] = same if same in rows else None
+    r["x_reference"] = ratio(name, ref) if ref else None
+    r["x_same_math"] = ratio(name, same) if same else None
+    r["compile_x_same_math"] = (r["compile_s"] / rows[same]["compile_s"]
+                                if same else None)
+    r["temp_x_same_math"] = (r["temp_bytes"] / rows[same]["temp_bytes"]
+                             if same and r["temp_bytes"] and rows[same]["temp_bytes"]
+                             else None)
+    fmt = lambda x, other: (f"{x[0]:.2f} [{x[1]:.2f}-{x[2]:.2f}] vs {other}"
+                            if x else "")
+    temp = f"{r['temp_bytes'] / 1e6:.1f}" if r["temp_bytes"] is not None else "?"
+    print(f"{name:38s} {r['ms']:8.1f} {r['x_roofline']:10.2f} {r['fusions']:8d} "
+          f"{temp:>8s} {fmt(r['x_reference'], ref):>40s} "
+          f"{fmt(r['x_same_math'], same):>40s}")
+  if check:
+    for ours, theirs in [("date_optax.lars", "optax.lars"),
+                         ("date_optax.lamb", "optax.lamb")]:
+      if tree_name == "stacked" or ours not in outs:
+        continue  # per-slice ratios are a different (intended) computation
+      err = max(float(jnp.max(jnp.abs(a - b)))
+                for a, b in zip(jax.tree.leaves(outs[ours]),
+                                jax.tree.leaves(outs[theirs])))
+      print(f"  max |{ours} - {theirs}| after {steps + 1} steps: {err:.2e}")
+      rows[ours]["max_abs_diff_vs_ref"] = err
+  del compiled, outs
+  return dict(params=n, leaves=len(shapes), bandwidth_gbs=bw / 1e9, rows=rows)
 
 
 def main(argv=None):
@@ -241,74 +383,7 @@ def main(argv=None):
                           command=" ".join(["benchmarks/optimizer_step.py", *(argv or
                                                                              sys.argv[1:])]))}
   for tree_name in args.trees.split(","):
-    shapes = TREES[tree_name]()
-    params = make_tree(shapes, 0)
-    grads = make_tree(shapes, 1)
-    n = sum(int(np.prod(s)) for s in shapes.values())
-    bw = bandwidth(n * 4 * 3, args.steps)
-    print(f"\n{tree_name}: {n / 1e6:.1f}M parameters, {len(shapes)} leaves; "
-          f"elementwise bandwidth {bw / 1e9:.1f} GB/s")
-    rows = {}
-    outs = {}
-    opts = optimizers(tree_name)
-    compiled = {}
-    for name, (opt, ref, nstate, same) in opts.items():
-      f, _, compile_s, stats = compile_step(opt, params, grads)
-      compiled[name] = (f, opt)
-      # Roofline bytes: read params, grads and state; write params and state.
-      nbytes = (2 + 1 + 2 * nstate) * n * 4
-      rows[name] = dict(ms_runs=[], roofline_ms=1e3 * nbytes / bw, ref=ref,
-                        same_math=same, compile_s=compile_s, **stats)
-    # Repeats interleave the optimizers, so a slow spell of the machine hits
-    # every optimizer of a repeat alike; ratios are taken within a repeat.
-    keep = {"date_optax.lars", "optax.lars", "date_optax.lamb", "optax.lamb"}
-    for rep in range(args.repeats):
-      for name in opts:
-        f, opt = compiled[name]
-        # A fresh state each time, so only one optimizer's state is alive.
-        t, out = time_step(f, params, opt.init(params), grads, args.steps)
-        rows[name]["ms_runs"].append(1e3 * t)
-        if args.check and rep == args.repeats - 1 and name in keep:
-          outs[name] = out
-        del out
-    print(f"{'optimizer':38s} {'ms':>8s} {'x roofline':>10s} {'fusions':>8s} "
-          f"{'temp MB':>8s} {'x base optimizer [min-max]':>40s} "
-          f"{'x optax same math [min-max]':>40s}")
-
-    def ratio(a, b, rows=rows):
-      runs = [x / y for x, y in zip(rows[a]["ms_runs"], rows[b]["ms_runs"])]
-      return statistics.median(runs), min(runs), max(runs)
-
-    for name, r in rows.items():
-      ref, same = r["ref"], r["same_math"]
-      r["ms"] = statistics.median(r["ms_runs"])
-      r["x_roofline"] = r["ms"] / r["roofline_ms"]
-      r["x_reference"] = ratio(name, ref) if ref else None
-      r["x_same_math"] = ratio(name, same) if same else None
-      r["compile_x_same_math"] = (r["compile_s"] / rows[same]["compile_s"]
-                                  if same else None)
-      r["temp_x_same_math"] = (r["temp_bytes"] / rows[same]["temp_bytes"]
-                               if same and r["temp_bytes"] and rows[same]["temp_bytes"]
-                               else None)
-      fmt = lambda x, other: (f"{x[0]:.2f} [{x[1]:.2f}-{x[2]:.2f}] vs {other}"
-                              if x else "")
-      temp = f"{r['temp_bytes'] / 1e6:.1f}" if r["temp_bytes"] is not None else "?"
-      print(f"{name:38s} {r['ms']:8.1f} {r['x_roofline']:10.2f} {r['fusions']:8d} "
-            f"{temp:>8s} {fmt(r['x_reference'], ref):>40s} "
-            f"{fmt(r['x_same_math'], same):>40s}")
-    if args.check:
-      for ours, theirs in [("date_optax.lars", "optax.lars"),
-                           ("date_optax.lamb", "optax.lamb")]:
-        if tree_name == "stacked":
-          continue  # per-slice ratios are a different (intended) computation
-        err = max(float(jnp.max(jnp.abs(a - b)))
-                  for a, b in zip(jax.tree.leaves(outs[ours]),
-                                  jax.tree.leaves(outs[theirs])))
-        print(f"  max |{ours} - {theirs}| after {args.steps + 1} steps: {err:.2e}")
-        rows[ours]["max_abs_diff_vs_ref"] = err
-    results[tree_name] = dict(params=n, leaves=len(shapes),
-                              bandwidth_gbs=bw / 1e9, rows=rows)
-    del compiled, outs
+    results[tree_name] = run_tree(tree_name, args.steps, args.repeats, check=args.check)
     if args.json:  # after every tree, so a partial run keeps what it measured
       with open(args.json, "w") as f:
         json.dump(results, f, indent=2)

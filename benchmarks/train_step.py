@@ -30,8 +30,14 @@ Part 2: the compiled step's memory (`Compiled.memory_analysis()`: temporary
 buffers, i.e. activations and gradients in flight, and the total with the
 arguments and outputs) for `microbatches` in 1, 2, 4, 8 on the data mesh.
 
+Run as a script it uses 8 emulated CPU devices, unless `--accelerator` is
+given: then it runs on the devices JAX finds, with the meshes that fit their
+number (`meshes`: the data mesh over all of them, and (n/2, 2) where n is
+even). Importing the module sets nothing (benchmarks/bench_device.py imports it).
+
 Usage:
   python benchmarks/train_step.py                 # both parts, 8 emulated devices
+  python benchmarks/train_step.py --accelerator --batch 2048 --width 2048  # GPU/TPU
   python benchmarks/train_step.py --reps 30 --batch 512 --width 1024
   python benchmarks/train_step.py --profile --runs 3  # where the 2-D step's time goes
 """
@@ -39,16 +45,23 @@ Usage:
 from __future__ import annotations
 
 import os
+import sys
 
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                             + " --xla_force_host_platform_device_count=8")
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+def use_cpu_devices(n: int = 8) -> None:
+  """Entry-point setting: `n` emulated CPU devices; call before JAX starts."""
+  if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + f" --xla_force_host_platform_device_count={n}")
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+if __name__ == "__main__" and "--accelerator" not in sys.argv:
+  use_cpu_devices()
 
 import argparse  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
@@ -64,6 +77,40 @@ import date_optax  # noqa: E402
 import date_optax.parallel as dp  # noqa: E402
 
 FSDP = [(r".*/kernel", P("model", None))]
+
+
+def meshes(n: int | None = None) -> dict[str, tuple[int, ...]]:
+  """The mesh shapes timed on `n` devices (default: all), by table name.
+
+  The data mesh over every device, and, where `n` is even, the 2-D mesh
+  (n/2, 2) ("data", "model") with the FSDP rules.
+  """
+  n = jax.device_count() if n is None else n
+  out = {f"data ({n},)": (n,)}
+  if n % 2 == 0:
+    out[f"data x model ({n // 2}, 2), FSDP rules"] = (n // 2, 2)
+  return out
+
+
+def build_mesh(shape: tuple[int, ...]):
+  """The mesh of a `meshes` shape, its parameter rules and its batch axes."""
+  if len(shape) == 1:
+    return dp.data_mesh(shape[0]), None, "data"
+  mesh = jax.make_mesh(shape, ("data", "model"),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  return mesh, FSDP, "data"
+
+
+def two_d_mesh_name() -> str | None:
+  """The name of the 2-D mesh for this device count, if there is one."""
+  return next((k for k, v in meshes().items() if len(v) == 2), None)
+
+
+def make_batch(args, size: int | None = None) -> dict:
+  rng = np.random.default_rng(1)
+  size = args.batch if size is None else size
+  return {"x": rng.normal(size=(size, args.d_in)).astype(np.float32),
+          "y": rng.normal(size=(size, 8)).astype(np.float32)}
 
 
 def make_params(width: int, depth: int, d_in: int, seed: int = 0) -> dict:
@@ -113,53 +160,73 @@ def plain_step(mesh, opt, params, specs, data_axes, opt_shardings):
   return jitted, params, state, b_sh
 
 
-def time_pair(lib, plain, reps: int) -> tuple[float, float]:
-  """Median seconds per call of two zero-argument step closures, alternating."""
-  for f in (lib, plain):
-    f()
-    f()
-  a, b = [], []
+def time_round_robin(runs: dict, reps: int, warmup: int = 2) -> dict[str, float]:
+  """Median seconds per call of zero-argument step closures, called in turn."""
+  for f in runs.values():
+    for _ in range(warmup):
+      f()
+  times = {k: [] for k in runs}
   for _ in range(reps):
-    for f, out in ((lib, a), (plain, b)):
+    for k, f in runs.items():
       t = time.perf_counter()
       f()
-      out.append(time.perf_counter() - t)
-  return statistics.median(a), statistics.median(b)
+      times[k].append(time.perf_counter() - t)
+  return {k: statistics.median(v) for k, v in times.items()}
 
 
-def compare(mesh_name: str, args) -> dict:
+def time_pair(lib, plain, reps: int) -> tuple[float, float]:
+  """Median seconds per call of two zero-argument step closures, alternating."""
+  t = time_round_robin({"lib": lib, "plain": plain}, reps)
+  return t["lib"], t["plain"]
+
+
+def step_runners(mesh_name: str, args, grad_stats: tuple[bool, ...] = (False,)) -> dict:
+  """Zero-argument closures that run one step each and wait for it.
+
+  "plain": the plain jit step; "lib" (`grad_stats=False`) and
+  "lib+grad_stats" (`grad_stats=True`): the library step, as `grad_stats`
+  asks. Each keeps its own parameters and optimizer state. The statistics
+  compare gradients, so on a mesh with one data replica the grad_stats step
+  splits the batch into 2 microbatches.
+  """
   params = make_params(args.width, args.depth, args.d_in)
-  rng = np.random.default_rng(1)
-  batch = {"x": rng.normal(size=(args.batch, args.d_in)).astype(np.float32),
-           "y": rng.normal(size=(args.batch, 8)).astype(np.float32)}
+  batch = make_batch(args)
   opt = date_optax.lamb(1e-3, weight_decay=1e-2)
-  if mesh_name == "data (8,)":
-    mesh, rules, data_axes = dp.data_mesh(), None, "data"
-  else:
-    mesh = jax.make_mesh((4, 2), ("data", "model"),
-                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
-    rules, data_axes = FSDP, "data"
-  step = dp.make_train_step(loss_fn, opt, mesh, param_sharding=rules)
-  specs = step.param_specs(params)
-  state = step.init(params)
-  gbatch = step.shard_batch(batch)
-  jitted, p, s, b_sh = plain_step(mesh, opt, params, specs, data_axes,
-                                  jax.tree.map(lambda x: x.sharding, state.opt_state))
-  pbatch = jax.device_put(batch, b_sh)
-  box = {"lib": state, "p": p, "s": s}
+  mesh, rules, data_axes = build_mesh(meshes()[mesh_name])
+  runs, box = {}, {}
+  for on in grad_stats:
+    key = "lib+grad_stats" if on else "lib"
+    micro = 2 if on and mesh.shape["data"] == 1 else 1
+    step = dp.make_train_step(loss_fn, opt, mesh, param_sharding=rules, grad_stats=on,
+                              microbatches=micro)
+    state = step.init(params)
+    box[key] = state
+    gbatch = step.shard_batch(batch)
 
-  def run_lib():
-    box["lib"], m = step(box["lib"], gbatch)
-    m["loss"].block_until_ready()
-    jax.block_until_ready(box["lib"].params)
+    def run_lib(step=step, gbatch=gbatch, key=key):
+      box[key], m = step(box[key], gbatch)
+      m["loss"].block_until_ready()
+      jax.block_until_ready(box[key].params)
+
+    runs[key] = run_lib
+  specs = step.param_specs(params)
+  jitted, box["p"], box["s"], b_sh = plain_step(
+      mesh, opt, params, specs, data_axes,
+      jax.tree.map(lambda x: x.sharding, state.opt_state))
+  pbatch = jax.device_put(batch, b_sh)
 
   def run_plain():
     box["p"], box["s"], loss = jitted(box["p"], box["s"], pbatch)
     loss.block_until_ready()
     jax.block_until_ready(box["p"])
 
-  t_lib, t_plain = time_pair(run_lib, run_plain, args.reps)
-  # Same math: after the same number of steps the parameters agree.
+  runs["plain"] = run_plain
+  return runs
+
+
+def compare(mesh_name: str, args) -> dict:
+  runs = step_runners(mesh_name, args)
+  t_lib, t_plain = time_pair(runs["lib"], runs["plain"], args.reps)
   return {"mesh": mesh_name, "lib_ms": 1e3 * t_lib, "plain_ms": 1e3 * t_plain,
           "ratio": t_lib / t_plain}
 
@@ -220,12 +287,9 @@ def piece_step(mesh, opt, p_sh, s_sh, b_sh, pieces: tuple[str, ...]):
 def profile(args) -> list[dict]:
   """Times the plain 2-D step, plain + each piece, and the library step."""
   params = make_params(args.width, args.depth, args.d_in)
-  rng = np.random.default_rng(1)
-  batch = {"x": rng.normal(size=(args.batch, args.d_in)).astype(np.float32),
-           "y": rng.normal(size=(args.batch, 8)).astype(np.float32)}
+  batch = make_batch(args)
   opt = date_optax.lamb(1e-3, weight_decay=1e-2)
-  mesh = jax.make_mesh((4, 2), ("data", "model"),
-                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  mesh, _, _ = build_mesh(meshes()[two_d_mesh_name()])
   step = dp.make_train_step(loss_fn, opt, mesh, param_sharding=FSDP)
   state = step.init(params)
   gbatch = step.shard_batch(batch)
@@ -276,16 +340,9 @@ def _all_reduces(step, state, batch) -> int:
 def grad_stats_cost(mesh_name: str, args) -> dict:
   """The library step with grad_stats=True over the same step without."""
   params = make_params(args.width, args.depth, args.d_in)
-  rng = np.random.default_rng(1)
-  batch = {"x": rng.normal(size=(args.batch, args.d_in)).astype(np.float32),
-           "y": rng.normal(size=(args.batch, 8)).astype(np.float32)}
+  batch = make_batch(args)
   opt = date_optax.lamb(1e-3, weight_decay=1e-2)
-  if mesh_name == "data (8,)":
-    mesh, rules = dp.data_mesh(), None
-  else:
-    mesh = jax.make_mesh((4, 2), ("data", "model"),
-                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
-    rules = FSDP
+  mesh, rules, _ = build_mesh(meshes()[mesh_name])
   steps, box, counts = {}, {}, {}
   for on in (False, True):
     step = dp.make_train_step(loss_fn, opt, mesh, param_sharding=rules,
@@ -310,9 +367,7 @@ def grad_stats_cost(mesh_name: str, args) -> dict:
 
 def memory(args) -> list[dict]:
   params = make_params(args.width, args.depth, args.d_in)
-  rng = np.random.default_rng(1)
-  batch = {"x": rng.normal(size=(args.mem_batch, args.d_in)).astype(np.float32),
-           "y": rng.normal(size=(args.mem_batch, 8)).astype(np.float32)}
+  batch = make_batch(args, args.mem_batch)
   rows = []
   for k in (1, 2, 4, 8):
     step = dp.make_train_step(loss_fn, date_optax.lamb(1e-3), dp.data_mesh(),
@@ -338,6 +393,8 @@ def main() -> None:
                       help="repeat the comparison (and the profile) this many times")
   parser.add_argument("--profile", action="store_true",
                       help="also time the 2-D step piece by piece")
+  parser.add_argument("--accelerator", action="store_true",
+                      help="run on the devices JAX finds (default: 8 emulated CPU devices)")
   args = parser.parse_args()
   print(f"jax {jax.__version__}, {len(jax.devices())} {jax.devices()[0].platform} "
         f"devices, {platform.processor() or platform.machine()}, "
@@ -347,13 +404,16 @@ def main() -> None:
   print("| mesh | library step (ms) | plain jit step (ms) | ratio |")
   print("|---|---|---|---|")
   for run in range(args.runs):
-    for name in ("data (8,)", "data x model (4, 2), FSDP rules"):
+    for name in meshes():
       r = compare(name, args)
       print(f"| {r['mesh']} (run {run + 1}) | {r['lib_ms']:.2f} | {r['plain_ms']:.2f} | "
             f"{r['ratio']:.3f} |", flush=True)
-  if args.profile:
+  if args.profile and two_d_mesh_name() is None:
+    print(f"\nno profile: no 2-D mesh on {jax.device_count()} device(s)")
+  elif args.profile:
     for run in range(args.runs):
-      print(f"\nprofile of the (4, 2) FSDP step, run {run + 1}: plain step + one piece")
+      print(f"\nprofile of the {meshes()[two_d_mesh_name()]} FSDP step, run {run + 1}: "
+            "plain step + one piece")
       print("| variant | ms | ratio to plain |")
       print("|---|---|---|")
       for r in profile(args):
@@ -361,12 +421,12 @@ def main() -> None:
   print("\ncost of grad_stats=True (library step with / without)")
   print("| mesh | with (ms) | without (ms) | ratio | all-reduces with / without |")
   print("|---|---|---|---|---|")
-  for name in ("data (8,)", "data x model (4, 2), FSDP rules"):
+  for name in meshes():
     r = grad_stats_cost(name, args)
     print(f"| {r['mesh']} | {r['on_ms']:.2f} | {r['off_ms']:.2f} | {r['ratio']:.3f} | "
           f"{r['ar_on']} / {r['ar_off']} |")
   print(f"\nstep memory against microbatches (global batch {args.mem_batch}, "
-        "data mesh (8,), per device)")
+        f"data mesh ({jax.device_count()},), per device)")
   print("| microbatches | temporary (MiB) | total (MiB) |")
   print("|---|---|---|")
   for r in memory(args):

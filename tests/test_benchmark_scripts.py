@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -19,6 +21,37 @@ def _load(name):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
+
+
+def test_bench_device_quick_writes_every_ratio(tmp_path):
+  """`bench_device.py --quick` on 8 CPU devices (~30 s): both files, finite ratios."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  proc = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "benchmarks", "bench_device.py"), "--quick",
+       "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True,
+      timeout=600)
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+  res = json.load(open(tmp_path / "bench_device.json"))
+  assert res["device"] == {"kind": res["device"]["kind"], "platform": "cpu", "count": 8}
+  for pkg in ("jax", "jaxlib", "optax"):
+    assert res["versions"][pkg]
+  names = {(r["name"], r["case"]) for r in res["ratios"]}
+  for name in ("date_optax.lars / optax.lars", "date_optax.lamb / optax.lamb",
+               "LARS / momentum SGD", "LAMB / AdamW"):
+    assert (name, "small64 (64 leaves)") in names
+  for mesh in ("data (8,)", "data x model (4, 2), FSDP rules"):
+    assert ("library step / plain jit step", mesh) in names
+    assert ("library step (grad_stats) / plain jit step", mesh) in names
+  assert len(res["ratios"]) == 8 and not res["skipped"]
+  for r in res["ratios"]:
+    assert len(r["runs"]) >= 1 and r["min"] <= r["median"] <= r["max"]
+    assert all(math.isfinite(x) and x > 0 for x in (r["median"], r["min"], r["max"]))
+    assert r["goal"] in (1.0, 1.05, 1.3, 1.5)
+  for row in ("date_optax.lars", "date_optax.lamb"):  # same math as optax's
+    assert res["optimizer_step"]["small64"]["rows"][row]["max_abs_diff_vs_ref"] < 1e-5
+  md = open(tmp_path / "bench_device.md").read()
+  assert f"({res['device']['platform']} x8)" in md and "| date_optax.lars / optax.lars |" in md
+  assert md.count("| optimizer step |") == 4 and md.count("| train step |") == 4
 
 
 @pytest.mark.slow
