@@ -203,7 +203,7 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _decay(values: dict[str, Any]):
-  from date_optax._src import schedules  # noqa: PLC0415 - keep --help fast
+  from date_optax._src import decays  # noqa: PLC0415 - keep --help fast
 
   name = values["decay"]
   options: dict[str, Any] = {}
@@ -222,7 +222,7 @@ def _decay(values: dict[str, Any]):
       raise ValueError("--decay exponential needs --start-epoch and --factor.")
     options["start_epoch"] = values["start_epoch"]
     options["factor"] = values["factor"]
-  return schedules.decay_from_name(name, **options)
+  return decays.decay_from_name(name, **options)
 
 
 def _fmt(x: float) -> str:
