@@ -1,7 +1,7 @@
 """Block scales and the measured shift through `GradSync` and the train steps.
 
 The one reduction (`sync_gradients`) carries `block_size` / `measured_shift`
-(`collectives.low_precision_sum` for whole leaves, `low_precision_reduce_scatter`
+(`low_bit_sum.low_precision_sum` for whole leaves, `low_precision_reduce_scatter`
 for the shards of a sharded update); the steps take them as `GradSync` fields
 or flat keywords. The model of `test_grad_sync` is linear in its parameters, so
 one `sgd(1.0)` step moves them by minus the NumPy mean gradient.

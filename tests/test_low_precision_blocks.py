@@ -451,7 +451,7 @@ def test_one_step_int8_gradient_within_2_percent_per_layer_with_block_scales():
 def test_reduce_scatter_for_a_sharded_update_matches_the_all_reduce(alg, kw):
   """The shard of `low_precision_reduce_scatter` is the all-reduce's row k
   (one leaf of n·c elements, c a multiple of the block, is the same layout)."""
-  from date_optax._src.parallel.comm import collectives
+  from date_optax._src.parallel.comm import low_bit_sum
 
   rng = np.random.default_rng(8)
   x = {"w": (rng.normal(size=(N, N * 32)) * 3.0).astype(np.float32)}
@@ -461,7 +461,7 @@ def test_reduce_scatter_for_a_sharded_update_matches_the_all_reduce(alg, kw):
 
   def shard(t):
     rows = t[0].reshape(N, 32)
-    (a, b) = collectives.low_precision_reduce_scatter(
+    (a, b) = low_bit_sum.low_precision_reduce_scatter(
         [rows[:, :16], rows[:, 16:]], axes, alg, None, fmt, **kw)
     return jnp.concatenate([a, b])[None]
 

@@ -77,7 +77,7 @@ def _reduce_tree(tree: PyTree, flat_reduce: Callable[[jax.Array], jax.Array]) ->
   return jax.tree.unflatten(treedef, out)
 
 
-def _pad_to(buf: jax.Array, multiple: int) -> jax.Array:
+def pad_to(buf: jax.Array, multiple: int) -> jax.Array:
   pad = (-buf.shape[-1]) % multiple
   if pad:
     widths = [(0, 0)] * (buf.ndim - 1) + [(0, pad)]
@@ -269,7 +269,7 @@ def _torus_reduce_scatter(
 ) -> jax.Array:
   nx, ny = rx.size, ry.size
   c = blocks.shape[1]
-  blocks = _pad_to(blocks, 2)
+  blocks = pad_to(blocks, 2)
   h = blocks.shape[1] // 2
   if gids is not None:  # padding repeats the last id, so ids stay sorted
     gids = jnp.pad(gids, ((0, 0), (0, blocks.shape[1] - c)), mode="edge")
@@ -295,7 +295,7 @@ def _torus_reduce_scatter(
 def _torus_all_gather(chunk: jax.Array, rx: _Ring, ry: _Ring) -> jax.Array:
   nx, ny = rx.size, ry.size
   c = chunk.shape[0]
-  chunk = _pad_to(chunk, 2)
+  chunk = pad_to(chunk, 2)
   h = chunk.shape[0] // 2
 
   def half_a(a):
@@ -431,142 +431,11 @@ def blockwise_all_reduce(
   def flat_reduce(buf: jax.Array) -> jax.Array:
     n = compat.axis_size(axes)
     size = buf.shape[0]
-    blocks = _pad_to(buf, n).reshape(n, -1)
+    blocks = pad_to(buf, n).reshape(n, -1)
     chunk = reduce_scatter_blocks(blocks, axes, algorithm, grid=grid, fmt=fmt)
     return all_gather_blocks(chunk, axes, algorithm, grid=grid, fmt=fmt).reshape(-1)[:size]
 
   return flat_reduce
-
-
-def _scaled_layout(
-    pieces: list[jax.Array], fmt: Any, block_size: int | None, algorithm: str
-) -> tuple[list[jax.Array], Any, np.ndarray | None]:
-  """Lays out arrays for a sum whose scales are measured at every hop.
-
-  With `block_size` B each piece's last axis is zero-padded to whole blocks
-  (a block never mixes two arrays) and the codec carries one scale per
-  block; without, the codec carries one scale per piece (the measured
-  per-layer shift) and `ids` gives the piece of each element of the last
-  axis. Returns `(pieces, codec, ids)`.
-  """
-  if algorithm == "psum":
-    raise ValueError(
-        "block_size/measured_shift need algorithm 'ring' or 'torus', got 'psum'."
-    )
-  if block_size is not None:
-    pieces = [_pad_to(p, block_size) for p in pieces]
-    return pieces, lp.ScaledFormat(fmt, block_size=block_size), None
-  ids = np.concatenate(
-      [np.full(p.shape[-1], i, np.int32) for i, p in enumerate(pieces)]
-  )
-  return pieces, lp.ScaledFormat(fmt, groups=len(pieces)), ids
-
-
-def _scaled_sum(
-    xs: list[jax.Array],
-    axes: Any,
-    algorithm: str,
-    grid: tuple[int, int] | None,
-    fmt: Any,
-    block_size: int | None,
-) -> list[jax.Array]:
-  """Ring/torus sum of float32 arrays with scales measured at every hop.
-
-  With `block_size` B each array is zero-padded to whole blocks (a block
-  never mixes two layers) and the buffer to `n` rows of a multiple of B
-  elements (2B for the torus, which halves the rows); without, every element
-  carries the index of its array as segment id (the measured per-layer
-  shift: one scale per layer piece in each message).
-  """
-  n = compat.axis_size(axes)
-  flat, codec, ids = _scaled_layout([x.reshape(-1) for x in xs], fmt, block_size, algorithm)
-  unit = (2 if algorithm == "torus" else 1) * (block_size or 1)
-  buf = jnp.concatenate(flat)
-  total = buf.shape[0]
-  rows = _pad_to(buf, n * unit).reshape(n, -1)
-  if ids is not None:
-    ids = np.pad(ids, (0, rows.size - total), mode="edge").reshape(n, -1)
-  chunk = reduce_scatter_blocks(rows, axes, algorithm, grid=grid, fmt=codec, gids=ids)
-  out_flat = all_gather_blocks(chunk, axes, algorithm, grid=grid, fmt=codec, gids=ids)
-  out_flat = out_flat.reshape(-1)
-  out, offset = [], 0
-  for x, f in zip(xs, flat, strict=True):
-    out.append(out_flat[offset : offset + x.size].reshape(x.shape))
-    offset += f.size
-  return out
-
-
-def low_precision_reduce_scatter(
-    blocks: list[jax.Array],
-    axes: Any,
-    algorithm: str,
-    grid: tuple[int, int] | None,
-    fmt: Any,
-    *,
-    block_size: int | None = None,
-    measured_shift: bool = False,
-) -> list[jax.Array]:
-  """Reduce-scatters float32 `(n, c_i)` arrays with the payload in `fmt`.
-
-  Device k (row-major over `axes`) gets row k of the sum of each array,
-  `(c_i,)`, rounded as the final sum would travel (the shard of a sharded
-  update). With `block_size` each array's columns are zero-padded to whole
-  blocks (2 blocks' worth of alignment for the torus) so that no block
-  mixes two arrays; with `measured_shift` each array's piece is one group.
-  """
-  widths = [b.shape[1] for b in blocks]
-  if block_size is None and not measured_shift:
-    chunk = fmt.round(reduce_scatter_blocks(
-        jnp.concatenate(blocks, axis=1), axes, algorithm, grid=grid, fmt=fmt))
-    padded_widths = widths
-  else:
-    blocks, codec, ids = _scaled_layout(blocks, fmt, block_size, algorithm)
-    padded_widths = [b.shape[1] for b in blocks]
-    buf = jnp.concatenate(blocks, axis=1)
-    unit = (2 if algorithm == "torus" else 1) * (block_size or 1)
-    buf = _pad_to(buf, unit)
-    if ids is not None:
-      ids = np.pad(ids, (0, buf.shape[1] - ids.size), mode="edge")
-      ids = np.tile(ids, (buf.shape[0], 1))
-    chunk = reduce_scatter_blocks(buf, axes, algorithm, grid=grid, fmt=codec, gids=ids)
-    chunk = codec.round(chunk, None if ids is None else jnp.asarray(ids[0]))
-  out, offset = [], 0
-  for w, pw in zip(widths, padded_widths, strict=True):
-    out.append(chunk[offset : offset + w])
-    offset += pw
-  return out
-
-
-def low_precision_sum(
-    xs: list[jax.Array],
-    axes: Any,
-    algorithm: str,
-    grid: tuple[int, int] | None,
-    fmt: CommFormat,
-    *,
-    block_size: int | None = None,
-    measured_shift: bool = False,
-) -> list[jax.Array]:
-  """Sums float32 arrays (already shifted) with the payload in `fmt`.
-
-  One packed buffer for "ring"/"torus" (rounded at every hop), one
-  `lax.psum` per array on the wire dtype for "psum". With `block_size` or
-  `measured_shift` ("ring"/"torus" only) each message carries scales
-  measured on it (`lp.ScaledFormat`): one per block of `block_size`
-  elements, or one per layer piece.
-  """
-  if block_size is not None or measured_shift:
-    return _scaled_sum(xs, axes, algorithm, grid, fmt, block_size)
-  if algorithm == "psum":
-    return [fmt.decode(lax.psum(fmt.encode(x), compat.as_tuple(axes))) for x in xs]
-  flat = blockwise_all_reduce(algorithm, axes, grid, fmt)(
-      jnp.concatenate([x.reshape(-1) for x in xs])
-  )
-  out, offset = [], 0
-  for x in xs:
-    out.append(flat[offset : offset + x.size].reshape(x.shape))
-    offset += x.size
-  return out
 
 
 def psum_all_reduce(tree: PyTree, axis_name: Any) -> PyTree:

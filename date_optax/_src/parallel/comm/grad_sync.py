@@ -28,7 +28,7 @@ import numpy as np
 
 from date_optax._src import validation
 from date_optax._src.parallel import compat
-from date_optax._src.parallel.comm import collectives
+from date_optax._src.parallel.comm import collectives, low_bit_sum
 from date_optax._src.parallel.comm import low_precision as lp
 from date_optax._src.parallel.comm import update_sharding as us
 from date_optax._src.parallel.comm.collectives import ALGORITHMS, acc_dtype
@@ -282,7 +282,7 @@ def _sum(
   whole = [i for i, d in enumerate(dims) if d is None]
   if whole:
     parts = [xs[i] for i in whole]
-    reduced = _exact_sum(parts, axes, sync) if fmt is None else collectives.low_precision_sum(
+    reduced = _exact_sum(parts, axes, sync) if fmt is None else low_bit_sum.low_precision_sum(
         parts, axes, sync.algorithm, sync.grid, fmt,
         block_size=sync.block_size, measured_shift=sync.measured_shift,
     )
@@ -301,7 +301,7 @@ def _sum(
       widths = np.cumsum([0] + [b.shape[1] for b in blocks])
       chunks = [chunk[a:b] for a, b in zip(widths[:-1], widths[1:], strict=True)]
     else:  # the shards are final sums: rounded as they would travel
-      chunks = collectives.low_precision_reduce_scatter(
+      chunks = low_bit_sum.low_precision_reduce_scatter(
           blocks, axes, sync.algorithm, sync.grid, fmt,
           block_size=sync.block_size, measured_shift=sync.measured_shift,
       )
