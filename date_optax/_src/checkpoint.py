@@ -470,7 +470,10 @@ class CheckpointManager:
       force: save even if `step` is not a multiple of `save_interval_steps`.
 
     Returns:
-      Whether a checkpoint was started (False when the interval skips it).
+      Whether a checkpoint was started: False when the interval skips it,
+      and, with a warning, when checkpoint `step` exists already (it is
+      never overwritten) or, without `force`, when `step` is older than the
+      latest checkpoint. Nothing is written then.
     """
     if isinstance(step, jax.Array) and step.ndim == 0:
       step = np.asarray(step)[()]
@@ -479,6 +482,19 @@ class CheckpointManager:
     if metadata is not None and not isinstance(metadata, Mapping):
       raise TypeError(f"metadata must be a mapping or None, got {metadata!r}.")
     if not force and step % self._interval:
+      return False
+    steps = self._manager.all_steps()
+    if step in steps:
+      validation.warn_at_caller(
+          f"CheckpointManager.save: checkpoint step {step} already exists in "
+          f"{self._directory}; it is never overwritten, so nothing was saved "
+          "(save returns False). Save under another step number.")
+      return False
+    if not force and steps and step < max(steps):
+      validation.warn_at_caller(
+          f"CheckpointManager.save: step {step} is older than the latest "
+          f"checkpoint, step {max(steps)}, in {self._directory}; nothing was "
+          "saved (save returns False). Pass force=True to save it anyway.")
       return False
     encoded, impls = _encode(state)
     _check_saveable(encoded)
