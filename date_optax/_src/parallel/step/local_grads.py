@@ -169,6 +169,16 @@ def _forward(
         f"loss_fn must return a scalar loss, got a {type(loss).__name__} (for "
         "(loss, aux) pass has_aux=True, or a model_state to step.init)."
     )
+  dtype = getattr(loss, "dtype", None)
+  if dtype is None and isinstance(loss, (int, float)) and not isinstance(loss, bool):
+    dtype = np.result_type(float)  # a Python number: a constant loss
+  if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+    raise TypeError(
+        "loss_fn must return a real floating scalar loss (the mean over its "
+        f"batch), got {type(loss).__name__}"
+        + (f" of dtype {np.dtype(dtype).name}" if dtype is not None else "")
+        + " (gradients need a float loss; for (loss, aux) pass has_aux=True)."
+    )
   loss = jnp.asarray(loss)
   if loss.shape != ():
     raise ValueError(
