@@ -175,8 +175,9 @@ def _forward(
   if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
     raise TypeError(
         "loss_fn must return a real floating scalar loss (the mean over its "
-        f"batch), got {type(loss).__name__}"
-        + (f" of dtype {np.dtype(dtype).name}" if dtype is not None else "")
+        f"batch), got "
+        + (f"an array of dtype {np.dtype(dtype).name}" if dtype is not None
+           else type(loss).__name__)
         + " (gradients need a float loss; for (loss, aux) pass has_aux=True)."
     )
   loss = jnp.asarray(loss)
@@ -552,7 +553,13 @@ def check_batch(batch: PyTree, replicas: int, microbatches: int = 1) -> None:
     )
   for path, x in flat:
     shape = np.shape(x)
-    if not shape or shape[0] % n:
+    if not shape:
+      raise ValueError(
+          f"every batch leaf needs the batch along a leading axis, got "
+          f"batch{jax.tree_util.keystr(path)} = {x!r:.40}, a scalar (constants "
+          "belong in loss_fn's closure, or in the model state)."
+      )
+    if shape[0] % n:
       split = (
           f"{replicas} data-parallel replicas x {microbatches} microbatches"
           if microbatches > 1
@@ -569,15 +576,26 @@ def as_key(rng: Any) -> Any:
   """An int seed becomes a raw uint32 key (checkpoints as a plain array)."""
   if rng is None:
     return None
+  allowed = "an int seed, a key from jax.random.key or a raw uint32 jax.random.PRNGKey"
   if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
     return jax.random.key_data(jax.random.key(int(rng)))
-  rng = jnp.asarray(rng) if not isinstance(rng, jax.Array) else rng
+  if isinstance(rng, (bool, float, str, bytes)):
+    raise TypeError(f"rng must be {allowed}, got {rng!r}.")
+  if not isinstance(rng, jax.Array):
+    try:
+      rng = jnp.asarray(rng)
+    except (TypeError, ValueError) as e:
+      raise TypeError(f"rng must be {allowed}, got {type(rng).__name__}.") from e
   typed = jnp.issubdtype(rng.dtype, jax.dtypes.prng_key)
   if not typed and rng.dtype != jnp.uint32:
-    raise TypeError(
-        "rng must be an int seed, a key from jax.random.key or a raw uint32 "
-        f"jax.random.PRNGKey, got an array of dtype {rng.dtype}."
-    )
+    raise TypeError(f"rng must be {allowed}, got an array of dtype {rng.dtype}.")
+  if not typed and not isinstance(rng, jax.core.Tracer):
+    try:
+      jax.random.wrap_key_data(rng)
+    except (TypeError, ValueError) as e:
+      raise TypeError(
+          f"rng must be {allowed}, got a uint32 array of shape {rng.shape} ({e})."
+      ) from None
   return rng
 
 
