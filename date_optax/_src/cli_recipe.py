@@ -102,6 +102,8 @@ def parse_batch_sizes(text: str) -> list[int]:
       value = float(item) * mult
     except ValueError:
       raise argparse.ArgumentTypeError(f"not a batch size: {item!r}") from None
+    if not math.isfinite(value):
+      raise argparse.ArgumentTypeError(f"not a batch size: {item!r} (not finite)")
     if value != int(value):
       raise argparse.ArgumentTypeError(f"batch sizes must be integers, got {item!r}")
     out.append(int(value))
