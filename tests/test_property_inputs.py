@@ -1,4 +1,6 @@
-"""Property: every public constructor either works or names what is wrong.
+"""Property: every public constructor either works or names what is wrong,
+and so does every call past them (issue 33: the steps' init and call,
+checkpoints, the input pipeline, critical_batch, adascale and the CLI).
 
 Hypothesis draws values over each constructor's signature (numbers of every
 sign, NaN/inf, bools, None, strings, dtypes, schedules returning any of
@@ -302,9 +304,9 @@ def test_path_mask_property(changes):
 
 
 # ---------------------------------------------------------------------------
-# The train steps and the checkpoint manager (constructors only: a compile per
-# example would not fit the time budget; their first calls have their own
-# tests in test_bad_inputs.py).
+# The train steps and the checkpoint manager: their constructors (their init,
+# calls, save and restore are drawn below, with one step built per kind of
+# loss so that few examples compile).
 
 
 def _loss(params, batch):

@@ -175,7 +175,7 @@ def _forward(
   if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
     raise TypeError(
         "loss_fn must return a real floating scalar loss (the mean over its "
-        f"batch), got "
+        "batch), got "
         + (f"an array of dtype {np.dtype(dtype).name}" if dtype is not None
            else type(loss).__name__)
         + " (gradients need a float loss; for (loss, aux) pass has_aux=True)."
