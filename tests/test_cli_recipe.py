@@ -100,6 +100,7 @@ def test_csv_output(capsys):
 
 def test_plot_writes_a_png(capsys, tmp_path):
   path = tmp_path / "sub" / "lr.png"
+  path.parent.mkdir()  # a missing directory is refused (test_bad_inputs.py)
   argv = ["recipe", "--preset", "date-example", "--plot", str(path)]
   rc, _, err = run_cli(capsys, argv)
   assert rc == 0 and "wrote" in err

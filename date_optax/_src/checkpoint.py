@@ -246,6 +246,22 @@ def _check_saveable(encoded: Any) -> None:
       )
 
 
+def _check_target(target: Any) -> None:
+  """Every restore-target leaf describes an array; otherwise name it."""
+  for path, x in jax.tree_util.tree_flatten_with_path(target)[0]:
+    if isinstance(x, (jax.Array, jax.ShapeDtypeStruct)):
+      continue
+    ok = isinstance(x, (np.ndarray, np.generic, bool, int, float, complex)) and (
+        np.result_type(x).kind in "biufc")
+    if not ok:
+      raise TypeError(
+          f"target leaf {jax.tree_util.keystr(path)} is {type(x).__name__} "
+          f"{x!r:.60}; every leaf of a restore target must be an array, a number "
+          "or a jax.ShapeDtypeStruct (e.g. from jax.eval_shape(step.init, ...)). "
+          "Nothing was read."
+      )
+
+
 def _leaf_specs(encoded: Any) -> list[list[Any]]:
   """`[path, shape, dtype]` of every leaf of an encoded state, as JSON."""
   return [
@@ -470,7 +486,10 @@ class CheckpointManager:
       force: save even if `step` is not a multiple of `save_interval_steps`.
 
     Returns:
-      Whether a checkpoint was started (False when the interval skips it).
+      Whether a checkpoint was started: False when the interval skips it,
+      and, with a warning, when checkpoint `step` exists already (it is
+      never overwritten) or, without `force`, when `step` is older than the
+      latest checkpoint. Nothing is written then.
     """
     if isinstance(step, jax.Array) and step.ndim == 0:
       step = np.asarray(step)[()]
@@ -479,6 +498,19 @@ class CheckpointManager:
     if metadata is not None and not isinstance(metadata, Mapping):
       raise TypeError(f"metadata must be a mapping or None, got {metadata!r}.")
     if not force and step % self._interval:
+      return False
+    steps = self._manager.all_steps()
+    if step in steps:
+      validation.warn_at_caller(
+          f"CheckpointManager.save: checkpoint step {step} already exists in "
+          f"{self._directory}; it is never overwritten, so nothing was saved "
+          "(save returns False). Save under another step number.")
+      return False
+    if not force and steps and step < max(steps):
+      validation.warn_at_caller(
+          f"CheckpointManager.save: step {step} is older than the latest "
+          f"checkpoint, step {max(steps)}, in {self._directory}; nothing was "
+          "saved (save returns False). Pass force=True to save it anyway.")
       return False
     encoded, impls = _encode(state)
     _check_saveable(encoded)
@@ -536,7 +568,11 @@ class CheckpointManager:
       CorruptCheckpointError: (a `ValueError`) if the requested `step`, or
         with `step=None` every checkpoint, is damaged; the message names the
         step and the cause.
+      TypeError: a `target` leaf that is neither an array, a number nor a
+        `jax.ShapeDtypeStruct` (a string, an object), named by its path
+        before anything is read.
     """
+    _check_target(target)
     if step is not None:
       step = validation.check_int("step", step, low=0)
       if step not in self.all_steps():

@@ -102,12 +102,27 @@ def parse_batch_sizes(text: str) -> list[int]:
       value = float(item) * mult
     except ValueError:
       raise argparse.ArgumentTypeError(f"not a batch size: {item!r}") from None
+    if not math.isfinite(value):
+      raise argparse.ArgumentTypeError(f"not a batch size: {item!r} (not finite)")
     if value != int(value):
       raise argparse.ArgumentTypeError(f"batch sizes must be integers, got {item!r}")
     out.append(int(value))
   if not out:
     raise argparse.ArgumentTypeError("give at least one batch size")
   return out
+
+
+def parse_critical_batch(text: str) -> float:
+  """``--critical-batch``: a number > 0, or ``inf`` (no noise measured)."""
+  if str(text).strip().lower().lstrip("+") in ("inf", "infinity"):
+    return math.inf
+  value = parse_number(text)
+  if not value > 0:
+    raise argparse.ArgumentTypeError(
+        f"must be a critical batch > 0 (or inf, when no gradient noise was "
+        f"measured), got {text!r}"
+    )
+  return value
 
 
 def _float_list(text: str) -> list[float]:
@@ -170,15 +185,19 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                  help="peak learning-rate rule (default sqrt)")
   s.add_argument("--warmup-scaling", choices=("linear", "sqrt", "none"),
                  help="warmup-epochs rule (default linear, LEGW)")
-  s.add_argument("--critical-batch", type=parse_number, metavar="B_CRIT",
+  s.add_argument("--critical-batch", type=parse_critical_batch, metavar="B_CRIT",
                  help="the critical batch measured at B0 "
                  "(date_optax.diagnostics.critical_batch of a short run with "
-                 "grad_stats=True); batch sizes more than 8x it are flagged")
+                 "grad_stats=True; inf when it measured no noise); batch sizes "
+                 "more than 8x it are flagged (csv/json: a far_beyond_critical "
+                 "column)")
   o = p.add_argument_group("output")
   o.add_argument("--format", choices=("table", "csv", "json"),
                  help="output format (default table)")
   o.add_argument("--plot", metavar="FILE.png",
-                 help="draw the learning rate against the epoch for every batch")
+                 help="draw the learning rate against the epoch for every batch "
+                 "(an image file matplotlib writes: .png, .pdf, .svg, ...; its "
+                 "directory must exist)")
   p.set_defaults(func=run)
   return p
 
@@ -239,8 +258,11 @@ def _ratio(x: float) -> str:
   return _fmt(x)
 
 
-def _rows(recipes) -> list[dict[str, Any]]:
-  return [
+def _rows(recipes, critical: float | None = None) -> list[dict[str, Any]]:
+  """One dict per recipe; with `critical`, whether it is far beyond it."""
+  from date_optax.diagnostics import FAR_FACTOR  # noqa: PLC0415
+
+  rows = [
       {
           "batch": r.batch_size,
           "k": r.scale,
@@ -254,6 +276,31 @@ def _rows(recipes) -> list[dict[str, Any]]:
       }
       for r in recipes
   ]
+  if critical is not None:
+    for row in rows:
+      row["far_beyond_critical"] = bool(row["batch"] > FAR_FACTOR * critical)
+  return rows
+
+
+def plot_path_problem(path: str) -> str | None:
+  """Why `--plot path` cannot be written, checked before any work; else None."""
+  try:
+    from matplotlib.backend_bases import FigureCanvasBase  # noqa: PLC0415
+  except ImportError as e:  # matplotlib is an optional dependency
+    return f"--plot needs matplotlib (pip install 'date-optax[docs]'): {e}"
+  kinds = sorted(FigureCanvasBase.get_supported_filetypes())
+  ext = os.path.splitext(path)[1][1:].lower()
+  if ext not in kinds:
+    return (f"--plot {path!r} must name an image file matplotlib writes, ending "
+            f"in one of .{', .'.join(kinds)}; got "
+            + (f"the extension {'.' + ext!r}." if ext else "no extension."))
+  folder = os.path.dirname(os.path.abspath(path))
+  if os.path.isdir(path):
+    return f"--plot {path!r} is an existing directory; give a file name in it."
+  if not os.path.isdir(folder):
+    return (f"--plot {path!r}: the directory {folder!r} does not exist; create it "
+            "first (date-optax recipe does not create directories).")
+  return None
 
 
 _COLUMNS = (
@@ -308,7 +355,6 @@ def plot(recipes, path: str, title: str) -> None:
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
   fig.tight_layout()
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   fig.savefig(path)
   plt.close(fig)
 
@@ -322,6 +368,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"date-optax recipe: error: missing {flags} (or use --preset)",
           file=sys.stderr)
     return 2
+  if values.get("plot"):
+    problem = plot_path_problem(values["plot"])
+    if problem:
+      print(f"date-optax recipe: error: {problem}", file=sys.stderr)
+      return 2
   import date_optax  # noqa: PLC0415 - imports jax; keep --help fast
 
   try:
@@ -351,7 +402,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"date-optax recipe: error: {e}", file=sys.stderr)
     return 2
 
-  rows = _rows(recipes)
+  crit = values.get("critical_batch")
+  rows = _rows(recipes, crit)
   warm = (f"warmup {baseline.base_warmup_epochs:g} epochs"
           if baseline.warmup_ratio is None
           else f"warmup ratio {_ratio(baseline.warmup_ratio)}")
@@ -360,7 +412,10 @@ def run(args: argparse.Namespace) -> int:
            f"{baseline.decay}; lr_scaling={values['lr_scaling']}, "
            f"warmup_scaling={values['warmup_scaling']}")
   if values["format"] == "json":
-    json.dump({"baseline": title, "recipes": rows}, sys.stdout, indent=2)
+    out: dict[str, Any] = {"baseline": title, "recipes": rows}
+    if crit is not None:  # JSON has no inf: null when no noise was measured
+      out["critical_batch"] = crit if math.isfinite(crit) else None
+    json.dump(out, sys.stdout, indent=2)
     print()
   elif values["format"] == "csv":
     writer = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]))
@@ -368,21 +423,18 @@ def run(args: argparse.Namespace) -> int:
     writer.writerows(rows)
   else:
     print(f"# {title}")
-    crit = values.get("critical_batch")
-    if crit is not None:
+    if crit is not None and math.isinf(crit):
+      print("# critical batch inf (measured at B0: no gradient noise): no batch "
+            "is far beyond it")
+    elif crit is not None:
       from date_optax.diagnostics import FAR_FACTOR  # noqa: PLC0415
 
-      far = [str(b) for b in values["batch"] if b > FAR_FACTOR * crit]
+      far = [str(row["batch"]) for row in rows if row["far_beyond_critical"]]
       print(f"# critical batch {crit:g} (measured at B0): batches above "
             f"{FAR_FACTOR:g}x = {FAR_FACTOR * crit:g} are far beyond it"
             + (f": {', '.join(far)}" if far else ": none here"))
     print(format_table(rows))
-  if values.get("plot"):
-    try:
-      plot(recipes, values["plot"], title)
-    except ImportError as e:  # matplotlib is an optional dependency
-      print(f"date-optax recipe: error: --plot needs matplotlib "
-            f"(pip install 'date-optax[docs]'): {e}", file=sys.stderr)
-      return 2
+  if values.get("plot"):  # its path and matplotlib were checked above
+    plot(recipes, values["plot"], title)
     print(f"# wrote {values['plot']}", file=sys.stderr)
   return 0

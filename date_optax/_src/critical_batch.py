@@ -12,10 +12,12 @@ measured by the train step (``grad_stats=True``) estimates it.
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from date_optax._src import validation
@@ -48,14 +50,21 @@ def critical_batch(measurements: Any, *, discard: float = 0.5) -> float:
   Args:
     measurements: a ``GradStatsState`` (``state.grad_stats``), a
       :class:`date_optax.GradStats`, or a sequence of ``grad_noise_scale``
-      values or metrics dicts holding that key.
+      values or metrics dicts holding that key (a list, or a
+      one-dimensional NumPy or JAX array).
     discard: the fraction of a sequence dropped from its start, in [0, 1).
 
   Returns:
     ``B_crit`` as a float (``inf`` when no signal was measured).
 
   Raises:
-    ValueError: for an empty sequence or one with no finite-or-inf value.
+    TypeError: for another kind of `measurements`, or an element that is not
+      a number (a string, a bool, a list) or a metrics dict; the message
+      names the element (``measurements[3]``).
+    ValueError: for an empty sequence or one with no finite-or-inf value, a
+      negative value (noise scales are >= 0), a metrics dict without
+      ``grad_noise_scale``, an array of more than one dimension, or
+      statistics with a non-finite ``sq_norm`` or ``trace_cov``.
 
   Examples:
     >>> from date_optax.diagnostics import critical_batch
@@ -73,22 +82,29 @@ def critical_batch(measurements: Any, *, discard: float = 0.5) -> float:
   """
   validation.check_real("discard", discard, low=0.0, high=1.0, high_inclusive=False)
   if isinstance(measurements, GradStats):
-    return float(noise_scale(measurements))
+    return float(noise_scale(GradStats(
+        _stat("measurements.sq_norm", measurements.sq_norm),
+        _stat("measurements.trace_cov", measurements.trace_cov), 1.0)))
   if hasattr(measurements, "sq_norm") and hasattr(measurements, "weight"):
-    w = float(measurements.weight)
+    w = _stat("measurements.weight", measurements.weight)
     w = w if w > 0 else 1.0
-    return float(noise_scale(GradStats(float(measurements.sq_norm) / w,
-                                       float(measurements.trace_cov) / w, 1.0)))
+    return float(noise_scale(GradStats(
+        _stat("measurements.sq_norm", measurements.sq_norm) / w,
+        _stat("measurements.trace_cov", measurements.trace_cov) / w, 1.0)))
+  if isinstance(measurements, jax.Array):
+    measurements = np.asarray(measurements)
   if not isinstance(measurements, (Sequence, np.ndarray)) or isinstance(
-      measurements, str):
+      measurements, (str, bytes)):
     raise TypeError(
         "measurements must be state.grad_stats, a GradStats, or a sequence of "
         f"grad_noise_scale values or metrics dicts; got {type(measurements).__name__}."
     )
-  values = [
-      float(m["grad_noise_scale"]) if isinstance(m, Mapping) else float(m)
-      for m in measurements
-  ]
+  if isinstance(measurements, np.ndarray) and measurements.ndim != 1:
+    raise ValueError(
+        "measurements must be one-dimensional (one grad_noise_scale value per "
+        f"step), got an array of shape {measurements.shape}."
+    )
+  values = [_value(i, m) for i, m in enumerate(measurements)]
   values = values[int(math.floor(discard * len(values))):]
   values = [v for v in values if not math.isnan(v)]
   if not values:
@@ -97,6 +113,52 @@ def critical_batch(measurements: Any, *, discard: float = 0.5) -> float:
         "batch from (empty, or all NaN after the discarded start)."
     )
   return float(np.median(np.asarray(values, np.float64)))
+
+
+def _real(name: str, value: Any) -> float:
+  """A real scalar (Python, NumPy or JAX) as a float; anything else names `name`."""
+  if isinstance(value, (bool, np.bool_, str, bytes)) or value is None:
+    raise TypeError(f"{name} must be a real number, got {value!r}.")
+  if isinstance(value, numbers.Real):
+    return float(value)
+  try:
+    arr = np.asarray(value)
+  except Exception as e:  # noqa: BLE001 - an object NumPy cannot read
+    raise TypeError(f"{name} must be a real number, got {value!r}.") from e
+  if arr.shape != () or arr.dtype.kind not in "fiu":
+    raise TypeError(
+        f"{name} must be a real number (a scalar), got {type(value).__name__} "
+        f"{value!r}."[:300]
+    )
+  return float(arr)
+
+
+def _stat(name: str, value: Any) -> float:
+  """One field of the smoothed statistics: a finite real."""
+  x = _real(name, value)
+  if not math.isfinite(x):
+    raise ValueError(f"{name} must be finite, got {value!r}.")
+  return x
+
+
+def _value(index: int, item: Any) -> float:
+  """One step's ``grad_noise_scale``: a number >= 0, inf or NaN."""
+  name = f"measurements[{index}]"
+  if isinstance(item, Mapping):
+    if "grad_noise_scale" not in item:
+      raise ValueError(
+          f"{name} is a metrics dict without 'grad_noise_scale' (keys "
+          f"{sorted(map(str, item))[:8]}); build the train step with "
+          "grad_stats=True, whose metrics hold it."
+      )
+    name, item = f"{name}['grad_noise_scale']", item["grad_noise_scale"]
+  x = _real(name, item)
+  if x < 0:
+    raise ValueError(
+        f"{name} must be a noise scale >= 0 (tr Σ / |G|² of clipped "
+        f"estimates), got {item!r}."
+    )
+  return x
 
 
 def warn_if_far(batch_size: int, critical: float | None, who: str) -> None:

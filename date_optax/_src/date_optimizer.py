@@ -37,6 +37,10 @@ DEFAULT_BOUNDS = (0.01, 1.0)
 #: Bound rules of :func:`date` (see :func:`layer_lr_bounds`).
 BOUND_RULES = ("baseline_to_recipe", "baseline_to_linear", "fixed")
 
+#: The ``lr_scaling`` rules of :func:`date` and :func:`date_recipe`: the
+#: fixed rules of :func:`scale_recipe` and the measured ``"gain"``.
+LR_SCALING_RULES = (*sched_lib.SCALING_RULES, "gain")
+
 #: The power of the AdaScale gain that ``date(..., lr_scaling="gain")``
 #: applies per base solver: the gain itself for the SGD family (AdaScale),
 #: its square root for adaptive solvers (AdaptDL/Pollux's ``AdamScale``). A
@@ -76,7 +80,8 @@ def date_recipe(
   Args:
     baseline: the tuned :class:`Baseline`.
     batch_size: the target batch size.
-    lr_scaling: as in :func:`scale_recipe`.
+    lr_scaling: as in :func:`scale_recipe`, or ``"gain"`` (one of
+      :data:`LR_SCALING_RULES`; see below).
     warmup_scaling: as in :func:`scale_recipe`.
     decay: ``None`` for DATE's roller coaster, ``"baseline"`` for the
       baseline's own decay, or another decay.
@@ -104,6 +109,7 @@ def date_recipe(
     <https://arxiv.org/abs/1901.08256>`_, SC 2019 (Algorithm 1).
   """
   check_baseline(baseline)
+  validation.check_choice("lr_scaling", lr_scaling, LR_SCALING_RULES)
   if isinstance(decay, str) and decay == "baseline":
     decay = baseline.decay
   elif decay is None:
@@ -303,7 +309,8 @@ def date(
     critical_batch: the critical batch measured at ``B0``
       (:func:`date_optax.diagnostics.critical_batch`); a `batch_size` more
       than 8 times it warns (see :func:`scale_recipe`).
-    gain_clock: with ``lr_scaling="gain"``, how the schedule advances:
+    gain_clock: with ``lr_scaling="gain"`` (and only with it: another
+      rule with ``"gain"`` is refused), how the schedule advances:
       ``"steps"`` (default) runs the LEGW recipe at ``B`` one iteration
       per step; ``"gain"`` runs the baseline's own DATE recipe (that at
       ``B0``: its warmup and roller coaster in ``B0`` iterations) on
@@ -352,7 +359,16 @@ def date(
   check_solver_options(
       baseline.optimizer, solver_options, "solver_options", unknown=TypeError
   )
+  validation.check_choice("lr_scaling", lr_scaling, LR_SCALING_RULES)
+  validation.check_choice("gain_clock", gain_clock, ("steps", "gain"))
   gain = lr_scaling == "gain"
+  if gain_clock == "gain" and not gain:
+    raise ValueError(
+        f'gain_clock="gain" is the clock of the measured gain: it needs '
+        f'lr_scaling="gain", got lr_scaling={lr_scaling!r} (whose schedule '
+        'advances one iteration per step); pass lr_scaling="gain" or leave '
+        'gain_clock="steps".'
+    )
   if gain and batch_size < baseline.batch_size:
     raise ValueError(
         f'lr_scaling="gain" needs batch_size >= the baseline\'s '
@@ -382,7 +398,6 @@ def date(
   lower = default_lower if lower is None else lower
   upper = default_upper if upper is None else upper
   validation.check_bounds(lower, upper)
-  validation.check_choice("gain_clock", gain_clock, ("steps", "gain"))
   clock_schedule = None
   if gain and gain_clock == "gain" and recipe.scale != 1:
     clock_schedule = (

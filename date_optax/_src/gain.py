@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from date_optax._src import validation
@@ -87,6 +88,37 @@ def noise_scale(grad_stats: GradStats) -> jax.Array:
   return jnp.where(sqr > 0, var / safe, jnp.where(var > 0, jnp.inf, 0.0))
 
 
+def check_grad_stats(grad_stats: Any, name: str = "grad_stats") -> None:
+  """`grad_stats` is a :class:`GradStats` (or has its three fields) of real
+  scalars, with a finite `batch_size > 0`; concrete values only (traced ones,
+  inside the jitted step, are the step's own and not checked)."""
+  if not all(hasattr(grad_stats, f) for f in GradStats._fields):
+    raise TypeError(
+        f"{name} must be a date_optax.GradStats(sq_norm, trace_cov, batch_size) "
+        f"(what a train step built with grad_stats=True passes), got "
+        f"{type(grad_stats).__name__} {grad_stats!r}."[:400]
+    )
+  for field in GradStats._fields:
+    value = getattr(grad_stats, field)
+    if isinstance(value, jax.core.Tracer):
+      continue
+    try:
+      arr = np.asarray(value)
+    except Exception:  # noqa: BLE001 - an object NumPy cannot read
+      arr = np.asarray(None)
+    if arr.shape != () or arr.dtype.kind not in "fiu" or isinstance(value, bool):
+      raise TypeError(
+          f"{name}.{field} must be a real scalar, got {value!r}."[:300]
+      )
+    if field == "batch_size" and not (np.isfinite(arr) and arr > 0):
+      raise ValueError(
+          f"{name}.batch_size must be finite and > 0 (the global batch the "
+          f"statistics were measured on), got {value!r}."
+      )
+    if field == "trace_cov" and np.isinf(arr):
+      raise ValueError(f"{name}.trace_cov must be finite, got {value!r}.")
+
+
 def adascale_gain(grad_stats: GradStats, scale: float) -> jax.Array:
   """AdaScale's gain ``r = (σ² + |G|²)/(σ²/S + |G|²)`` at batch scale `scale`.
 
@@ -103,6 +135,12 @@ def adascale_gain(grad_stats: GradStats, scale: float) -> jax.Array:
   Returns:
     A float32 scalar in ``[1, scale]``.
 
+  Raises:
+    TypeError: `grad_stats` is not a :class:`GradStats` (a plain tuple is
+      refused), or a field is not a real scalar.
+    ValueError: a concrete ``batch_size`` that is not finite and > 0, or an
+      infinite ``trace_cov`` (both would make the gain NaN).
+
   Examples:
     >>> import date_optax
     >>> stats = date_optax.GradStats(sq_norm=1.0, trace_cov=64.0, batch_size=256.0)
@@ -114,13 +152,20 @@ def adascale_gain(grad_stats: GradStats, scale: float) -> jax.Array:
     Algorithm for Distributed Training <https://arxiv.org/abs/2007.05105>`_,
     ICML 2020 (eq. 5).
   """
+  check_grad_stats(grad_stats)
   scale = float(validation.check_real("scale", scale, low=1.0))
   if scale == 1.0:
     return jnp.ones((), jnp.float32)
   sqr = jnp.maximum(jnp.asarray(grad_stats.sq_norm, jnp.float32), 0.0)
-  var_b = jnp.maximum(jnp.asarray(grad_stats.trace_cov, jnp.float32), 0.0) / jnp.asarray(
-      grad_stats.batch_size, jnp.float32
-  )  # variance of the gradient at B
+  batch = jnp.asarray(grad_stats.batch_size, jnp.float32)
+  # Variance of the gradient at B. A traced batch_size <= 0 (a concrete one
+  # is refused above) carries no noise: gain 1, never inf/inf = NaN.
+  var_b = jnp.where(
+      batch > 0,
+      jnp.maximum(jnp.asarray(grad_stats.trace_cov, jnp.float32), 0.0)
+      / jnp.where(batch > 0, batch, 1.0),
+      0.0,
+  )
   num = var_b * scale + sqr
   den = var_b + sqr
   r = jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 1.0)
@@ -192,6 +237,7 @@ def scale_by_gain(
   def update_fn(updates, state, params=None, *, grad_stats=None, **extra_args):
     if grad_stats is None:
       raise _missing_stats_error(name)
+    check_grad_stats(grad_stats, f"{name}: grad_stats")
     r = adascale_gain(grad_stats, scale)
     factor = r if power == 1.0 else r**power
     if learning_rate is not None:

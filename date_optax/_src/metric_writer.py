@@ -63,6 +63,22 @@ def _read_rows(path: epath.Path) -> list[tuple[str, ...]]:
   return rows
 
 
+_WARNED_NO_TENSORBOARD = False
+
+
+def _warn_no_tensorboard(csv_path: str) -> None:
+  """Once per process: tensorboard=None found no tensorboardX."""
+  global _WARNED_NO_TENSORBOARD
+  if _WARNED_NO_TENSORBOARD:
+    return
+  _WARNED_NO_TENSORBOARD = True
+  validation.warn_at_caller(
+      f"MetricWriter: tensorboardX is not installed, so only the CSV "
+      f"({csv_path}) is written, no TensorBoard event files; pip install "
+      "'date-optax[examples]' for them, or pass tensorboard=False to silence "
+      "this (warned once per process).")
+
+
 class MetricWriter:
   """Writes scalar metrics to a CSV file (and TensorBoard event files).
 
@@ -87,14 +103,17 @@ class MetricWriter:
     last row of each `(step, name)`).
 
   TensorBoard event files are written with `tensorboardX` into a local
-  `logdir` when it is installed (`pip install date-optax[examples]`).
+  `logdir` when it is installed (`pip install date-optax[examples]`);
+  without it the default `tensorboard=None` writes the CSV only and warns
+  once per process.
 
   Args:
     logdir: directory for the CSV and event files; created if missing. A
       local path or an `etils.epath` URI such as `gs://bucket/run`.
     tensorboard: True to require TensorBoard output, False to skip it, None
       (default) to write it when `tensorboardX` can be imported and `logdir`
-      is local.
+      is local (a local `logdir` without `tensorboardX` warns once that only
+      the CSV is written).
     csv_name: the CSV file name inside `logdir`.
     resume_step: the step of the checkpoint the run resumed from; rows of
       later steps are dropped. None keeps every existing row.
@@ -184,6 +203,7 @@ class MetricWriter:
               "MetricWriter(tensorboard=True) needs tensorboardX: "
               "pip install 'date-optax[examples]'."
           ) from e
+        _warn_no_tensorboard(self.csv_path)
       else:
         self._tb = tensorboardX.SummaryWriter(logdir=os.fspath(self._logdir))
 

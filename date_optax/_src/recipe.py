@@ -463,7 +463,11 @@ def scale_recipe(
     batch_size: the target batch size ``B`` (a positive int, any multiple or
       fraction of ``B0``).
     lr_scaling: ``"sqrt"`` (LEGW, DATE), ``"linear"`` (Goyal et al.) or
-      ``"none"``.
+      ``"none"``. ``"gain"`` is refused here: the measured gain is known
+      only at run time, so it has no fixed peak learning rate to put in a
+      :class:`Recipe`; :func:`date_recipe` accepts it and returns the recipe
+      ``date(..., lr_scaling="gain")`` runs (peak ``η0``, which the gain
+      multiplies).
     warmup_scaling: ``"linear"`` (LEGW), ``"sqrt"`` or ``"none"``.
     decay: the decay after the warmup; ``None`` keeps the baseline's.
     warmup: ``"gradual"`` or ``"constant"``; ``None`` keeps the baseline's.
@@ -500,6 +504,16 @@ def scale_recipe(
   """
   check_baseline(baseline)
   validation.check_int("batch_size", batch_size, low=1)
+  if isinstance(lr_scaling, str) and lr_scaling == "gain":
+    raise ValueError(
+        f'lr_scaling="gain" is a rule of date() and date_recipe(), not of '
+        f"scale_recipe: the gain is measured by the train step at run time, so "
+        f"no fixed schedule holds it. scale_recipe takes one of "
+        f"{sched_lib.SCALING_RULES}; the recipe behind date(..., "
+        f'lr_scaling="gain") is date_recipe(baseline, batch_size, '
+        f'lr_scaling="gain") (peak learning rate η0, which the measured gain '
+        f"multiplies)."
+    )
   validation.check_choice("lr_scaling", lr_scaling, sched_lib.SCALING_RULES)
   validation.check_choice("warmup_scaling", warmup_scaling, sched_lib.SCALING_RULES)
   decay = baseline.decay if decay is None else decays_lib.decay_from_name(decay)

@@ -180,6 +180,24 @@ def check_trust_coefficient(value: Any) -> Any:
     ) from None
 
 
+def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
+  """Warns at the first frame outside date_optax (the user's call), however
+  deep in the library the warning is raised (a dataclass's generated
+  `__init__` and `dataclasses.replace` count as the library's)."""
+  import dataclasses  # noqa: PLC0415
+  import os  # noqa: PLC0415
+  import sys  # noqa: PLC0415
+
+  package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+  frame, level = sys._getframe(1), 1
+  while frame is not None and (
+      frame.f_code.co_filename.startswith(package)
+      or frame.f_code.co_filename == dataclasses.__file__
+      or (frame.f_code.co_filename == "<string>" and frame.f_code.co_name == "__init__")):
+    frame, level = frame.f_back, level + 1
+  warnings.warn(message, category, stacklevel=level + 1)
+
+
 def warn_deprecated_keyword(fn: str, old: str, new: str, *, stacklevel: int = 3) -> None:
   """A ``DeprecationWarning`` for ``fn(old=...)``, renamed ``new``.
 

@@ -80,6 +80,10 @@ class GradSync:
       2019), as `sync_gradients(..., residual=)` describes; the steps carry
       it in `TrainState.grad_residual`. Needs a low-precision `comm_dtype`.
 
+  An integer payload ("int8", "int4") with no scaling at all (`aps=False`,
+  no `block_size`, no `measured_shift`), rounded to nearest and without
+  error feedback, warns: it rounds every share of a gradient below 0.5 to 0.
+
   Returns:
     The config (a frozen dataclass; `dataclasses.replace` gives variants).
 
@@ -152,7 +156,7 @@ class GradSync:
     object.__setattr__(self, "comm_dtype", None if fmt is None else fmt.name)
     # aps=True without a format or not a bool; block_size/measured_shift out
     # of range, without a format, with "psum" or both at once.
-    _, block_size, measured_shift = lp.resolve_scaling(
+    aps, block_size, measured_shift = lp.resolve_scaling(
         fmt, self.aps, self.block_size, self.measured_shift, self.algorithm
     )
     object.__setattr__(self, "block_size", block_size)
@@ -167,6 +171,20 @@ class GradSync:
           "or error_feedback=False."
       )
     object.__setattr__(self, "error_feedback", error_feedback)
+    if (fmt is not None and fmt.integer and not aps and block_size is None
+        and not measured_shift and self.rounding == "nearest" and not error_feedback):
+      # Legitimate in studies of the unscaled grid (so not refused), but in
+      # training every gradient entry below half a unit (g/N < 0.5: nearly
+      # all of them) is sent as 0 and the step sees grad_norm 0.
+      validation.warn_at_caller(
+          f"GradSync(comm_dtype={fmt.name!r}, aps=False): an integer payload "
+          "without scaling rounds every share of a gradient below 0.5 in "
+          "magnitude (g / replicas) to 0, so training sees (nearly) zero "
+          "gradients. Leave aps unset for the default scaling (block scales "
+          'of 32 over "ring"/"torus", APS over "psum"), or pass aps=True, '
+          'block_size, measured_shift=True, rounding="stochastic" or '
+          "error_feedback=True."
+      )
 
   @property
   def format(self) -> CommFormat | None:

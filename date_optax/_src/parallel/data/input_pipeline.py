@@ -14,9 +14,12 @@ they are deprecated in favour of `data_loader`.
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
+import typing
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+import weakref
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -26,17 +29,35 @@ from date_optax._src import validation
 from date_optax._src.parallel.layout.distributed import host_local_to_global
 
 
-def num_examples(data: Any) -> int:
-  leaves = jax.tree.leaves(data)
-  if not leaves:
-    raise ValueError("data must have at least one array leaf.")
-  sizes = {int(np.shape(x)[0]) if np.ndim(x) else -1 for x in leaves}
-  if len(sizes) != 1 or -1 in sizes:
+def num_examples(data: Any, name: str = "data") -> int:
+  """The number of rows every leaf of `data` has on axis 0 (named if not one)."""
+  flat = jax.tree_util.tree_flatten_with_path(data)[0]
+  if not flat:
     raise ValueError(
-        "every leaf of data needs the same leading (example) dimension, got "
-        f"{sorted(sizes)}."
+        f"{name} must be a pytree with at least one array leaf (the examples "
+        f"along axis 0), got {data!r}."[:300])
+  rows: dict[int, list[str]] = {}
+  for path, x in flat:
+    where = f"{name}{jax.tree_util.keystr(path)}"
+    if not np.ndim(x):
+      in_list = isinstance(data, (list, tuple)) or any(
+          isinstance(k, jax.tree_util.SequenceKey) for k in path)
+      raise ValueError(
+          f"every leaf of {name} needs the examples along a leading axis, got "
+          f"{where} = {x!r}, a scalar"
+          + ("; lists and tuples are pytree nodes to JAX, so a list of numbers "
+             "is read as that many scalar leaves: pass np.asarray(...) instead"
+             if in_list else "")
+          + ".")
+    rows.setdefault(int(np.shape(x)[0]), []).append(where)
+  if len(rows) != 1:
+    listed = "; ".join(f"{r} rows: {', '.join(w[:3])}{', ...' if len(w) > 3 else ''}"
+                       for r, w in sorted(rows.items()))
+    raise ValueError(
+        f"every leaf of {name} needs the same leading (example) dimension, got "
+        f"{listed}."
     )
-  return sizes.pop()
+  return rows.popitem()[0]
 
 
 def process_of(process_index: int | None, process_count: int | None) -> tuple[int, int]:
@@ -216,6 +237,15 @@ class DevicePrefetch(Iterator):
   def __init__(self, batches: Iterable[Any], sharding: jax.sharding.Sharding, *,
                size: int = 2):
     self._size = validation.check_int("size", size, low=1)
+    if not isinstance(sharding, jax.sharding.Sharding):
+      raise TypeError(
+          "sharding must be a jax.sharding.Sharding (the step's batch_sharding, "
+          f"e.g. NamedSharding(mesh, P('data'))), got {sharding!r}."[:300])
+    if isinstance(batches, (str, bytes, Mapping)) or not isinstance(batches, Iterable):
+      raise TypeError(
+          "batches must be an iterable of host-local batches (e.g. "
+          f"iter(dp.data_loader(...))), got {type(batches).__name__}; a single "
+          "batch goes in a list: [batch].")
     self._source = iter(batches)
     self._sharding = sharding
     self._stateful = hasattr(self._source, "get_state") and hasattr(
@@ -231,6 +261,7 @@ class DevicePrefetch(Iterator):
       except StopIteration:
         return
       state = self._source.get_state() if self._stateful else None
+      _check_rows(batch, self._sharding)
       self._queue.append((host_local_to_global(batch, self._sharding), state))
 
   def __next__(self) -> Any:
@@ -258,6 +289,45 @@ class DevicePrefetch(Iterator):
     self._state = state
     self._queue.clear()
     self._primed = False
+
+
+def _row_shards(sharding: jax.sharding.Sharding) -> int | None:
+  """How many pieces `sharding` cuts axis 0 into (None: not a NamedSharding)."""
+  if not isinstance(sharding, jax.sharding.NamedSharding):
+    return None
+  first = sharding.spec[0] if len(sharding.spec) else None
+  axes = first if isinstance(first, tuple) else (first,)
+  return int(np.prod([sharding.mesh.shape[a] for a in axes if a is not None]))
+
+
+def _check_rows(batch: Any, sharding: jax.sharding.Sharding) -> None:
+  """A host-local batch fits `sharding`: one row count, split evenly over
+  this process's share of the devices (host-side, shapes only)."""
+  where = lambda path: f"batch{jax.tree_util.keystr(path)}"
+  flat = jax.tree_util.tree_flatten_with_path(batch)[0]
+  if not flat:
+    raise ValueError(f"prefetch_to_device: a batch has no array leaf, got {batch!r}."[:300])
+  rows: dict[int, list[str]] = {}
+  for path, x in flat:
+    if not np.ndim(x):
+      raise ValueError(
+          f"prefetch_to_device: {where(path)} is a scalar ({x!r}); every leaf of "
+          "a batch needs its rows along axis 0."[:300])
+    rows.setdefault(int(np.shape(x)[0]), []).append(where(path))
+  if len(rows) > 1:
+    listed = "; ".join(f"{r} rows: {', '.join(w[:3])}" for r, w in sorted(rows.items()))
+    raise ValueError(
+        f"prefetch_to_device: every leaf of a batch needs the same number of "
+        f"rows, got {listed}.")
+  (n, names), = rows.items()
+  shards = _row_shards(sharding)
+  local = None if shards is None else max(1, shards // jax.process_count())
+  if n == 0 or (local is not None and n % local):
+    raise ValueError(
+        f"prefetch_to_device: {names[0]} has {n} rows on this process; sharding "
+        f"splits axis 0 over {shards} devices ({local} of them on this process), "
+        f"so each process needs a positive multiple of {local} rows (the step "
+        "refuses the same batch).")
 
 
 def _deprecated(name: str) -> None:
@@ -301,12 +371,28 @@ class ArraySource:
   def __init__(self, data: Any):
     self._n = num_examples(data)
     self._data = jax.tree.map(np.asarray, data)
+    self._digest: str | None = None
     leaves = jax.tree.leaves(self._data)
     self._repr = "ArraySource(rows={}, leaves=[{}])".format(
         self._n, ", ".join(f"{x.dtype}{list(x.shape[1:])}" for x in leaves))
 
   def __len__(self) -> int:
     return self._n
+
+  def digest(self) -> str:
+    """A hash of every leaf's dtype, shape and bytes (computed once, on the
+    first call: `iterator_state` records it, `restore_iterator` compares
+    it, so that another dataset of the same shapes is refused)."""
+    if self._digest is None:
+      h = hashlib.blake2b(digest_size=16)
+      for x in jax.tree.leaves(self._data):
+        h.update(f"{x.dtype.str}{x.shape}".encode())
+        if x.dtype.kind == "O":
+          h.update(repr(x.tolist()).encode())
+        else:
+          h.update(np.ascontiguousarray(x).view(np.uint8).data)
+      self._digest = h.hexdigest()
+    return self._digest
 
   def __getitem__(self, index: int) -> Any:
     return jax.tree.map(lambda x: x[index], self._data)
@@ -384,6 +470,15 @@ def data_loader(
   if num_epochs is not None:
     num_epochs = validation.check_int("num_epochs", num_epochs, low=1)
   worker_count = validation.check_int("worker_count", worker_count, low=0)
+  if isinstance(source, (Mapping, str, bytes)) or not (
+      hasattr(source, "__len__") and hasattr(source, "__getitem__")):
+    raise TypeError(
+        "source must be a grain random-access data source (len(source) "
+        "records, source[i] one record), e.g. dp.ArraySource(arrays) or "
+        f"grain.sources.ArrayRecordDataSource; got {type(source).__name__}"
+        + (": wrap a dict of arrays as dp.ArraySource(...)." if isinstance(source, Mapping)
+           else "."))
+  ops = _check_operations(grain, operations)
   n = len(source)
   local = b // count
   if n // count < local:
@@ -397,9 +492,84 @@ def data_loader(
   sampler = grain.samplers.IndexSampler(
       num_records=n, shard_options=shard, shuffle=shuffle, num_epochs=num_epochs,
       seed=seed)
-  ops = [*operations, grain.transforms.Batch(local, drop_remainder=True)]
-  return grain.DataLoader(data_source=source, sampler=sampler, operations=ops,
-                          worker_count=worker_count, shard_options=shard)
+  ops = [*ops, grain.transforms.Batch(local, drop_remainder=True)]
+  loader = grain.DataLoader(data_source=source, sampler=sampler, operations=ops,
+                            worker_count=worker_count, shard_options=shard)
+  _PIPELINES[loader] = _Pipeline(b, tuple(operations), source)
+  return loader
+
+
+def _check_operations(grain: Any, operations: Any) -> list[Any]:
+  """`operations` as a list: grain transforms (or grain's older callable
+  operations); anything else is named."""
+  if isinstance(operations, (str, bytes, Mapping)) or not isinstance(
+      operations, (list, tuple)):
+    raise TypeError(
+        "operations must be a list or tuple of grain transforms "
+        f"(grain.transforms.Map, RandomMap, Filter, ...), got {operations!r}."[:300])
+  kinds = typing.get_args(getattr(grain.transforms, "Transformation", None)) or ()
+  for i, op in enumerate(operations):
+    if not (isinstance(op, kinds) or callable(op)):
+      raise TypeError(
+          f"operations[{i}] must be a grain transform (grain.transforms.Map, "
+          f"RandomMap, Filter, ...), got {type(op).__name__} {op!r}."[:300])
+  return list(operations)
+
+
+class _Pipeline:
+  """What a `data_loader` reads that grain's own iterator state does not
+  record: the global batch size, the operations and the source's content
+  (for an `ArraySource`), compared by `restore_iterator`."""
+
+  def __init__(self, global_batch_size: int, operations: tuple[Any, ...], source: Any):
+    self.global_batch_size = global_batch_size
+    self.operations = operations
+    self.source = source
+
+  def describe(self) -> dict[str, Any]:
+    def name(op):
+      text = repr(op)  # a default repr holds an address that changes per run
+      return f"{type(op).__module__}.{type(op).__qualname__}" if " at 0x" in text else text
+
+    out: dict[str, Any] = {"global_batch_size": self.global_batch_size,
+                           "operations": [name(op) for op in self.operations]}
+    if isinstance(self.source, ArraySource):
+      out["source_digest"] = self.source.digest()
+    return out
+
+
+#: The pipeline of every loader `data_loader` built (weakly: a loader that
+#: is gone takes its entry with it).
+_PIPELINES: weakref.WeakKeyDictionary[Any, _Pipeline] = weakref.WeakKeyDictionary()
+
+
+def _pipeline_of(iterator: Any) -> _Pipeline | None:
+  """The `data_loader` pipeline an iterator reads, when known."""
+  while isinstance(iterator, DevicePrefetch):
+    iterator = iterator._source  # noqa: SLF001 - our own wrapper
+  loader = getattr(iterator, "_data_loader", None)  # grain's DataLoaderIterator
+  try:
+    return _PIPELINES.get(loader) if loader is not None else None
+  except TypeError:  # not weakly referenceable
+    return None
+
+
+def _check_iterator(iterator: Any, who: str, methods: tuple[str, ...]) -> None:
+  """`iterator` has `methods`; a grain DataLoader itself is named as such."""
+  if all(callable(getattr(iterator, m, None)) for m in methods):
+    return
+  try:
+    is_loader = iterator in _PIPELINES
+  except TypeError:  # not weakly referenceable
+    is_loader = False
+  if is_loader or type(iterator).__name__ == "DataLoader":
+    raise TypeError(
+        f"{who}: iterator must be the loader's iterator, it = iter(loader) (the "
+        "one the training loop reads), not the grain DataLoader itself.")
+  raise TypeError(
+      f"{who}: iterator must be a checkpointable data iterator with "
+      f"{' and '.join(m + '()' for m in methods)} (iter(dp.data_loader(...)), or "
+      f"dp.prefetch_to_device of one), got {type(iterator).__name__}.")
 
 
 def iterator_state(iterator: Any) -> dict[str, Any]:
@@ -416,7 +586,14 @@ def iterator_state(iterator: Any) -> dict[str, Any]:
       JSON-serialisable value.
 
   Returns:
-    `{"process_count": P, "states": [state of process 0, ...]}`.
+    `{"process_count": P, "states": [state of process 0, ...]}`, and for an
+    iterator of `data_loader` `"pipeline"`: its global batch size, its
+    operations and (for an `ArraySource`) a hash of the source's arrays,
+    which grain's own state does not record.
+
+  Raises:
+    TypeError: `iterator` has no `get_state()` (e.g. the `DataLoader`
+      itself instead of `iter(loader)`).
 
   Examples:
     >>> import numpy as np
@@ -434,14 +611,17 @@ def iterator_state(iterator: Any) -> dict[str, Any]:
     grain's checkpointing of `DataLoaderIterator` state (one state per
     process, saved beside the model's checkpoint).
   """
+  _check_iterator(iterator, "iterator_state", ("get_state",))
   local = iterator.get_state()
   if isinstance(local, bytes):
     local = local.decode()
   if not isinstance(local, str):
     local = json.dumps(local)
   count = jax.process_count()
+  pipeline = _pipeline_of(iterator)
+  extra = {} if pipeline is None else {"pipeline": pipeline.describe()}
   if count == 1:
-    return {"process_count": 1, "states": [local]}
+    return {"process_count": 1, "states": [local], **extra}
   from jax.experimental import multihost_utils  # noqa: PLC0415
 
   raw = np.frombuffer(local.encode(), np.uint8)
@@ -452,7 +632,7 @@ def iterator_state(iterator: Any) -> dict[str, Any]:
   every = np.asarray(multihost_utils.process_allgather(padded)).reshape(count, width)
   sizes = np.asarray(sizes).reshape(count)
   return {"process_count": count,
-          "states": [bytes(every[p, : sizes[p]]).decode() for p in range(count)]}
+          "states": [bytes(every[p, : sizes[p]]).decode() for p in range(count)], **extra}
 
 
 def restore_iterator(iterator: Any, saved: Any) -> None:
@@ -460,8 +640,10 @@ def restore_iterator(iterator: Any, saved: Any) -> None:
 
   Refuses, rather than silently restarting the data, a saved state that
   does not belong to this pipeline: one saved by a different number of
-  processes (shards), or whose sampler (seed, shard, dataset size, epochs)
-  or source differs from the iterator's.
+  processes (shards), or whose sampler (seed, shard, dataset size, epochs),
+  source, global batch size, operations or (for an `ArraySource`) data
+  differ from the iterator's. States saved before the batch size,
+  operations and data were recorded are checked for the rest only.
 
   Args:
     iterator: this process's fresh iterator of the same pipeline.
@@ -472,8 +654,14 @@ def restore_iterator(iterator: Any, saved: Any) -> None:
     None; `iterator` continues after the batch the saved run returned last.
 
   Raises:
-    ValueError: if `saved` is malformed or does not match the pipeline; the
-      message names what differs.
+    TypeError: `iterator` has no `get_state()`/`set_state()` (e.g. the
+      `DataLoader` itself instead of `iter(loader)`).
+    ValueError: if `saved` is malformed (not JSON, or not a state of this
+      kind of iterator) or does not match the pipeline: another seed, shard
+      count, worker count or source, and for a `data_loader` saved by this
+      version another global batch size, other operations or, for an
+      `ArraySource`, other data of the same shapes; the message names what
+      differs.
 
   Examples:
     >>> import numpy as np
@@ -489,20 +677,35 @@ def restore_iterator(iterator: Any, saved: Any) -> None:
   References:
     grain's `DataLoader` state validation (sampler and source must match).
   """
+  _check_iterator(iterator, "restore_iterator", ("get_state", "set_state"))
   if not isinstance(saved, dict) or "states" not in saved or "process_count" not in saved:
     raise ValueError(
         "the checkpoint's data-iterator state is missing or malformed (expected "
         f"the output of iterator_state, got {str(saved)[:200]!r}).")
+  states = saved["states"]
+  if (isinstance(saved["process_count"], bool)
+      or not isinstance(saved["process_count"], int)
+      or not isinstance(states, list)
+      or not all(isinstance(x, str) for x in states)):
+    raise ValueError(
+        "the checkpoint's data-iterator state is malformed: saved['process_count'] "
+        "must be an int and saved['states'] a list of JSON strings (the output of "
+        f"iterator_state), got {str(saved)[:200]!r}.")
   count, index = jax.process_count(), jax.process_index()
-  if saved["process_count"] != count or len(saved["states"]) != count:
+  if saved["process_count"] != count or len(states) != count:
     raise ValueError(
         f"the checkpoint's data iterator was saved by {saved['process_count']} "
         f"processes (shards) but this run has {count}; the per-process positions "
         "cannot be carried over. Resume with the same number of processes, or "
         "start from a fresh workdir.")
-  state = saved["states"][index]
+  state = states[index]
+  try:
+    want = json.loads(state)
+  except json.JSONDecodeError as e:
+    raise ValueError(
+        f"saved['states'][{index}] is not a data-iterator state (not JSON: {e}; "
+        f"got {state[:100]!r}): expected the output of iterator_state.") from None
   fresh = iterator.get_state()
-  want = json.loads(state)
   have = json.loads(fresh.decode() if isinstance(fresh, bytes) else fresh) if isinstance(
       fresh, (bytes, str)) else fresh
   if isinstance(want, dict) and isinstance(have, dict):
@@ -514,4 +717,28 @@ def restore_iterator(iterator: Any, saved: Any) -> None:
             "(a different seed, shard count, dataset or worker count). Refusing to "
             "restart the data silently: use the checkpoint's settings or a fresh "
             "workdir.")
-  iterator.set_state(state.encode() if isinstance(fresh, bytes) else state)
+  elif isinstance(have, dict) and not isinstance(want, dict):
+    raise ValueError(
+        f"saved['states'][{index}] is not a state of this iterator (a JSON "
+        f"{type(want).__name__}, the iterator's is an object): expected the "
+        "output of iterator_state.")
+  pipeline = _pipeline_of(iterator)
+  if isinstance(saved.get("pipeline"), dict) and pipeline is not None:
+    mine = pipeline.describe()
+    for key, value in saved["pipeline"].items():
+      if key in mine and mine[key] != value:
+        what = {"global_batch_size": "another global batch size",
+                "operations": "other operations",
+                "source_digest": "other data of the same row count and shapes"}
+        raise ValueError(
+            f"the checkpoint's data iterator does not match this input pipeline: "
+            f"its {key} is {value!r}, the pipeline's is {mine[key]!r} "
+            f"({what.get(key, 'another ' + key)}). Resuming would silently read other batches: "
+            "use the checkpoint's settings or a fresh workdir.")
+  try:
+    iterator.set_state(state.encode() if isinstance(fresh, bytes) else state)
+  except (KeyError, TypeError, ValueError, AttributeError) as e:
+    raise ValueError(
+        f"saved['states'][{index}] could not be applied to this iterator "
+        f"({type(e).__name__}: {e}): expected the output of iterator_state for "
+        "the same pipeline.") from e

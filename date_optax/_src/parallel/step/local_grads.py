@@ -22,6 +22,7 @@ Conventions (documented on `make_train_step`):
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Hashable
 from typing import Any
 
@@ -55,6 +56,41 @@ def step_key(rng: Any, step: jax.Array, replica: jax.Array, microbatch: Any) -> 
   key = jax.random.fold_in(rng, step)
   key = jax.random.fold_in(key, replica)
   return jax.random.fold_in(key, microbatch)
+
+
+#: What the step passes each keyword for, and how the state gets it.
+_KEYWORDS = {
+    "rng": "the state has a key (step.init(..., rng=...))",
+    "model_state": "the state has a model state (step.init(params, model_state=...))",
+}
+
+
+def check_loss_signature(loss_fn: Any, keywords: tuple[str, ...]) -> None:
+  """`loss_fn(params, batch, **keywords)` binds; else a TypeError that says
+  which keyword the state makes the step pass (or not pass), at trace time,
+  before the step runs."""
+  try:
+    sig = inspect.signature(loss_fn)
+  except (TypeError, ValueError):  # a builtin or C callable: nothing to read
+    return
+  try:
+    sig.bind(None, None, **dict.fromkeys(keywords))
+  except TypeError as e:
+    accepts = lambda k: any(
+        p.kind == p.VAR_KEYWORD
+        or (p.name == k and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+        for p in sig.parameters.values())
+    needs = lambda k: k in sig.parameters and sig.parameters[k].default is sig.empty
+    hints = [f"the step passes {k}= because {why}: add {k}=None to loss_fn's "
+             f"parameters, or build the state without it"
+             for k, why in _KEYWORDS.items() if k in keywords and not accepts(k)]
+    hints += [f"loss_fn requires {k}, which the step passes only when {why}"
+              for k, why in _KEYWORDS.items() if k not in keywords and needs(k)]
+    call = ", ".join(["params", "batch", *(f"{k}=..." for k in keywords)])
+    raise TypeError(
+        f"loss_fn{sig} cannot be called as loss_fn({call}) ({e})"
+        + ("; " + "; ".join(hints) if hints else "") + "."
+    ) from None
 
 
 def _split_output(out: Any, has_aux: bool, with_state: bool) -> tuple[Any, Any, Any]:
@@ -125,12 +161,24 @@ def _forward(
     extra["model_state"] = model_state
   if rng is not None:
     extra["rng"] = rng
+  check_loss_signature(loss_fn, tuple(extra))
   out = loss_fn(cast_floats(params, compute_dtype), cast_floats(batch, compute_dtype), **extra)
   loss, aux, new_state = _split_output(out, has_aux, with_state)
   if isinstance(loss, (tuple, list)):
     raise ValueError(
         f"loss_fn must return a scalar loss, got a {type(loss).__name__} (for "
         "(loss, aux) pass has_aux=True, or a model_state to step.init)."
+    )
+  dtype = getattr(loss, "dtype", None)
+  if dtype is None and isinstance(loss, (int, float)) and not isinstance(loss, bool):
+    dtype = np.result_type(float)  # a Python number: a constant loss
+  if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+    raise TypeError(
+        "loss_fn must return a real floating scalar loss (the mean over its "
+        "batch), got "
+        + (f"an array of dtype {np.dtype(dtype).name}" if dtype is not None
+           else type(loss).__name__)
+        + " (gradients need a float loss; for (loss, aux) pass has_aux=True)."
     )
   loss = jnp.asarray(loss)
   if loss.shape != ():
@@ -456,7 +504,17 @@ def check_params(params: PyTree) -> None:
   for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
     dtype = getattr(x, "dtype", None)
     if dtype is None:
-      dtype = np.result_type(x)
+      try:
+        dtype = np.asarray(x).dtype
+      except Exception:  # noqa: BLE001 - an object NumPy cannot read
+        dtype = np.dtype(object)
+    if np.dtype(dtype).kind in "OSU":  # strings, objects: not arrays at all
+      raise TypeError(
+          f"every parameter must be a float (or complex) array, got "
+          f"params{jax.tree_util.keystr(path)} = {x!r} ({type(x).__name__}); "
+          "keep names, configs and other non-array values out of the "
+          "parameters (e.g. in a closure of loss_fn)."[:400]
+      )
     if not jnp.issubdtype(dtype, jnp.inexact):
       raise TypeError(
           f"every parameter must be a float (or complex) array to be "
@@ -471,9 +529,32 @@ def check_batch(batch: PyTree, replicas: int, microbatches: int = 1) -> None:
   and every leaf must have the same number of rows."""
   n = replicas * microbatches
   flat = jax.tree_util.tree_flatten_with_path(batch)[0]
+  if not flat:
+    raise ValueError(
+        f"batch must be a pytree with at least one array leaf (rows on axis 0), "
+        f"got {batch!r}."[:300]
+    )
   rows: dict[int, list[str]] = {}
   for path, x in flat:
-    shape = np.shape(x)
+    try:
+      shape = np.shape(x)
+    except Exception:  # noqa: BLE001 - e.g. a ragged list NumPy cannot shape
+      shape = ()
+    try:
+      kind = (x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype).kind
+    except Exception:  # noqa: BLE001 - an object NumPy cannot read
+      kind = "O"
+    if kind in "OSU":  # strings and objects (bfloat16 and keys are "V")
+      raise TypeError(
+          f"every batch leaf must be a numeric array, got "
+          f"batch{jax.tree_util.keystr(path)} = {x!r} ({type(x).__name__})."[:300]
+      )
+    if shape and shape[0] == 0:
+      raise ValueError(
+          f"batch{jax.tree_util.keystr(path)} has 0 rows (shape {shape}): a batch "
+          f"needs at least one row per replica x microbatch (the loss of an "
+          f"empty batch is NaN)."
+      )
     if shape:
       rows.setdefault(shape[0], []).append(f"batch{jax.tree_util.keystr(path)}")
   if len(rows) > 1:
@@ -487,7 +568,13 @@ def check_batch(batch: PyTree, replicas: int, microbatches: int = 1) -> None:
     )
   for path, x in flat:
     shape = np.shape(x)
-    if not shape or shape[0] % n:
+    if not shape:
+      raise ValueError(
+          f"every batch leaf needs the batch along a leading axis, got "
+          f"batch{jax.tree_util.keystr(path)} = {x!r:.40}, a scalar (constants "
+          "belong in loss_fn's closure, or in the model state)."
+      )
+    if shape[0] % n:
       split = (
           f"{replicas} data-parallel replicas x {microbatches} microbatches"
           if microbatches > 1
@@ -504,15 +591,26 @@ def as_key(rng: Any) -> Any:
   """An int seed becomes a raw uint32 key (checkpoints as a plain array)."""
   if rng is None:
     return None
+  allowed = "an int seed, a key from jax.random.key or a raw uint32 jax.random.PRNGKey"
   if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
     return jax.random.key_data(jax.random.key(int(rng)))
-  rng = jnp.asarray(rng) if not isinstance(rng, jax.Array) else rng
+  if isinstance(rng, (bool, float, str, bytes)):
+    raise TypeError(f"rng must be {allowed}, got {rng!r}.")
+  if not isinstance(rng, jax.Array):
+    try:
+      rng = jnp.asarray(rng)
+    except (TypeError, ValueError) as e:
+      raise TypeError(f"rng must be {allowed}, got {type(rng).__name__}.") from e
   typed = jnp.issubdtype(rng.dtype, jax.dtypes.prng_key)
   if not typed and rng.dtype != jnp.uint32:
-    raise TypeError(
-        "rng must be an int seed, a key from jax.random.key or a raw uint32 "
-        f"jax.random.PRNGKey, got an array of dtype {rng.dtype}."
-    )
+    raise TypeError(f"rng must be {allowed}, got an array of dtype {rng.dtype}.")
+  if not typed and not isinstance(rng, jax.core.Tracer):
+    try:
+      jax.random.wrap_key_data(rng)
+    except (TypeError, ValueError) as e:
+      raise TypeError(
+          f"rng must be {allowed}, got a uint32 array of shape {rng.shape} ({e})."
+      ) from None
   return rng
 
 

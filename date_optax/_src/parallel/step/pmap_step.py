@@ -21,7 +21,11 @@ from date_optax._src.parallel.comm.grad_sync import GradSync, grad_sync_from, mo
 from date_optax._src.parallel.step import grad_stats as gs_lib
 from date_optax._src.parallel.step import local_grads as lg
 from date_optax._src.parallel.step.replica_step import apply_update, replica_step
-from date_optax._src.parallel.step.step_base import check_fn_and_optimizer, zero_residuals
+from date_optax._src.parallel.step.step_base import (
+    check_fn_and_optimizer,
+    check_state,
+    zero_residuals,
+)
 from date_optax._src.parallel.step.step_config import StepConfig, step_config_from
 from date_optax._src.parallel.step.train_state import Metrics, TrainState, check_metrics
 from date_optax._src.types import LossFn, PyTree
@@ -131,6 +135,8 @@ class PmapTrainStep:
     return jax.tree.map(lambda x: x.reshape((n, x.shape[0] // n) + x.shape[1:]), batch)
 
   def __call__(self, state: TrainState, batch: PyTree) -> tuple[TrainState, Metrics]:
+    check_state(state, error_feedback=self.error_feedback,
+                grad_stats=self.grad_stats_decay is not None)
     state, metrics = self._pmapped(state, self.shard_batch(batch))
     metrics = jax.tree.map(lambda m: m[0], metrics)
     if self.max_consecutive_skips is not None:

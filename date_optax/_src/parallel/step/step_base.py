@@ -168,14 +168,28 @@ class TrainStep:
         folded from (step, replica, microbatch).
 
     Returns:
-      A `TrainState` laid out by `state_sharding`.
+      A `TrainState` laid out by `state_sharding`. Under `jax.eval_shape`
+      (a checkpoint's restore target) it is the state's shapes and dtypes;
+      `step.state_sharding(abstract)` gives their shardings.
+
+    Raises:
+      TypeError: a parameter leaf that is not a float array (an integer,
+        bool, string or other object), named by its path; an `rng` of
+        another kind.
     """
     rng = lg.as_key(rng)
     lg.check_params(params)
-    params = jax.tree.map(lambda x: replicate_to_mesh(x, self.mesh), params)
-    model_state = jax.tree.map(lambda x: replicate_to_mesh(x, self.mesh), model_state)
+
+    def place(x):
+      # Under jax.eval_shape (a checkpoint's restore target) the leaves are
+      # tracers with no sharding to read; the jitted `create` below places
+      # them through its out_shardings.
+      return x if isinstance(x, jax.core.Tracer) else replicate_to_mesh(x, self.mesh)
+
+    params = jax.tree.map(place, params)
+    model_state = jax.tree.map(place, model_state)
     if rng is not None:
-      rng = replicate_to_mesh(rng, self.mesh)
+      rng = place(rng)
     inputs = (params, model_state, rng)
     key = (jax.tree.structure(inputs),
            tuple((x.shape, x.dtype) for x in jax.tree.leaves(inputs)))
@@ -251,6 +265,8 @@ class TrainStep:
 
   def _compiled_for(self, state: TrainState) -> Any:
     """`jax.jit` with the state's in/out shardings declared (cached)."""
+    check_state(state, error_feedback=self.error_feedback,
+                grad_stats=self.grad_stats_decay is not None)
     key = (jax.tree.structure(state),
            tuple((np.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(state)))
     if key not in self._compiled:
@@ -273,6 +289,40 @@ class TrainStep:
       check_metrics(metrics, self.max_consecutive_skips)
     return state, metrics
 
+
+
+def check_state(state: Any, *, error_feedback: bool, grad_stats: bool) -> None:
+  """A `TrainState` whose optional parts fit the step (host-side, structure only).
+
+  A state with error-feedback residuals fed to a step built without error
+  feedback would run and never deliver them; the other way round, and a
+  step measuring statistics without `state.grad_stats`, could not run.
+  """
+  if not isinstance(state, TrainState):
+    raise TypeError(
+        "state must be the date_optax.parallel.TrainState of step.init(params) "
+        f"(or a checkpoint restored onto it), got {type(state).__name__}."
+    )
+  if state.grad_residual is not None and not error_feedback:
+    raise ValueError(
+        "state.grad_residual holds error-feedback residuals, but this step was "
+        "built without error_feedback: it would ignore them and never deliver "
+        "what they hold. Build the step with error_feedback=True (and the "
+        "comm_dtype that made them), or drop them: "
+        "state.replace(grad_residual=None)."
+    )
+  if error_feedback and state.grad_residual is None:
+    raise ValueError(
+        "this step was built with error_feedback=True: it needs "
+        "state.grad_residual, the residuals; build the state with this step's "
+        "init (TrainState.create leaves it None)."
+    )
+  if grad_stats and state.grad_stats is None:
+    raise ValueError(
+        "this step was built with grad_stats=True: it needs state.grad_stats, "
+        "the smoothed statistics; build the state with this step's init "
+        "(TrainState.create leaves it None)."
+    )
 
 
 def zero_residuals(params: PyTree, replicas: int | None = None) -> PyTree:

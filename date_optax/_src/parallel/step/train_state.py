@@ -88,13 +88,15 @@ class TrainState(flax.struct.PyTreeNode):
       rng: Any = None,
   ) -> TrainState:
     """A fresh state: `optimizer.init(params)` and zero counters."""
-    zero = jnp.zeros((), jnp.int32)
+    # One buffer per counter: a step that donates the state cannot donate
+    # one buffer twice (JAX refuses at the call).
+    zero = lambda: jnp.zeros((), jnp.int32)
     return cls(
-        step=zero,
+        step=zero(),
         params=params,
         opt_state=optimizer.init(params),
-        consecutive_skips=zero,
-        total_skips=zero,
+        consecutive_skips=zero(),
+        total_skips=zero(),
         model_state=model_state,
         rng=rng,
     )

@@ -106,13 +106,18 @@ def make_train_step(
   int8, int4 or float4_e2m1fn: for "ring" and "torus" every partial sum is
   rounded to the format before it is sent (as hardware adding in the format
   would), for "psum" the payload is cast, summed by `lax.psum` on the format
-  and cast back. With `aps` (Auto-Precision Scaling, Han, Demmel and You
-  2020; on by default for formats of 8 bits or fewer) each layer is first
-  multiplied by a power of two chosen from its max-abs over the replicas so
-  the sum fills the format's range without overflowing, and divided by it
-  after the reduction; the max-abs values travel in one extra small `pmax`
-  before the payload. A layer that is NaN/Inf on any replica arrives as NaN,
-  so the non-finite skip still sees it. With `shard_update=True` the
+  and cast back. A format of 8 bits or fewer is scaled by default: over
+  "ring" and "torus" with block scales of 32 elements (`block_size`,
+  MX-style, measured at every hop and carried beside the payload), over
+  "psum" with APS; bfloat16 is not scaled. With `aps` (Auto-Precision
+  Scaling, Han, Demmel and You 2020) each layer is first multiplied by a
+  power of two chosen from its max-abs over the replicas so the sum fills
+  the format's range without overflowing, and divided by it after the
+  reduction; the max-abs values travel in one extra small `pmax` before the
+  payload. Giving `aps` (True or False) turns the default blocks off; an
+  integer format with no scaling at all rounds most gradients to zero and
+  warns. A layer that is NaN/Inf on any replica arrives as NaN, so the
+  non-finite skip still sees it. With `shard_update=True` the
   reduce-scatter carries the format and the all-gather of the new
   parameters stays float32. Rules and error bounds: `docs/algorithms.md`.
 
@@ -243,9 +248,14 @@ def make_train_step(
   Raises:
     ValueError: for arguments out of range, `grad_sync` or `step_config`
       given with the flat keywords they hold, a spec that names a data axis or
-      an unknown axis, or (at the call) a batch that does not divide over
-      replicas × microbatches.
-    TypeError: for arguments of the wrong kind, or (at the call) a `loss_fn`
+      an unknown axis, or (at the call, before the step runs) a batch that
+      does not divide over replicas × microbatches or has 0 rows, or a state
+      whose `grad_residual` (error feedback) or `grad_stats` does not fit
+      the step.
+    TypeError: for arguments of the wrong kind, or (at `init`) a parameter
+      that is not a float array, or (at the call) a state that is not a
+      `TrainState`, a batch leaf that is not numeric, a `loss_fn` that does
+      not take the `rng=`/`model_state=` the state makes the step pass, or
       whose return does not match the state it was given.
 
   Examples:
