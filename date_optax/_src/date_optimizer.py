@@ -18,6 +18,7 @@ from date_optax._src import decays as decays_lib
 from date_optax._src import gain as gain_lib
 from date_optax._src import lars as lars_lib
 from date_optax._src import masks as masks_lib
+from date_optax._src import schedules as sched_lib
 from date_optax._src import validation
 from date_optax._src.recipe import (
   Baseline,

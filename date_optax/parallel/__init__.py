@@ -26,14 +26,13 @@ from date_optax._src.parallel.comm.update_sharding import (
 from date_optax._src.parallel.data.evaluation import evaluate, pad_batch
 from date_optax._src.parallel.data.input_pipeline import (
     ArraySource,
-    DevicePrefetch,
     data_loader,
     epoch_batches,
     epoch_permutation,
     iterator_state,
-    prefetch_to_device,
     restore_iterator,
 )
+from date_optax._src.parallel.data.prefetch import DevicePrefetch, prefetch_to_device
 from date_optax._src.parallel.layout.distributed import host_local_to_global, initialize
 from date_optax._src.parallel.layout.mesh import data_mesh, torus_mesh
 from date_optax._src.parallel.step.grad_stats import GradStatsState
