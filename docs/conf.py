@@ -105,11 +105,13 @@ def _escape_bars(app, what, name, obj, options, lines):
     lines[i] = "".join(out)
 
 
-# The pages the benchmark scripts write (benchmarks/*.py, `--out docs/<name>`)
-# are table fragments made to be pasted into RESULTS.md: their headings start
+# The pages the benchmark scripts write (benchmarks/*.py, into
+# docs/studies/<study>/<name>.md) are table fragments made to be pasted into RESULTS.md: their headings start
 # at level 3, or they have none. Built as pages, they get a level-1 title.
 _STUDY_PAGES = {
     "batch_scaling": "Batch scaling study",
+    "bench_device_h200": "Accelerator benchmark on one H200",
+    "demo_seeds": "The demo over three seeds",
     "batch_scaling_quick": "Batch scaling study (quick mode)",
     "bert_scaling": "BERT batch scaling study",
     "bert_scaling_short": "BERT batch scaling study (short)",
@@ -123,11 +125,12 @@ _HEADING = re.compile(r"^(#+) ", re.M)
 
 
 def _title_study_page(app, docname, source):
-  if docname not in _STUDY_PAGES:
+  folder, _, name = docname.rpartition("/")
+  if not folder.startswith("studies/") or name not in _STUDY_PAGES:
     return
   levels = [len(h) for h in _HEADING.findall(source[0])]
   if not levels:
-    source[0] = f"# {_STUDY_PAGES[docname]}\n\n" + source[0]
+    source[0] = f"# {_STUDY_PAGES[name]}\n\n" + source[0]
   elif min(levels) > 1:
     shift = min(levels) - 1
     source[0] = _HEADING.sub(lambda m: "#" * (len(m.group(1)) - shift) + " ", source[0])
