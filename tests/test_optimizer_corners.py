@@ -12,29 +12,12 @@ import optax
 import pytest
 import reference as ref
 from flax import nnx
+from trees import grads_at, make_params
 
 import date_optax
 from date_optax._src import lars as lars_lib
 
 jax.config.update("jax_default_matmul_precision", "highest")
-
-
-def make_params(seed=0, dtype=jnp.float32):
-  k = jax.random.split(jax.random.key(seed), 4)
-  return {
-      "dense": {
-          "kernel": jax.random.normal(k[0], (6, 5), dtype),
-          "bias": 0.1 * jax.random.normal(k[1], (5,), dtype),
-      },
-      "conv": jax.random.normal(k[2], (3, 3, 2, 4), dtype) * 0.3,
-      "scale": jnp.ones((4,), dtype),
-  }
-
-
-def grads_at(params, step):
-  return jax.tree.map(
-      lambda p: (jnp.sin(3.0 * p + step) + 0.05 * step).astype(p.dtype), params
-  )
 
 
 def keyed(tree):
