@@ -14,11 +14,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STUDIES = os.path.join(ROOT, "docs", "studies")
 #: The folder of the figures the documentation shows.
 IMAGES = os.path.join(ROOT, "docs", "images")
+#: Where the MNIST-1D studies cache the generated data set.
+MNIST1D_CACHE = os.path.join(ROOT, "tmp", "mnist1d_cache")
 
 
 def study(name: str, prefix: str | None = None) -> str:
   """The output prefix ``docs/studies/<name>/<prefix>`` (prefix defaults to name)."""
   return os.path.join(STUDIES, name, prefix or name)
+
+
+def study_out(name: str, quick: bool, out: str | None = None) -> str:
+  """`out` (a --out flag), else the study's prefix (``<name>_quick`` with --quick).
+
+  Its folder is made.
+  """
+  out = out or study(name, f"{name}_quick" if quick else name)
+  os.makedirs(os.path.dirname(out), exist_ok=True)
+  return out
 
 
 def image(filename: str) -> str:

@@ -113,15 +113,12 @@ def main(argv=None) -> int:
   for key in ("seeds", "epochs", "num_train", "momentum_lr", "adam_lr", "adam_rc_lr"):
     if getattr(args, key) is not None:
       cfg[key] = getattr(args, key)
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  out = args.out or _paths.study(
-      "batch_scaling", "batch_scaling_quick" if args.quick else "batch_scaling")
-  os.makedirs(os.path.dirname(out), exist_ok=True)
+  out = _paths.study_out("batch_scaling", args.quick, args.out)
   log_path = out + ".jsonl"
   done = _runlog.load_runs(log_path)
 
   data = input_pipeline.load_mnist1d(cfg["num_train"], cfg["num_test"], seed=0,
-                                cache_dir=os.path.join(root, "tmp", "mnist1d_cache"))
+                                     cache_dir=_paths.MNIST1D_CACHE)
   b0 = cfg["base_batch"]
   used: dict[str, dict] = {}  # runs that enter the tables, by identity
 
@@ -138,10 +135,8 @@ def main(argv=None) -> int:
     rec = dict(key=key, accuracy=r.final_accuracy, curve=r.test_accuracy,
                loss=r.train_loss, steps=r.steps, wall=r.wall_time,
                diverged=r.diverged)
-    done[ident] = rec
     used[ident] = rec
-    with open(log_path, "a") as f:
-      f.write(json.dumps(dict(ident=ident, **rec)) + "\n")
+    _runlog.log_run(log_path, done, ident, rec)
     return rec
 
   def tuned(solver: str, lr: float) -> date_optax.Baseline:
@@ -219,11 +214,7 @@ def _oracle_module():
 
 
 def _oracle_main(args) -> int:
-  oracle = _oracle_module()
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  out = args.out or _paths.study("oracle", "oracle_quick" if args.quick else "oracle")
-  os.makedirs(os.path.dirname(out), exist_ok=True)
-  return oracle.run_study(args, root, out)
+  return _oracle_module().run_study(args, _paths.study_out("oracle", args.quick, args.out))
 
 
 def _acc(recs) -> tuple[float, float]:

@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import fcntl
 import json
 import os
 import platform
@@ -197,9 +196,7 @@ def main(argv=None) -> int:
     cfg["base_steps"] = args.base_steps
   if args.lamb_grid:
     cfg["lamb_grid"] = tuple(float(x) for x in args.lamb_grid.split(","))
-  out = args.out or _paths.study("bert_scaling", "bert_scaling_quick" if args.quick
-                                 else "bert_scaling")
-  os.makedirs(os.path.dirname(out), exist_ok=True)
+  out = _paths.study_out("bert_scaling", args.quick, args.out)
   log_path = out + ".jsonl"
   done = _runlog.load_runs(log_path)
   b0 = cfg["base_batch"]
@@ -231,11 +228,7 @@ def main(argv=None) -> int:
                  peak_lr=float(recipe.peak_learning_rate), warmup_steps=recipe.warmup_steps,
                  final_gain=r.get("gain"), wall=time.perf_counter() - t,
                  curves=r["curves"], corpus_sha256=r["corpus_sha256"])
-      done[ident] = rec
-      with open(log_path, "a") as f:  # one locked write: studies may share the log
-        fcntl.flock(f, fcntl.LOCK_EX)
-        f.write(json.dumps(dict(ident=ident, **rec)) + "\n")
-        fcntl.flock(f, fcntl.LOCK_UN)
+      _runlog.log_run(log_path, done, ident, rec)
       el = (time.perf_counter() - t_start) / 60
       print(f"[{el:5.1f} min] {method} lr={lr:g} B={batch} seed={seed}: eval loss "
             f"{rec['eval_loss']:.4f} acc {rec['eval_accuracy']:.4f} "
@@ -287,8 +280,7 @@ def main(argv=None) -> int:
     r = cell(method, k, seed, dry)
     if r is not None:
       table.setdefault((method, k), []).append(r)
-  command = " ".join(["python benchmarks/bert_scaling.py", *(
-      a for a in (argv or sys.argv[1:]) if a != "--report-only")])
+  command = _runlog.command("bert_scaling.py", argv)
   _report(out, cfg, best, table, grids, done, args.quick, command)
   return 0
 

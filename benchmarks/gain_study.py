@@ -34,7 +34,6 @@ epoch. Every finished run is appended to ``<out>.jsonl`` and reused.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -146,12 +145,7 @@ def train_with_step(task, data: dict, tx, batch: int, seed: int) -> dict:
 
 
 def run_study(args) -> int:
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  cfg = dict(QUICK if args.quick else oracle.FULL)
-  if args.seeds is not None:
-    cfg["seeds"] = args.seeds
-  if args.scales:
-    cfg["scales"] = tuple(int(k) for k in args.scales.split(","))
+  cfg = oracle.study_config(args, QUICK if args.quick else oracle.FULL)
   names = args.tasks.split(",") if args.tasks else cfg.get("tasks")
   tasks = [t for t in oracle.TASKS if not names or t.name in names]
   log_path = args.out + ".jsonl"
@@ -162,7 +156,7 @@ def run_study(args) -> int:
 
   def data_of(task):
     if task.data not in datasets:
-      datasets[task.data] = oracle.load_data(task.data, cfg, root)
+      datasets[task.data] = oracle.load_data(task.data, cfg)
     return datasets[task.data]
 
   def lr_of(task):
@@ -174,11 +168,7 @@ def run_study(args) -> int:
 
   def run(task, method, k, seed, lr_factor=None, wf=None):
     data = data_of(task)
-    key = dict(task=task.name, lr=lr_of(task), method=method, k=k, seed=seed,
-               epochs=data["epochs"], n=len(data["x_train"]))
-    if method == "grid":
-      key.update(lr_factor=lr_factor, warmup_fraction=wf)
-    ident = json.dumps(key, sort_keys=True)
+    key, ident = oracle.run_key(task, lr_of(task), method, k, seed, data, lr_factor, wf)
     if ident in done:
       return done[ident]
     if ident in old:
@@ -191,9 +181,7 @@ def run_study(args) -> int:
       print(f"FAILED {task.name} k={k} seed={seed} {method}: {e!r}", flush=True)
       return None
     rec = dict(key=key, **rec)
-    done[ident] = rec
-    with open(log_path, "a") as f:
-      f.write(json.dumps(dict(ident=ident, **rec)) + "\n")
+    _runlog.log_run(log_path, done, ident, rec)
     counter["new"] += 1
     el = (time.perf_counter() - counter["t0"]) / 60
     extra = ""
@@ -303,8 +291,7 @@ def noise_scale(done, t, k):
 
 
 def markdown(done, tasks, cfg, args) -> str:
-  cmd = "python benchmarks/gain_study.py" + "".join(
-      f" {a}" for a in sys.argv[1:] if a != "--report-only")
+  cmd = _runlog.command("gain_study.py")
   lines = [
       f"### Measured gain against a widened oracle ({'quick' if args.quick else 'full'})",
       "",

@@ -47,7 +47,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -300,7 +299,7 @@ def run(cfg: dict, out: str, tasks, name: str = "low_precision",
   done = _runlog.load_runs(log)
   data = input_pipeline.load_mnist1d(
       cfg["num_train"], cfg["num_test"], seed=0,
-      cache_dir=os.path.join(ROOT, "tmp", "mnist1d_cache"))
+      cache_dir=_paths.MNIST1D_CACHE)
   todo = [(t, f, a, r, b, e, s) for s in cfg["seeds"] for t in tasks
           for f, a, r, b, e in _rows(cfg)]
   from tqdm import tqdm
@@ -314,9 +313,7 @@ def run(cfg: dict, out: str, tasks, name: str = "low_precision",
                **({"block_size": block} if block else {}),
                **({"error_feedback": True} if ef else {}),
                **train_one(task, fmt, aps, rounding, block, ef, seed, data, cfg))
-    done[ident] = rec
-    with open(log, "a") as f:
-      f.write(json.dumps(dict(ident=ident, **rec)) + "\n")
+    _runlog.log_run(log, done, ident, rec)
     tqdm.write(f"{task:10s} {fmt:14s} aps={int(aps)} {rounding} block={block} "
                f"ef={int(ef)} seed={seed}: "
                f"{rec['accuracy']:.2f}% skipped {rec['skipped']} ({rec['wall']:.0f} s)")

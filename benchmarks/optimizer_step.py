@@ -44,8 +44,12 @@ import date_optax
 # Parameter trees with the shapes of real models.
 
 
-def resnet50_shapes() -> dict[str, tuple[int, ...]]:
-  """ResNet-50 v1.5 (torchvision layout): conv kernels, BN scale/bias, fc."""
+def resnet50_shapes(width: int = 64, num_classes: int = 1000) -> dict[str, tuple[int, ...]]:
+  """ResNet-50 v1.5 (torchvision layout): conv kernels, BN scale/bias, fc.
+
+  `width` is the stem's and the first stage's (64 in the model; the stages
+  double it); a smaller one keeps the 161 leaves with smaller arrays.
+  """
   shapes = {}
 
   def conv_bn(name, k, cin, cout):
@@ -53,24 +57,25 @@ def resnet50_shapes() -> dict[str, tuple[int, ...]]:
     shapes[f"{name}/bn/scale"] = (cout,)
     shapes[f"{name}/bn/bias"] = (cout,)
 
-  conv_bn("stem", 7, 3, 64)
-  cin = 64
-  for stage, (blocks, width) in enumerate([(3, 64), (4, 128), (6, 256), (3, 512)]):
+  conv_bn("stem", 7, 3, width)
+  cin = width
+  for stage, blocks in enumerate((3, 4, 6, 3)):
+    planes = width * 2**stage
     for b in range(blocks):
       p = f"stage{stage}/block{b}"
-      conv_bn(f"{p}/conv1", 1, cin, width)
-      conv_bn(f"{p}/conv2", 3, width, width)
-      conv_bn(f"{p}/conv3", 1, width, 4 * width)
+      conv_bn(f"{p}/conv1", 1, cin, planes)
+      conv_bn(f"{p}/conv2", 3, planes, planes)
+      conv_bn(f"{p}/conv3", 1, planes, 4 * planes)
       if b == 0:
-        conv_bn(f"{p}/proj", 1, cin, 4 * width)
-      cin = 4 * width
-  shapes["head/kernel"] = (2048, 1000)
-  shapes["head/bias"] = (1000,)
+        conv_bn(f"{p}/proj", 1, cin, 4 * planes)
+      cin = 4 * planes
+  shapes["head/kernel"] = (cin, num_classes)
+  shapes["head/bias"] = (num_classes,)
   return shapes
 
 
-def bert_base_shapes() -> dict[str, tuple[int, ...]]:
-  h, f, layers = 768, 3072, 12
+def bert_shapes(h: int = 768, f: int = 3072, layers: int = 12) -> dict[str, tuple[int, ...]]:
+  """BERT (Devlin et al., 2019): hidden size `h`, MLP width `f`; BERT-base's by default."""
   shapes = {
       "emb/word": (30522, h), "emb/pos": (512, h), "emb/type": (2, h),
       "emb/ln/scale": (h,), "emb/ln/bias": (h,),
@@ -91,6 +96,10 @@ def bert_base_shapes() -> dict[str, tuple[int, ...]]:
   shapes["pooler/kernel"] = (h, h)
   shapes["pooler/bias"] = (h,)
   return shapes
+
+
+def bert_base_shapes() -> dict[str, tuple[int, ...]]:
+  return bert_shapes()
 
 
 def stacked_shapes() -> dict[str, tuple[int, ...]]:

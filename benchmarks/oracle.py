@@ -61,6 +61,7 @@ from date_optax import schedules
 # the tasks package: MNIST-1D data, model and in-memory trainer.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _paths  # noqa: E402
 import _runlog  # noqa: E402
 
 from benchmarks.tasks import data as input_pipeline  # noqa: E402
@@ -150,11 +151,11 @@ TASKS = (
 )
 
 
-def load_data(kind: str, cfg: dict, root: str) -> dict[str, np.ndarray]:
+def load_data(kind: str, cfg: dict) -> dict[str, np.ndarray]:
   if kind == "mnist1d":
     d = input_pipeline.load_mnist1d(
         cfg["num_train"], cfg["num_test"], seed=0,
-        cache_dir=os.path.join(root, "tmp", "mnist1d_cache"))
+        cache_dir=_paths.MNIST1D_CACHE)
     return dict(x_train=d.x_train, y_train=d.y_train, x_test=d.x_test,
                 y_test=d.y_test, epochs=cfg["epochs"])
   d = input_pipeline.load_digits(num_train=cfg["mnist_train"])
@@ -228,12 +229,28 @@ def train(model: nn.Module, data: dict, tx, batch: int, seed: int,
 # The study.
 
 
-def run_study(args, root: str, out: str) -> int:
-  cfg = dict(QUICK if args.quick else FULL)
+def study_config(args, base: dict) -> dict:
+  """A copy of `base` with the --seeds and --scales flags applied."""
+  cfg = dict(base)
   if args.seeds is not None:
     cfg["seeds"] = args.seeds
   if args.scales:
     cfg["scales"] = tuple(int(k) for k in args.scales.split(","))
+  return cfg
+
+
+def run_key(task: Task, lr: float, method: str, k: int, seed: int, data: dict,
+            lr_factor: float | None, wf: float | None) -> tuple[dict, str]:
+  """A run's key (grid runs add their LR factor and warmup) and its log ident."""
+  key = dict(task=task.name, lr=lr, method=method, k=k, seed=seed,
+             epochs=data["epochs"], n=len(data["x_train"]))
+  if method == "grid":
+    key.update(lr_factor=lr_factor, warmup_fraction=wf)
+  return key, json.dumps(key, sort_keys=True)
+
+
+def run_study(args, out: str) -> int:
+  cfg = study_config(args, QUICK if args.quick else FULL)
   tasks = [t for t in TASKS if not args.tasks or t.name in args.tasks.split(",")]
   log_path = out + ".jsonl"
   done = _runlog.load_runs(log_path)
@@ -242,16 +259,12 @@ def run_study(args, root: str, out: str) -> int:
 
   def data_of(task):
     if task.data not in datasets:
-      datasets[task.data] = load_data(task.data, cfg, root)
+      datasets[task.data] = load_data(task.data, cfg)
     return datasets[task.data]
 
   def run(task, lr, method, k, seed, lr_factor=1.0, wf=0.05) -> dict:
     data = data_of(task)
-    key = dict(task=task.name, lr=lr, method=method, k=k, seed=seed,
-               epochs=data["epochs"], n=len(data["x_train"]))
-    if method == "grid":
-      key.update(lr_factor=lr_factor, warmup_fraction=wf)
-    ident = json.dumps(key, sort_keys=True)
+    key, ident = run_key(task, lr, method, k, seed, data, lr_factor, wf)
     if ident in done:
       return done[ident]
     if args.report_only:
@@ -260,9 +273,7 @@ def run_study(args, root: str, out: str) -> int:
     tx = optimizer_for(method, base, task.batch_size * k, lr_factor, wf)
     rec = dict(key=key, **train(task.model(task.batch_size), data, tx,
                                 task.batch_size * k, seed, task.steps_per_call))
-    done[ident] = rec
-    with open(log_path, "a") as f:
-      f.write(json.dumps(dict(ident=ident, **rec)) + "\n")
+    _runlog.log_run(log_path, done, ident, rec)
     counter["new"] += 1
     el = (time.perf_counter() - counter["t0"]) / 60
     print(f"[{el:5.1f} min, run {counter['new']}] {task.name} k={k} seed={seed} "
@@ -368,8 +379,7 @@ def _oracle(done, task, k):
 
 
 def markdown(done, tasks, lrs, cfg, args) -> str:
-  cmd = "python benchmarks/batch_scaling.py" + "".join(
-      f" {a}" for a in sys.argv[1:] if a != "--report-only")
+  cmd = _runlog.command("batch_scaling.py")
   lines = [
       f"### DATE against a retuned oracle ({'quick' if args.quick else 'full'} mode)",
       "",

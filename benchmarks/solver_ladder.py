@@ -126,14 +126,11 @@ def main(argv=None) -> int:
   p.add_argument("--out", default=None)
   args = p.parse_args(argv)
   cfg = QUICK if args.quick else FULL
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  out = args.out or _paths.study(
-      "solver_ladder", "solver_ladder_quick" if args.quick else "solver_ladder")
-  os.makedirs(os.path.dirname(out), exist_ok=True)
+  out = _paths.study_out("solver_ladder", args.quick, args.out)
   log_path = out + ".jsonl"
   done = _runlog.load_runs(log_path)
   data = input_pipeline.load_mnist1d(cfg["num_train"], cfg["num_test"], seed=0,
-                                cache_dir=os.path.join(root, "tmp", "mnist1d_cache"))
+                                     cache_dir=_paths.MNIST1D_CACHE)
   total = cfg["epochs"] * (cfg["num_train"] // cfg["batch"])
   jobs = [(s, v, lr) for s in SOLVERS for v in VARIANTS
           for lr in GRIDS.get((s, v), _RATIO_GRID)]
@@ -148,11 +145,9 @@ def main(argv=None) -> int:
       r = lstm_train.train(data, optimizer=optimizer(solver, variant, sched),
                           batch_size=cfg["batch"], epochs=cfg["epochs"],
                           learning_rate=sched, seed=0)
-      done[ident] = dict(solver=solver, variant=variant, lr=lr,
-                         accuracy=r.final_accuracy, diverged=r.diverged,
-                         curve=r.test_accuracy, steps=r.steps, wall=r.wall_time)
-      with open(log_path, "a") as f:
-        f.write(json.dumps(dict(ident=ident, **done[ident])) + "\n")
+      _runlog.log_run(log_path, done, ident, dict(
+          solver=solver, variant=variant, lr=lr, accuracy=r.final_accuracy,
+          diverged=r.diverged, curve=r.test_accuracy, steps=r.steps, wall=r.wall_time))
     rec = done[ident]
     acc = -1.0 if rec["diverged"] else rec["accuracy"]
     cur = best.get((solver, variant))

@@ -35,28 +35,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-from optimizer_step import bert_base_shapes, resnet50_shapes  # noqa: E402
+from optimizer_step import bert_base_shapes, bert_shapes, resnet50_shapes  # noqa: E402
 
 
 def bert_large_shapes() -> dict[str, tuple[int, ...]]:
-  h, f = 1024, 4096
-  shapes = {"emb/word": (30522, h), "emb/pos": (512, h), "emb/type": (2, h),
-            "emb/ln/scale": (h,), "emb/ln/bias": (h,)}
-  for i in range(24):
-    p = f"layer{i}"
-    for n in ("q", "k", "v", "o"):
-      shapes[f"{p}/attn/{n}/kernel"] = (h, h)
-      shapes[f"{p}/attn/{n}/bias"] = (h,)
-    for ln in ("ln1", "ln2"):
-      shapes[f"{p}/{ln}/scale"] = (h,)
-      shapes[f"{p}/{ln}/bias"] = (h,)
-    shapes[f"{p}/ffn/in/kernel"] = (h, f)
-    shapes[f"{p}/ffn/in/bias"] = (f,)
-    shapes[f"{p}/ffn/out/kernel"] = (f, h)
-    shapes[f"{p}/ffn/out/bias"] = (h,)
-  shapes["pooler/kernel"] = (h, h)
-  shapes["pooler/bias"] = (h,)
-  return shapes
+  return bert_shapes(1024, 4096, 24)
 
 
 TREES = {"resnet50": resnet50_shapes, "bert_base": bert_base_shapes,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -11,16 +10,9 @@ import sys
 
 import numpy as np
 import pytest
+from run_outputs import load_benchmark, study_outputs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _load(name):
-  spec = importlib.util.spec_from_file_location(
-      name, os.path.join(ROOT, "benchmarks", f"{name}.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 def test_bench_device_quick_writes_every_ratio(tmp_path):
@@ -56,18 +48,14 @@ def test_bench_device_quick_writes_every_ratio(tmp_path):
 
 @pytest.mark.slow
 def test_batch_scaling_quick_tiny_and_resume(tmp_path):
-  bench = _load("batch_scaling")
+  bench = load_benchmark("batch_scaling")
   out = str(tmp_path / "bs")
   argv = ["--quick", "--epochs", "8", "--num-train", "1024", "--out", out]
   assert bench.main(argv) == 0
-  md = open(out + ".md").read()
-  for label in bench.LABELS.values():
-    assert label in md
+  md, lines = study_outputs(out, bench.LABELS.values())
   # 4 scales x 5 methods, iterations 8 * 1024 / B.
   assert "| iterations | 512 | 128 | 32 | 8 |" in md
-  lines = open(out + ".jsonl").read().splitlines()
   assert len(lines) == 20
-  assert os.path.getsize(out + ".png") > 10_000
   # A second call trains nothing new: every run comes from the log.
   assert bench.main(argv) == 0
   assert len(open(out + ".jsonl").read().splitlines()) == 20
@@ -76,17 +64,14 @@ def test_batch_scaling_quick_tiny_and_resume(tmp_path):
 
 @pytest.mark.slow
 def test_batch_scaling_oracle_quick_and_resume(tmp_path):
-  bench = _load("batch_scaling")
+  bench = load_benchmark("batch_scaling")
   out = str(tmp_path / "oracle")
   argv = ["--oracle", "--quick", "--out", out]
   assert bench.main(argv) == 0
-  md = open(out + ".md").read()
   oracle = bench._oracle_module()
-  for label in oracle.LABELS.values():
-    assert label in md
+  md, lines = study_outputs(out, oracle.LABELS.values())
   for task in oracle.TASKS:
     assert f"| {task.label} | 4 |" in md
-  lines = open(out + ".jsonl").read().splitlines()
   # 4 tasks x (3 grid points + 5 methods + 2 variants) at k = 4 (the only
   # scale, so the headline one), one seed.
   assert len(lines) == 40
@@ -94,7 +79,6 @@ def test_batch_scaling_oracle_quick_and_resume(tmp_path):
   assert {r["key"]["method"] for r in recs} == {
       "grid", *oracle.METHODS, *oracle.VARIANTS}
   assert all(0.0 <= r["accuracy"] <= 100.0 for r in recs)
-  assert os.path.getsize(out + ".png") > 10_000
   # A second call trains nothing new, and --report-only rewrites the table.
   assert bench.main(argv + ["--report-only"]) == 0
   assert len(open(out + ".jsonl").read().splitlines()) == 40
@@ -103,14 +87,12 @@ def test_batch_scaling_oracle_quick_and_resume(tmp_path):
 
 @pytest.mark.slow
 def test_gain_study_quick_and_resume(tmp_path):
-  bench = _load("gain_study")
+  bench = load_benchmark("gain_study")
   out = str(tmp_path / "gain")
   argv = ["--quick", "--out", out]
   assert bench.main(argv) == 0
-  md = open(out + ".md").read()
-  for label in bench.LABELS.values():
-    assert label in md
-  recs = [json.loads(line) for line in open(out + ".jsonl").read().splitlines()]
+  _, lines = study_outputs(out, bench.LABELS.values())
+  recs = [json.loads(line) for line in lines]
   assert {r["key"]["method"] for r in recs} == {
       "grid", *bench.OLD_METHODS, *bench.NEW_METHODS}
   gain_runs = [r for r in recs if r["key"]["method"] in bench.NEW_METHODS]
@@ -122,14 +104,13 @@ def test_gain_study_quick_and_resume(tmp_path):
   # The widened grid went past the original edge (x2) until the best was interior.
   factors = {r["key"]["lr_factor"] for r in recs if r["key"]["method"] == "grid"}
   assert max(factors) > 2.0
-  assert os.path.getsize(out + ".png") > 10_000
   n = len(recs)
   assert bench.main(argv + ["--report-only"]) == 0
   assert len(open(out + ".jsonl").read().splitlines()) == n
 
 
 def test_oracle_grid_points_and_methods_are_what_they_say():
-  oracle = _load("batch_scaling")._oracle_module()
+  oracle = load_benchmark("batch_scaling")._oracle_module()
   import date_optax
   task = oracle.TASKS[0]
   data = dict(x_train=np.zeros((16384, 40), np.float32), epochs=20)
@@ -144,7 +125,7 @@ def test_oracle_grid_points_and_methods_are_what_they_say():
 
 @pytest.mark.slow
 def test_solver_ladder_quick(tmp_path):
-  ladder = _load("solver_ladder")
+  ladder = load_benchmark("solver_ladder")
   out = str(tmp_path / "sl")
   ladder.QUICK.update(num_train=512, num_test=256, epochs=2, batch=256)
   ladder.GRIDS.clear()
@@ -161,7 +142,7 @@ def test_solver_ladder_quick(tmp_path):
 @pytest.mark.slow
 def test_low_precision_quick_and_resume(tmp_path):
   """The study trains through make_train_step with int8 payloads, then resumes."""
-  study = _load("low_precision")
+  study = load_benchmark("low_precision")
   out = str(tmp_path / "lp")
   assert study.main(["--quick", "--out", out, "--tasks", "lstm_date,cnn_gbn"]) == 0
   log = os.path.join(out, "low_precision.jsonl")
@@ -186,7 +167,7 @@ def test_low_precision_quick_and_resume(tmp_path):
 @pytest.mark.slow
 def test_low_precision_bert_task_quick(tmp_path):
   """The BERT task trains through the example's command line on 8 devices."""
-  study = _load("low_precision")
+  study = load_benchmark("low_precision")
   out = str(tmp_path / "lp")
   assert study.main(["--quick", "--out", out, "--tasks", "bert_lamb"]) == 0
   recs = [json.loads(line) for line in open(os.path.join(out, "low_precision.jsonl"))]
@@ -199,7 +180,7 @@ def test_low_precision_bert_task_quick(tmp_path):
 
 def test_low_precision_tables_the_bert_task_with_its_eval_loss(tmp_path):
   """--no-train tables logged runs: accuracy, Δ to float32 and (BERT) the MLM loss."""
-  study = _load("low_precision")
+  study = load_benchmark("low_precision")
   out = str(tmp_path / "lp")
   os.makedirs(out)
   cfg = dict(study.QUICK)
@@ -224,7 +205,7 @@ def test_low_precision_tables_the_bert_task_with_its_eval_loss(tmp_path):
 
 def test_low_precision_bert_runs_pass_the_payload_options_to_the_example(monkeypatch):
   """The BERT task's command line: the ring, the payload and its scaling."""
-  study = _load("low_precision")
+  study = load_benchmark("low_precision")
   sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
   import bert_scaling
 

@@ -6,7 +6,6 @@ with docs/algorithms.md and tpu/README.md, computed here from the formulas.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
@@ -20,6 +19,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
+from run_outputs import read_metrics  # noqa: E402
+
 from examples.mnist1d_lstm import train as mnist1d_train  # noqa: E402
 from examples.mnist1d_lstm.configs import baseline as mnist1d_baseline  # noqa: E402
 from examples.mnist1d_lstm.configs import default as mnist1d_default  # noqa: E402
@@ -28,14 +29,6 @@ from examples.resnet50_imagenet import train as resnet_train  # noqa: E402
 from examples.resnet50_imagenet.configs import default as resnet_default  # noqa: E402
 from examples.resnet50_imagenet.configs import smoke as resnet_smoke  # noqa: E402
 from examples.resnet50_imagenet.configs import v2_32, v3_32, v4_32  # noqa: E402
-
-
-def _read_metrics(path):
-  out = {}
-  with open(path) as f:
-    for row in csv.DictReader(f):
-      out.setdefault(row["name"], []).append((int(row["step"]), float(row["value"])))
-  return out
 
 
 def _date_lr(i, peak, warmup, total):
@@ -76,7 +69,7 @@ def test_mnist1d_lstm_smoke(tmp_path):
   assert result["devices"] == 4
   assert 0.0 <= result["test_accuracy"] <= 100.0
   assert json.load(open(tmp_path / "results.json"))["iterations"] == 16
-  metrics = _read_metrics(tmp_path / "metrics.csv")
+  metrics = read_metrics(tmp_path / "metrics.csv")
   assert all(np.isfinite(v) for _, v in metrics["loss"])
   # The logged learning rate is DATE's schedule at that iteration (k = 4:
   # peak 8e-3 * 2, warmup round(0.25 * 512 / 16) = 8 iterations of 16).
@@ -112,7 +105,7 @@ def test_mnist_lstm_data_and_smoke(tmp_path):
   assert result["iterations"] == 8
   assert result["warmup_steps"] == round(0.05 * 512 / 16) == 2
   assert 0.0 <= result["test_accuracy"] <= 100.0
-  losses = [v for _, v in _read_metrics(tmp_path / "metrics.csv")["loss"]]
+  losses = [v for _, v in read_metrics(tmp_path / "metrics.csv")["loss"]]
   assert len(losses) == 8 and all(np.isfinite(losses))
 
 
@@ -180,7 +173,7 @@ def test_resnet_fake_data_smoke(tmp_path):
   assert 0.0 <= result["eval_accuracy"] <= 1.0
   # LARS's per-layer ratios are logged, and the learning rate is LEGW's:
   # B = 64 from B0 = 16 (k = 4), peak 2 * 2, warmup round(1.25 * 4096/64) = 80.
-  metrics = _read_metrics(tmp_path / "metrics.csv")
+  metrics = read_metrics(tmp_path / "metrics.csv")
   for step, lr in metrics["learning_rate"]:
     np.testing.assert_allclose(lr, 4.0 * step / 80, rtol=1e-5)
   assert "trust_ratio/median" in metrics
@@ -194,5 +187,5 @@ def test_resnet_resumes_from_checkpoint(tmp_path):
   config.num_train_steps = 6
   result = resnet_train.train_and_evaluate(config, str(tmp_path))
   assert result["steps"] == 6
-  steps = [s for s, _ in _read_metrics(tmp_path / "metrics.csv")["loss"]]
+  steps = [s for s, _ in read_metrics(tmp_path / "metrics.csv")["loss"]]
   assert steps == [1, 2, 3, 4, 5, 6]  # resumed at 5, nothing repeated

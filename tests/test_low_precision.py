@@ -275,7 +275,8 @@ def _problem(seed=0):
   return params, batch
 
 
-def _loss(p, b):
+def _loss(p, b, rng=None):
+  """Least squares; `rng` is the step's key (test_stochastic_rounding's steps pass one)."""
   return jnp.mean((b["x"] @ p["w"] + p["b"] - b["y"]) ** 2)
 
 

@@ -12,63 +12,12 @@ import optax
 import pytest
 import reference as ref
 from flax import nnx
+from trees import assert_close, grads_at, keyed, make_params, run, run_ref
 
 import date_optax
 from date_optax._src import lars as lars_lib
 
 jax.config.update("jax_default_matmul_precision", "highest")
-
-
-def make_params(seed=0, dtype=jnp.float32):
-  k = jax.random.split(jax.random.key(seed), 4)
-  return {
-      "dense": {
-          "kernel": jax.random.normal(k[0], (6, 5), dtype),
-          "bias": 0.1 * jax.random.normal(k[1], (5,), dtype),
-      },
-      "conv": jax.random.normal(k[2], (3, 3, 2, 4), dtype) * 0.3,
-      "scale": jnp.ones((4,), dtype),
-  }
-
-
-def grads_at(params, step):
-  return jax.tree.map(
-      lambda p: (jnp.sin(3.0 * p + step) + 0.05 * step).astype(p.dtype), params
-  )
-
-
-def keyed(tree):
-  return {jax.tree_util.keystr(k): v
-          for k, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
-
-
-def run(opt, params, steps=4, grads=grads_at):
-  state = opt.init(params)
-  update = jax.jit(opt.update)
-  for t in range(steps):
-    updates, state = update(grads(params, t), state, params)
-    params = optax.apply_updates(params, updates)
-  return params, state
-
-
-def run_ref(ref_opt, params, steps=4, grads=grads_at):
-  p = {k: ref.arr(v) for k, v in keyed(params).items()}
-  treedef = jax.tree.structure(params)
-  dtypes = [x.dtype for x in jax.tree.leaves(params)]
-  for t in range(steps):
-    cur = jax.tree.unflatten(treedef, [jnp.asarray(p[k], d)
-                                       for k, d in zip(p, dtypes)])
-    g = {k: ref.arr(v) for k, v in keyed(grads(cur, t)).items()}
-    p = ref_opt.step(p, g)
-  return p
-
-
-def assert_close(tree, want, rtol=2e-5, atol=1e-6):
-  got = keyed(tree)
-  assert got.keys() == want.keys()
-  for k in got:
-    np.testing.assert_allclose(np.asarray(got[k]), want[k], rtol=rtol,
-                               atol=atol, err_msg=k)
 
 
 # --------------------------------------------------------------------------

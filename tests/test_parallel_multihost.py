@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
 
 import jax
 import numpy as np
 import parallel_model as pm
 import pytest
+from workers import WorkerPair
 
 import date_optax
 import date_optax.parallel as dp
@@ -20,44 +17,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TIMEOUT_S = 240
 
 
-def _free_port() -> int:
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def _run_workers(tmp_path) -> list[dict]:
-  port = _free_port()
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)  # the worker sets its own device count
-  procs, outs, logs = [], [], []
-  try:
-    for i in range(2):
-      out = tmp_path / f"out{i}.npz"
-      log = open(tmp_path / f"log{i}.txt", "w")  # noqa: SIM115 - closed below
-      logs.append(log)
-      outs.append(out)
-      procs.append(subprocess.Popen(
-          [sys.executable, os.path.join(HERE, "multihost_worker.py"),
-           "--port", str(port), "--process-id", str(i), "--out", str(out)],
-          stdout=log, stderr=subprocess.STDOUT, env=env, cwd=HERE,
-      ))
-    deadline = time.monotonic() + TIMEOUT_S
-    for p in procs:
-      p.wait(timeout=max(1.0, deadline - time.monotonic()))
-  except subprocess.TimeoutExpired:
-    pytest.fail(f"multi-host workers did not finish in {TIMEOUT_S} s")
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
-    for log in logs:
-      log.close()
-  for i, p in enumerate(procs):
-    if p.returncode != 0:
-      tail = (tmp_path / f"log{i}.txt").read_text()[-3000:]
-      pytest.fail(f"worker {i} exited with {p.returncode}:\n{tail}")
+  outs = [tmp_path / f"out{i}.npz" for i in range(2)]
+  pair = WorkerPair(os.path.join(HERE, "multihost_worker.py"), lambda i: ["--out", str(outs[i])],
+                    [tmp_path / f"log{i}.txt" for i in range(2)], cwd=HERE,
+                    timeout=TIMEOUT_S, what="multi-host workers")
+  for i, rc in enumerate(pair.wait()):
+    if rc != 0:
+      pytest.fail(f"worker {i} exited with {rc}:\n{pair.log(i)[-3000:]}")
   return [dict(np.load(o)) for o in outs]
 
 

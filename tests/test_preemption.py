@@ -10,13 +10,11 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
+from workers import WorkerPair
 
 from date_optax.checkpoint import PreemptionGuard
 
@@ -70,65 +68,16 @@ def test_guard_rejects_bad_input():
 # Two processes.
 
 
-def _free_port() -> int:
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-class _Pair:
-  """Two worker processes sharing a workdir; always killed and reaped."""
-
-  def __init__(self, workdir, tag, **flags):
-    self.workdir = workdir
-    self.logs = [workdir / f"{tag}_log{i}.txt" for i in range(2)]
-    port = _free_port()
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)  # the worker sets its own device count
-    extra = [f"--{k.replace('_', '-')}={v}" for k, v in flags.items()]
-    self._files = [open(log, "w") for log in self.logs]  # noqa: SIM115
-    self.procs = [
-        subprocess.Popen(
-            [sys.executable, WORKER, "--port", str(port), "--process-id", str(i),
-             "--workdir", str(workdir), f"--steps={STEPS}", *extra],
-            stdout=f, stderr=subprocess.STDOUT, env=env, cwd=HERE)
-        for i, f in enumerate(self._files)
-    ]
-
-  def log(self, i: int) -> str:
-    return self.logs[i].read_text()
-
-  def wait_for(self, i: int, pattern: str, timeout: float = PAIR_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not re.search(pattern, self.log(i)):
-      if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
-        self.kill()
-        pytest.fail(f"worker {i} never logged {pattern!r}:\n{self.log(i)[-2000:]}")
-      time.sleep(0.05)
-
-  def wait(self, timeout: float = PAIR_TIMEOUT_S) -> list[int]:
-    deadline = time.monotonic() + timeout
-    try:
-      for p in self.procs:
-        p.wait(timeout=max(0.1, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-      self.kill()
-      pytest.fail(f"workers did not finish in {timeout} s:\n{self.log(0)[-2000:]}")
-    finally:
-      self.kill()
-    return [p.returncode for p in self.procs]
-
-  def kill(self) -> None:
-    for p in self.procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
-    for f in self._files:
-      f.close()
+def _pair(workdir, tag, **flags) -> WorkerPair:
+  """Two workers sharing a workdir, logging to `<tag>_log<i>.txt` there."""
+  extra = [f"--{k.replace('_', '-')}={v}" for k, v in flags.items()]
+  return WorkerPair(WORKER, lambda i: ["--workdir", str(workdir), f"--steps={STEPS}", *extra],
+                    [workdir / f"{tag}_log{i}.txt" for i in range(2)], cwd=HERE,
+                    timeout=PAIR_TIMEOUT_S)
 
 
 def _finish(workdir, tag) -> list[dict]:
-  pair = _Pair(workdir, tag)
+  pair = _pair(workdir, tag)
   rcs = pair.wait()
   assert rcs == [0, 0], (rcs, pair.log(0)[-2000:], pair.log(1)[-2000:])
   return [dict(np.load(workdir / f"out{i}.npz")) for i in range(2)]
@@ -151,7 +100,7 @@ def _assert_same_run(outs, ref):
 
 def test_sigterm_to_one_host_saves_the_same_step_on_both_and_resumes_exactly(
     tmp_path, uninterrupted):
-  pair = _Pair(tmp_path, "first", step_sleep=0.3)
+  pair = _pair(tmp_path, "first", step_sleep=0.3)
   pair.wait_for(1, r"process 1: step 5\b")
   pair.procs[1].send_signal(signal.SIGTERM)
   assert pair.wait() == [0, 0], pair.log(0)[-2000:]
@@ -167,7 +116,7 @@ def test_sigterm_to_one_host_saves_the_same_step_on_both_and_resumes_exactly(
 
 def test_sigkill_of_one_host_ends_the_other_and_the_pair_resumes(
     tmp_path, uninterrupted):
-  pair = _Pair(tmp_path, "first", step_sleep=0.3)
+  pair = _pair(tmp_path, "first", step_sleep=0.3)
   pair.wait_for(1, r"process 1: step 9\b")  # checkpoint 8 is complete
   killed_at = time.monotonic()
   pair.procs[1].kill()

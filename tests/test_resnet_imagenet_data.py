@@ -13,10 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -27,6 +24,7 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 import fake_tfds  # noqa: E402
+from workers import WorkerPair  # noqa: E402
 
 import date_optax.parallel as dp  # noqa: E402
 from examples.resnet50_imagenet import input_pipeline  # noqa: E402
@@ -183,40 +181,15 @@ def test_stopped_and_resumed_real_data_run_is_bit_identical(data_dir, tmp_path, 
     train.train_and_evaluate(config, str(tmp_path / "resumed"))
 
 
-def _free_port() -> int:
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def test_two_processes_read_disjoint_shards_that_make_the_epoch(data_dir, tmp_path):
   root, names = data_dir
-  port = _free_port()
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)
-  procs, logs = [], []
-  try:
-    for i in range(2):
-      log = open(tmp_path / f"log{i}.txt", "w")  # noqa: SIM115 - closed below
-      logs.append(log)
-      procs.append(subprocess.Popen(
-          [sys.executable, os.path.join(HERE, "imagenet_worker.py"), "--port", str(port),
-           "--process-id", str(i), "--data-dir", root, "--out", str(tmp_path / f"{i}.npz")],
-          stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT))
-    deadline = time.monotonic() + TIMEOUT_S
-    for p in procs:
-      p.wait(timeout=max(1.0, deadline - time.monotonic()))
-  except subprocess.TimeoutExpired:
-    pytest.fail(f"the two input workers did not finish in {TIMEOUT_S} s")
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
-    for log in logs:
-      log.close()
-  for i, p in enumerate(procs):
-    assert p.returncode == 0, (tmp_path / f"log{i}.txt").read_text()[-3000:]
+  pair = WorkerPair(
+      os.path.join(HERE, "imagenet_worker.py"),
+      lambda i: ["--data-dir", root, "--out", str(tmp_path / f"{i}.npz")],
+      [tmp_path / f"log{i}.txt" for i in range(2)], cwd=ROOT, timeout=TIMEOUT_S,
+      what="the two input workers")
+  for i, rc in enumerate(pair.wait()):
+    assert rc == 0, pair.log(i)[-3000:]
   out = [np.load(tmp_path / f"{i}.npz") for i in range(2)]
   read = [{bytes(n).strip().decode() for n in o["names"]} for o in out]
   # Each process reads 160 images, 16 per batch (global 32 / 2 processes).

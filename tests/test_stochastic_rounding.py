@@ -24,8 +24,9 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-# The adversarial layers and hop counts of the nearest-rounding tests.
-from test_low_precision import _hops, _layers
+# The adversarial layers and hop counts of the nearest-rounding tests, and the
+# least-squares problem of the train-step tests.
+from test_low_precision import _hops, _layers, _loss, _manual_grads, _problem
 
 import date_optax.parallel as dp
 from date_optax._src.parallel import compat
@@ -224,18 +225,6 @@ def test_stochastic_keeps_the_rounds_of_the_compiled_program():
 # ---------------------------------------------------------------------------
 
 
-def _problem(seed=0):
-  rng = np.random.default_rng(seed)
-  params = {"w": rng.normal(size=(6, 3)).astype(np.float32), "b": np.zeros(3, np.float32)}
-  batch = {"x": rng.normal(size=(32, 6)).astype(np.float32),
-           "y": rng.normal(size=(32, 3)).astype(np.float32)}
-  return params, batch
-
-
-def _loss(p, b, rng=None):
-  return jnp.mean((b["x"] @ p["w"] + p["b"] - b["y"]) ** 2)
-
-
 def _step_key(seed, step):
   """fold_in(fold_in(base, 0x5352), step); base PRNGKey(0) without a state key."""
   base = jax.random.PRNGKey(0 if seed is None else seed)
@@ -258,9 +247,7 @@ def test_train_step_reduces_with_the_key_of_each_step(kind, seed):
   state = step.init(params, rng=seed)
   cur = params
   for s in range(2):
-    rows = jax.tree.map(lambda v: v.reshape((N, -1) + v.shape[1:]), batch)
-    local = jax.vmap(jax.grad(_loss), in_axes=(None, 0))(cur, rows)
-    local = jax.tree.map(lambda g: np.asarray(g) / N, local)
+    local = jax.tree.map(lambda g: np.asarray(g) / N, _manual_grads(cur, batch))
     want = reduce(local, _step_key(seed, s))
     state, _ = step(state, batch)
     new = jax.tree.map(lambda x: np.asarray(x[0] if kind == "pmap" else x), state.params)

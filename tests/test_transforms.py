@@ -13,67 +13,21 @@ import reference as ref
 from flax import nnx
 from hypothesis import given
 from hypothesis import strategies as st
+from trees import assert_close, grads_at, keyed, make_params, run, run_ref
 
 import date_optax
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
-def make_params(seed=0, dtype=jnp.float32):
-  k = jax.random.split(jax.random.key(seed), 4)
-  return {
-      "dense": {
-          "kernel": jax.random.normal(k[0], (6, 5), dtype),
-          "bias": 0.1 * jax.random.normal(k[1], (5,), dtype),
-      },
-      "conv": jax.random.normal(k[2], (3, 3, 2, 4), dtype) * 0.3,
-      "scale": jnp.ones((4,), dtype),
-  }
-
-
-def grads_at(params, step):
-  # A smooth, step-dependent gradient field: deterministic and non-trivial.
-  return jax.tree.map(
-      lambda p: (jnp.sin(3.0 * p + step) + 0.05 * step).astype(p.dtype), params
-  )
-
-
 def flat(tree):
-  return {jax.tree_util.keystr(k): np.asarray(v).astype(np.float64)
-          for k, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  return {k: np.asarray(v).astype(np.float64) for k, v in keyed(tree).items()}
 
 
 def strip_bounds(state):
   has = lambda x: hasattr(x, "bounds") and hasattr(x, "_replace")
   return jax.tree.map(lambda x: x._replace(bounds=None) if has(x) else x,
                       state, is_leaf=has)
-
-
-def run(opt, params, steps=4, jit=True):
-  state = opt.init(params)
-  update = jax.jit(opt.update) if jit else opt.update
-  for t in range(steps):
-    updates, state = update(grads_at(params, t), state, params)
-    params = optax.apply_updates(params, updates)
-  return params, state
-
-
-def run_ref(ref_opt, params, steps=4):
-  p = flat(params)
-  keys = list(p)
-  for t in range(steps):
-    cur = jax.tree.unflatten(jax.tree.structure(params),
-                             [jnp.asarray(p[k], jnp.float32) for k in keys])
-    g = flat(grads_at(cur, t))
-    p = ref_opt.step(p, g)
-  return p
-
-
-def assert_tree_close(tree, ref_flat, rtol=2e-5, atol=1e-6):
-  got = flat(tree)
-  assert got.keys() == ref_flat.keys()
-  for k in got:
-    np.testing.assert_allclose(got[k], ref_flat[k], rtol=rtol, atol=atol, err_msg=k)
 
 
 # --------------------------------------------------------------------------
@@ -91,7 +45,7 @@ def test_lars_matches_reference(wd, nesterov, denominator):
   want = run_ref(ref.Lars(0.5, wd=wd, beta=0.8, c=0.02, eps=1e-9,
                           nesterov=nesterov,
                           sum_of_norms=denominator == "sum_of_norms"), params)
-  assert_tree_close(got, want)
+  assert_close(got, want)
 
 
 def test_lars_sum_of_norms_differs_from_norm_of_sum():
@@ -112,7 +66,7 @@ def test_lars_skip_list_semantics():
   fm = {jax.tree_util.keystr(k): v
         for k, v in jax.tree_util.tree_flatten_with_path(mask)[0]}
   want = run_ref(ref.Lars(0.3, wd=0.05, c=0.01, trust=fm), params)
-  assert_tree_close(got, want)
+  assert_close(got, want)
   ratios = date_optax.trust_ratios(state)
   assert float(ratios["dense"]["bias"]) == 1.0 and float(ratios["scale"]) == 1.0
   assert float(ratios["conv"]) != 1.0
@@ -129,7 +83,7 @@ def test_lars_separate_masks():
                   jax.tree_util.tree_flatten_with_path(m)[0]}
   want = run_ref(ref.Lars(0.3, wd=0.05, c=0.01, trust=fl(trust), decay=fl(decay)),
                  params)
-  assert_tree_close(got, want)
+  assert_close(got, want)
 
 
 @pytest.mark.parametrize(
@@ -147,7 +101,7 @@ def test_lamb_matches_reference(kw):
             bias_correction=kw.get("bias_correction", True),
             normalize=kw.get("normalize_grads", False),
             lower=kw.get("lower"), upper=kw.get("upper"))
-  assert_tree_close(got, run_ref(ref.Lamb(0.05, **rk), params))
+  assert_close(got, run_ref(ref.Lamb(0.05, **rk), params))
 
 
 def test_lamb_nvlamb_normalisation_is_active():
@@ -169,7 +123,7 @@ def test_lamb_trust_mask_defaults_to_weight_decay_mask():
   fm = {jax.tree_util.keystr(k): v
         for k, v in jax.tree_util.tree_flatten_with_path(mask(params))[0]}
   want = run_ref(ref.Lamb(0.05, wd=0.01, decay=fm), params)
-  assert_tree_close(got, want)
+  assert_close(got, want)
 
 
 @pytest.mark.parametrize("base", ["sgd", "momentum", "nesterov", "adagrad",
@@ -183,7 +137,7 @@ def test_bounded_lars_matches_reference(base, source):
   got, _ = run(opt, params)
   want = run_ref(ref.BoundedLars(0.05, base, lower=0.05, upper=3.0,
                                  source=source, beta=0.7), params)
-  assert_tree_close(got, want, rtol=5e-5)
+  assert_close(got, want, rtol=5e-5)
 
 
 @given(

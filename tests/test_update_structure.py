@@ -8,7 +8,9 @@ predicate once per leaf) and no ``dot_general`` (a norm written as a dot is a
 library call that XLA cannot fuse with the reduction's producers).
 """
 
+import os
 import re
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -16,36 +18,16 @@ import numpy as np
 import optax
 import pytest
 
-import date_optax
-from date_optax._src import lars as lars_lib
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
 
+import date_optax  # noqa: E402
+from benchmarks import optimizer_step  # noqa: E402
+from date_optax._src import lars as lars_lib  # noqa: E402
 
-def resnet50_small_shapes() -> dict[str, tuple[int, ...]]:
-  """ResNet-50 v1.5's 161 leaves (conv kernels, BN scale/bias, fc), widths / 16."""
-  shapes = {}
-
-  def conv_bn(name, k, cin, cout):
-    shapes[f"{name}/conv/kernel"] = (k, k, cin, cout)
-    shapes[f"{name}/bn/scale"] = (cout,)
-    shapes[f"{name}/bn/bias"] = (cout,)
-
-  conv_bn("stem", 7, 3, 4)
-  cin = 4
-  for stage, (blocks, width) in enumerate([(3, 4), (4, 8), (6, 16), (3, 32)]):
-    for b in range(blocks):
-      p = f"stage{stage}/block{b}"
-      conv_bn(f"{p}/conv1", 1, cin, width)
-      conv_bn(f"{p}/conv2", 3, width, width)
-      conv_bn(f"{p}/conv3", 1, width, 4 * width)
-      if b == 0:
-        conv_bn(f"{p}/proj", 1, cin, 4 * width)
-      cin = 4 * width
-  shapes["head/kernel"] = (128, 10)
-  shapes["head/bias"] = (10,)
-  return shapes
-
-
-SHAPES = resnet50_small_shapes()
+# ResNet-50 v1.5's 161 leaves (conv kernels, BN scale/bias, fc), widths / 16.
+SHAPES = optimizer_step.resnet50_shapes(width=4, num_classes=10)
 MASK = {k: len(s) > 1 for k, s in SHAPES.items()}
 BASELINE = date_optax.Baseline(optimizer="momentum", batch_size=256, learning_rate=0.1,
                                warmup_epochs=1.0, epochs=90, num_examples=40960)

@@ -17,12 +17,18 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from _flags import (
   EXAMPLE_CONFIG_DIR,
   EXAMPLE_MODULE,
   LOCAL_SOURCES_OPTIONAL,
   LOCAL_SOURCES_REQUIRED,
+  add_create_flags,
+  add_install_flags,
+  add_launch_flags,
+  add_logs_flags,
+  add_remote_flags,
   add_slice_flags,
   check_passthrough,
   finish_args,
@@ -336,15 +342,29 @@ def delete_slice(args, runner: Runner) -> int:
 # --------------------------------------------------------------------------
 
 
-def main_step(
-  description: str,
-  steps: str,
-  add_flags: Sequence[Callable[[argparse.ArgumentParser], None]],
-  body: Callable[[argparse.Namespace, Runner, list[str]], int | None],
-  argv: Sequence[str] | None = None,
-  passthrough: bool = False,
-) -> int:
-  """Entry point shared by the single-step scripts."""
+class Step(NamedTuple):
+  """A single-step script: its flag groups (after the slice's) and what it runs."""
+
+  add_flags: tuple[Callable[[argparse.ArgumentParser], None], ...]
+  body: Callable[[argparse.Namespace, Runner, list[str]], int | None]
+  passthrough: bool = False  # arguments after `--` go to the body
+
+
+#: The single-step scripts by name (tpu/<name>.py).
+STEPS = {
+  "create": Step((add_create_flags,), lambda args, runner, _: create_slice(args, runner)),
+  "install": Step(
+    (add_install_flags, add_remote_flags), lambda args, runner, _: install(args, runner)
+  ),
+  "launch": Step((add_launch_flags, add_remote_flags), launch, passthrough=True),
+  "logs": Step((add_logs_flags,), lambda args, runner, _: stream_logs(args, runner)),
+  "delete": Step((), lambda args, runner, _: delete_slice(args, runner)),
+}
+
+
+def main_step(description: str, step: str, argv: Sequence[str] | None = None) -> int:
+  """Entry point shared by the single-step scripts: parses the flags of `STEPS[step]`, runs it."""
+  add_flags, body, passthrough = STEPS[step]
   argv = list(sys.argv[1:] if argv is None else argv)
   own, extra = split_passthrough(argv) if passthrough else (argv, [])
   p = make_parser(description)
@@ -353,7 +373,7 @@ def main_step(
     add(p)
   args = p.parse_args(own)
   check_passthrough(p, extra)
-  finish_args(p, args, steps)
+  finish_args(p, args, step)
   runner = Runner(args.gcloud, args.dry_run)
   try:
     rc = body(args, runner, extra)

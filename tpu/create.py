@@ -13,18 +13,11 @@ from __future__ import annotations
 
 import sys
 
-import _flags
 import _gcloud
 
 
 def main(argv=None) -> int:
-  return _gcloud.main_step(
-    __doc__,
-    "create",
-    [_flags.add_create_flags],
-    lambda args, runner, _: _gcloud.create_slice(args, runner),
-    argv,
-  )
+  return _gcloud.main_step(__doc__, "create", argv)
 
 
 if __name__ == "__main__":

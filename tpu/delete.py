@@ -16,13 +16,7 @@ import _gcloud
 
 
 def main(argv=None) -> int:
-  return _gcloud.main_step(
-    __doc__,
-    "delete",
-    [],
-    lambda args, runner, _: _gcloud.delete_slice(args, runner),
-    argv,
-  )
+  return _gcloud.main_step(__doc__, "delete", argv)
 
 
 if __name__ == "__main__":

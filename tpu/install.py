@@ -17,18 +17,11 @@ from __future__ import annotations
 
 import sys
 
-import _flags
 import _gcloud
 
 
 def main(argv=None) -> int:
-  return _gcloud.main_step(
-    __doc__,
-    "install",
-    [_flags.add_install_flags, _flags.add_remote_flags],
-    lambda args, runner, _: _gcloud.install(args, runner),
-    argv,
-  )
+  return _gcloud.main_step(__doc__, "install", argv)
 
 
 if __name__ == "__main__":

@@ -18,19 +18,11 @@ from __future__ import annotations
 
 import sys
 
-import _flags
 import _gcloud
 
 
 def main(argv=None) -> int:
-  return _gcloud.main_step(
-    __doc__,
-    "launch",
-    [_flags.add_launch_flags, _flags.add_remote_flags],
-    lambda args, runner, extra: _gcloud.launch(args, runner, extra),
-    argv,
-    passthrough=True,
-  )
+  return _gcloud.main_step(__doc__, "launch", argv)
 
 
 if __name__ == "__main__":

@@ -12,18 +12,11 @@ from __future__ import annotations
 
 import sys
 
-import _flags
 import _gcloud
 
 
 def main(argv=None) -> int:
-  return _gcloud.main_step(
-    __doc__,
-    "logs",
-    [_flags.add_logs_flags],
-    lambda args, runner, _: _gcloud.stream_logs(args, runner),
-    argv,
-  )
+  return _gcloud.main_step(__doc__, "logs", argv)
 
 
 if __name__ == "__main__":

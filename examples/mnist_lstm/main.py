@@ -5,23 +5,16 @@
 """
 
 from absl import app, flags
-from ml_collections import config_flags
 
-from examples.mnist_lstm import train
+from examples import _main
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", None, "Directory for metrics and results.")
-config_flags.DEFINE_config_file(
-    "config", "examples/mnist_lstm/configs/default.py", "Training configuration.",
-    lock_config=True,
-)
-flags.mark_flags_as_required(["workdir"])
+_main.define_flags("examples/mnist_lstm/configs/default.py",
+                   "Directory for metrics and results.")
+flags.adopt_module_key_flags(_main)  # --help lists them as this module's
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError("Too many command-line arguments.")
-  train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  _main.train(argv, "examples.mnist_lstm.train")
 
 
 if __name__ == "__main__":

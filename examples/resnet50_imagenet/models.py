@@ -28,17 +28,27 @@ from date_optax.nn import GhostBatchNorm
 ModuleDef = Any
 
 
-class BottleneckBlock(nn.Module):
-  """1x1 -> 3x3 (stride here, v1.5) -> 1x1, projection shortcut when needed."""
+class _Block(nn.Module):
+  """A residual block's fields and its shortcut, shared by the two kinds."""
 
   filters: int
   conv: ModuleDef
   norm: ModuleDef
   strides: tuple[int, int] = (1, 1)
 
+  def shortcut(self, residual, y):
+    """relu(residual + y), the residual projected (1x1, strided) where shapes differ."""
+    if residual.shape != y.shape:
+      residual = self.conv(y.shape[-1], (1, 1), self.strides, name="proj")(residual)
+      residual = self.norm(name="proj_bn")(residual)
+    return nn.relu(residual + y)
+
+
+class BottleneckBlock(_Block):
+  """1x1 -> 3x3 (stride here, v1.5) -> 1x1, projection shortcut when needed."""
+
   @nn.compact
   def __call__(self, x):
-    residual = x
     y = self.conv(self.filters, (1, 1))(x)
     y = nn.relu(self.norm()(y))
     y = self.conv(self.filters, (3, 3), self.strides)(y)
@@ -47,31 +57,19 @@ class BottleneckBlock(nn.Module):
     # Zero-init the last BN scale of each block (Goyal et al.): every block
     # starts as the identity, which large-batch warmup relies on.
     y = self.norm(scale_init=nn.initializers.zeros)(y)
-    if residual.shape != y.shape:
-      residual = self.conv(self.filters * 4, (1, 1), self.strides, name="proj")(residual)
-      residual = self.norm(name="proj_bn")(residual)
-    return nn.relu(residual + y)
+    return self.shortcut(x, y)
 
 
-class BasicBlock(nn.Module):
+class BasicBlock(_Block):
   """Two 3x3 convolutions (ResNet-18/34 and the test-sized model)."""
-
-  filters: int
-  conv: ModuleDef
-  norm: ModuleDef
-  strides: tuple[int, int] = (1, 1)
 
   @nn.compact
   def __call__(self, x):
-    residual = x
     y = self.conv(self.filters, (3, 3), self.strides)(x)
     y = nn.relu(self.norm()(y))
     y = self.conv(self.filters, (3, 3))(y)
     y = self.norm(scale_init=nn.initializers.zeros)(y)
-    if residual.shape != y.shape:
-      residual = self.conv(self.filters, (1, 1), self.strides, name="proj")(residual)
-      residual = self.norm(name="proj_bn")(residual)
-    return nn.relu(residual + y)
+    return self.shortcut(x, y)
 
 
 class ResNet(nn.Module):

@@ -1,0 +1,78 @@
+"""Two worker processes on 127.0.0.1, for the multi-process tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import pytest
+
+
+def free_port() -> int:
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+class WorkerPair:
+  """`python script --port P --process-id i *args(i)` for i = 0, 1.
+
+  Each worker writes its output to `logs[i]` and sets its own device count
+  (XLA_FLAGS is not passed on). Both are always killed and reaped: a wait past
+  its time limit fails the test, naming `what`.
+  """
+
+  def __init__(self, script: str, args: Callable[[int], Sequence[str]], logs: Sequence,
+               *, cwd: str, timeout: float, what: str = "workers"):
+    self.logs = list(logs)
+    self.timeout = timeout
+    self.what = what
+    port = free_port()
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)  # the worker sets its own device count
+    self._files = [open(log, "w") for log in self.logs]  # noqa: SIM115 - closed in kill
+    self.procs = [
+        subprocess.Popen(
+            [sys.executable, script, "--port", str(port), "--process-id", str(i), *args(i)],
+            stdout=f, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        for i, f in enumerate(self._files)
+    ]
+
+  def log(self, i: int) -> str:
+    return open(self.logs[i]).read()
+
+  def wait_for(self, i: int, pattern: str) -> None:
+    """Waits until worker `i` logs `pattern`; fails if it exits or time runs out first."""
+    deadline = time.monotonic() + self.timeout
+    while not re.search(pattern, self.log(i)):
+      if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
+        self.kill()
+        pytest.fail(f"worker {i} never logged {pattern!r}:\n{self.log(i)[-2000:]}")
+      time.sleep(0.05)
+
+  def wait(self, timeout: float | None = None) -> list[int]:
+    """The exit statuses, once both have ended (at most `timeout`, else self.timeout)."""
+    timeout = self.timeout if timeout is None else timeout
+    deadline = time.monotonic() + timeout
+    try:
+      for p in self.procs:
+        p.wait(timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+      self.kill()
+      pytest.fail(f"{self.what} did not finish in {timeout} s:\n{self.log(0)[-2000:]}")
+    finally:
+      self.kill()
+    return [p.returncode for p in self.procs]
+
+  def kill(self) -> None:
+    for p in self.procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+    for f in self._files:
+      f.close()
