@@ -27,6 +27,7 @@ from date_optax._src.parallel.data.evaluation import evaluate, pad_batch
 from date_optax._src.parallel.data.input_pipeline import (
     ArraySource,
     DevicePrefetch,
+    GrowingBatches,
     data_loader,
     epoch_batches,
     epoch_permutation,
@@ -60,6 +61,7 @@ __all__ = [
     "DevicePrefetch",
     "GradStatsState",
     "GradSync",
+    "GrowingBatches",
     "NonFiniteError",
     "PmapTrainStep",
     "ReplicatedTrainStep",
