@@ -379,3 +379,15 @@ def test_growing_batches_resume_is_exact(tmp_path):
   np.testing.assert_array_equal(np.asarray(resumed.params["w"]), np.asarray(full.params["w"]))
   with pytest.raises(ValueError, match="chunks of 16"):
     batches.take(24)
+
+
+def test_date_growing_needs_no_legw_recipe_at_the_top():
+  """The fixed recipe at 64·B0 leaves no iteration after its warmup; the growing
+  batch runs the baseline's schedule in examples, so only its bounds are used."""
+  with pytest.raises(ValueError, match="warmup"):
+    date_optax.date(BASE, 1024)
+  sched = BatchSchedule.adaptive(16, max_batch=1024)
+  for rule, lower in (("sqrt", 1 / 8), ("linear", 1 / 64)):
+    tx = date_optax.date(BASE, 1024, batch_schedule=sched, lr_scaling=rule)
+    bounds = date_optax.trust_ratio_bounds(tx.init(_linear_params()))
+    np.testing.assert_allclose([float(b) for b in bounds], [lower, 1.0])

@@ -381,18 +381,32 @@ def date(
         f'lr_scaling="gain" needs batch_size >= the baseline\'s '
         f"{baseline.batch_size} (the gain lies in [1, B/B0]), got {batch_size}."
     )
-  recipe = date_recipe(
-      baseline,
-      batch_size,
-      lr_scaling=lr_scaling,
-      warmup_scaling=warmup_scaling,
-      decay=decay,
-      critical_batch=critical_batch,
-  )
   validation.check_choice("bounds", bounds, BOUND_RULES)
   power = gain_power(baseline)
+  if schedule is not None:
+    # The LEGW recipe at the largest batch is not run (the schedule counts
+    # examples at B0), only its bounds: those of the largest multiplier the
+    # rule reaches, at k = max_batch / B0.
+    recipe = None
+    k = batch_size / baseline.batch_size
+    m = {"sqrt": math.sqrt(k), "linear": k}.get(lr_scaling, k**power)
+  else:
+    recipe = date_recipe(
+        baseline,
+        batch_size,
+        lr_scaling=lr_scaling,
+        warmup_scaling=warmup_scaling,
+        decay=decay,
+        critical_batch=critical_batch,
+    )
   if baseline.ratio_bounds is not None:
     default_lower, default_upper = baseline.ratio_bounds
+  elif schedule is not None:
+    if bounds == "fixed":
+      default_lower, default_upper = DEFAULT_BOUNDS
+    else:
+      target = m if bounds == "baseline_to_recipe" else k
+      default_lower, default_upper = min(1.0, target) / m, max(1.0, target) / m
   elif gain and bounds != "fixed":
     # The bound rules with the largest multiplier the gain can reach, k**p,
     # in place of the recipe's sqrt(k): [1/k**p, 1] (recipe) or
