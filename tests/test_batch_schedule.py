@@ -391,3 +391,22 @@ def test_date_growing_needs_no_legw_recipe_at_the_top():
     tx = date_optax.date(BASE, 1024, batch_schedule=sched, lr_scaling=rule)
     bounds = date_optax.trust_ratio_bounds(tx.init(_linear_params()))
     np.testing.assert_allclose([float(b) for b in bounds], [lower, 1.0])
+
+
+def test_sharded_step_grows_too():
+  """The GSPMD step of sharded parameters takes the same schedule."""
+  from jax.sharding import PartitionSpec as P
+
+  mesh = jax.make_mesh((4, 2), ("data", "model"))
+  sched = BatchSchedule.adaptive(8, max_batch=32, min_steps=2, lag=1, threshold=1e-6)
+  step = dp.make_train_step(_loss, optax.sgd(0.05), mesh, batch_schedule=sched,
+                            grad_stats=True, param_sharding=[("w", P("model", None))])
+  state = step.init({"w": np.zeros((4, 1), np.float32)})
+  sizes = []
+  for i in range(6):
+    b = step.next_batch_size(state)
+    x = np.random.default_rng(i).normal(size=(b, 4)).astype(np.float32)
+    state, m = step(state, {"x": x, "y": x.sum(1, keepdims=True)})
+    sizes.append(int(m["batch_size"]))
+  assert sizes == [8, 8, 16, 16, 32, 32]
+  assert step.traces == 3

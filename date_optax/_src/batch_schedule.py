@@ -91,6 +91,13 @@ class BatchProgress(NamedTuple):
   examples: jax.Array
 
 
+def _host(x: Any) -> np.ndarray:
+  """A replicated array's value on this host (its first local copy)."""
+  if isinstance(x, jax.Array):
+    return np.asarray(x.addressable_data(0))
+  return np.asarray(x)
+
+
 def _f32_bits(x: float) -> int:
   return int(np.asarray(x, np.float32).view(np.int32))
 
@@ -416,7 +423,7 @@ class BatchSchedule:
           "it with this step's init, or restore a checkpoint saved by a step "
           "with batch_schedule."
       )
-    saved = np.asarray(jax.device_get(state.spec))
+    saved = _host(state.spec)
     if not np.array_equal(saved, self.spec()):
       try:
         theirs = repr(BatchSchedule.from_spec(saved))
@@ -476,9 +483,8 @@ class BatchTracker:
   def _sync(self, state: Any) -> None:
     bs = state.batch_schedule
     self.schedule.check_state(bs)
-    host = jax.device_get((state.step, bs.batch_size, bs.examples, bs.next_batch,
-                           bs.next_step))
-    self.step, self.batch, self.examples, nb, ns = (int(np.asarray(x)) for x in host)
+    host = (state.step, bs.batch_size, bs.examples, bs.next_batch, bs.next_step)
+    self.step, self.batch, self.examples, nb, ns = (int(_host(x)) for x in host)
     self._decision = (nb, ns)
     self._pending = []
     self._token = bs.examples
@@ -492,7 +498,7 @@ class BatchTracker:
     s = self.schedule.lag
     while self._pending and self._pending[0][0] <= self.step - 1 - s:
       _, arrays = self._pending.pop(0)
-      self._decision = tuple(int(np.asarray(x.addressable_data(0))) for x in arrays)
+      self._decision = tuple(int(_host(x)) for x in arrays)
     nb, ns = self._decision
     return nb if self.step >= ns else self.batch
 

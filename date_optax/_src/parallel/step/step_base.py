@@ -313,7 +313,7 @@ class TrainStep:
     """The lowered step (`.compile().as_text()` shows the collectives)."""
     return self._compiled_for(state).lower(state, self._prepare(batch))
 
-  def next_batch_size(self, state: TrainState) -> int:
+  def next_batch_size(self, state: TrainState) -> int | None:
     """The global batch the next call on `state` must be given.
 
     Without a batch schedule, None. With one, read on the host without
