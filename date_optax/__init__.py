@@ -6,6 +6,11 @@ device meshes and TPU pods, and ghost/distributed batch normalisation.
 """
 
 from date_optax import schedules
+from date_optax._src.batch_schedule import (
+    BatchProgress,
+    BatchSchedule,
+    BatchScheduleState,
+)
 from date_optax._src.date_optimizer import date, date_recipe, layer_lr_bounds
 from date_optax._src.gain import (
     AdaScaleState,
@@ -73,6 +78,10 @@ __all__ = [
     "adascale",
     "adascale_gain",
     "noise_scale",
+    # A global batch that grows during training.
+    "BatchProgress",
+    "BatchSchedule",
+    "BatchScheduleState",
 ]
 
 

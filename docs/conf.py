@@ -109,6 +109,7 @@ def _escape_bars(app, what, name, obj, options, lines):
 # docs/studies/<study>/<name>.md) are table fragments made to be pasted into RESULTS.md: their headings start
 # at level 3, or they have none. Built as pages, they get a level-1 title.
 _STUDY_PAGES = {
+    "batch_growth": "Growing batch study",
     "batch_scaling": "Batch scaling study",
     "bench_device_h200": "Accelerator benchmark on one H200",
     "demo_seeds": "The demo over three seeds",

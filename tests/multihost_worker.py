@@ -52,6 +52,47 @@ def train_and_evaluate(mesh):
   return fetch_replicated(state.params), np.array(losses), evals
 
 
+#: The growing batch: adaptive from 16 to 64 (its chunk, 16, feeds the steps).
+GROW_STEPS = 10
+GROW_INTERRUPT = 4
+
+
+def growing_schedule():
+  return date_optax.BatchSchedule.adaptive(16, max_batch=64, min_steps=3, lag=1,
+                                           threshold=0.05)
+
+
+def train_growing(mesh, workdir=None):
+  """An adaptive batch fed by data_loader; with `workdir`, checkpointed at step
+  GROW_INTERRUPT and resumed there by a new step, loader and state."""
+  from date_optax.checkpoint import CheckpointManager  # noqa: PLC0415
+
+  sched = growing_schedule()
+  build = lambda: dp.make_train_step(pm.loss_fn, date_optax.lamb(1e-2), mesh,  # noqa: E731
+                                     batch_schedule=sched, grad_stats=True)
+  src = dp.ArraySource(pm.make_data(1024))
+
+  def loader():
+    it = iter(dp.data_loader(src, sched.chunk_size, seed=0))
+    return dp.GrowingBatches(it, sched.chunk_size)
+
+  step, batches = build(), loader()
+  state = step.init(pm.init_params())
+  sizes, losses = [], []
+  for i in range(GROW_STEPS):
+    if workdir is not None and i == GROW_INTERRUPT:
+      with CheckpointManager(workdir, async_save=False) as mngr:
+        mngr.save(i, state, metadata={"data": dp.iterator_state(batches)})
+        step = build()
+        state, meta = mngr.restore(step.init(pm.init_params()))
+      batches = loader()
+      dp.restore_iterator(batches, meta["data"])
+    state, metrics = step(state, batches.take(step.next_batch_size(state)))
+    sizes.append(int(fetch_replicated(metrics["batch_size"])))
+    losses.append(float(fetch_replicated(metrics["loss"])))
+  return fetch_replicated(state.params), np.array(sizes), np.array(losses)
+
+
 #: The low-precision payloads the two processes run (APS on, the default):
 #: (grad_reduce, comm_dtype, rounding).
 # (algorithm, payload, rounding, aps): aps None is the default scaling (block
@@ -153,6 +194,13 @@ def main():
     name = low_precision_name(alg, fmt, rounding, aps)
     low[f"{name}_losses"] = lp_losses
     low.update(_flat(lp_params, f"{name}/"))
+  grow_params, grow_sizes, grow_losses = train_growing(dp.torus_mesh(2, 4))
+  ckpt = os.path.join(os.path.dirname(os.path.abspath(args.out)), "growing_ckpt")
+  res_params, res_sizes, res_losses = train_growing(dp.torus_mesh(2, 4), ckpt)
+  low.update(grow_sizes=grow_sizes, grow_losses=grow_losses, resumed_sizes=res_sizes,
+             resumed_losses=res_losses)
+  low.update(_flat(grow_params, "grow/"))
+  low.update(_flat(res_params, "resumed/"))
   np.savez(args.out, **low, losses=losses, eval_loss=evals["loss"], eval_agree=evals["agree"],
            sharded_losses=sharded_losses, sharded_local_cols=layout["local_cols"],
            **_flat(params), **_flat(sharded, "sharded/"))

@@ -231,3 +231,28 @@ def test_low_precision_bert_runs_pass_the_payload_options_to_the_example(monkeyp
   study.train_bert("float32", False, "nearest", None, False, 0, cfg)
   assert "--config.grad_sync.aps=auto" in calls[1][0]
   assert "--config.grad_sync.block_size=0" in calls[1][0]
+
+
+@pytest.mark.slow
+def test_batch_growth_quick_and_resume(tmp_path):
+  bench = load_benchmark("batch_growth")
+  out = str(tmp_path / "growth")
+  argv = ["--quick", "--out", out]
+  assert bench.main(argv) == 0
+  recs = [json.loads(line) for line in open(out + ".jsonl").read().splitlines()]
+  assert {r["key"]["method"] for r in recs} == {*bench.OLD_METHODS, *bench.NEW_METHODS}
+  total = recs[0]["key"]["epochs"] * recs[0]["key"]["n"]
+  for r in recs:
+    if r["key"]["method"] in bench.NEW_METHODS:
+      # Equal examples (to within the last batch), fewer steps than B0, and at
+      # most one program per batch size.
+      assert total - 16 * bench.QUICK["scale"] < r["examples"] <= total
+      assert r["programs"] <= 8
+      sizes = [c["batch"] for c in r["curve"]]
+      assert sizes == sorted(sizes) and sizes[0] == 16
+  md = open(out + ".md").read()
+  for m in (*bench.OLD_METHODS, *bench.NEW_METHODS):
+    assert bench.LABELS[m] in md
+  assert os.path.getsize(out + ".png") > 10_000
+  assert bench.main(argv + ["--report-only"]) == 0
+  assert len(open(out + ".jsonl").read().splitlines()) == len(recs)

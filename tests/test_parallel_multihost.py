@@ -117,3 +117,19 @@ def test_low_precision_payload_two_processes_match_one_process(
   # The low-precision run trained, and differs from the float32 one only a little.
   np.testing.assert_allclose(losses, exact_losses, rtol=0.05)
   assert not np.allclose(params["out"]["kernel"], pm.init_params()["out"]["kernel"])
+
+
+def test_growing_batch_two_processes_resume_exactly(worker_results):
+  """An adaptive batch over two processes: both take the same sizes, and a run
+  checkpointed and resumed mid-growth (new step, state and data loader) sees
+  the same batches as the uninterrupted one, bit for bit."""
+  sizes = [res["grow_sizes"] for res in worker_results]
+  np.testing.assert_array_equal(sizes[0], sizes[1])
+  assert len(set(sizes[0].tolist())) >= 2  # it grew across processes
+  for res in worker_results:
+    np.testing.assert_array_equal(res["resumed_sizes"], res["grow_sizes"])
+    np.testing.assert_array_equal(res["resumed_losses"], res["grow_losses"])
+    for layer in ("hidden", "out"):
+      for name in ("kernel", "bias"):
+        np.testing.assert_array_equal(res[f"resumed/{layer}/{name}"],
+                                      res[f"grow/{layer}/{name}"])

@@ -14,6 +14,8 @@ from typing import Any
 import jax
 import optax
 
+from date_optax._src import batch_lr as batch_lr_lib
+from date_optax._src import batch_schedule as bs_lib
 from date_optax._src import decays as decays_lib
 from date_optax._src import gain as gain_lib
 from date_optax._src import lars as lars_lib
@@ -216,6 +218,7 @@ def date(
     bounds: str = "baseline_to_recipe",
     critical_batch: float | None = None,
     gain_clock: str = "steps",
+    batch_schedule: bs_lib.BatchSchedule | None = None,
     **solver_options: Any,
 ) -> optax.GradientTransformation:
   r"""DATE: the baseline's solver, scaled to `batch_size` with no retuning.
@@ -259,6 +262,21 @@ def date(
 
   The recipe is available as ``date_recipe(baseline, batch_size, ...)``
   with the same scaling and decay arguments.
+
+  **Growing batch** (``batch_schedule=``, a :class:`BatchSchedule` whose
+  ``max_batch`` is `batch_size`). The learning rate runs the baseline's own
+  DATE schedule (its warmup and roller coaster at ``B0``) on a clock of
+  examples, ``τ = ⌊E/B0⌋`` baseline iterations after ``E`` examples, so
+  warmup and decay stay where they were in the data however the batch
+  grows; at every step it is multiplied by the step's batch scale
+  ``k_t = B_t/B0`` through `lr_scaling`: ``sqrt(k_t)`` (``"sqrt"``),
+  ``k_t`` (``"linear"``), or the measured gain at ``k_t`` (``"gain"``:
+  ``r`` for the SGD family, ``sqrt(r)`` for adaptive solvers). The ratio
+  bounds are those of `bounds` at `batch_size`. Build the step with
+  ``make_train_step(..., batch_schedule=<the same schedule>)``, which
+  passes each step's batch and examples as ``update(...,
+  batch_progress=...)``; the run ends when its examples reach
+  ``epochs · num_examples``.
 
   **Measured gain** (``lr_scaling="gain"``). The peak learning rate is the
   baseline's ``η0`` times a gain measured every step from the gradient
@@ -320,6 +338,8 @@ def date(
       more robust one measured (docs/RESULTS.md, "Measured gain"): the
       gain clock was better at 64·B0 but diverged on 2 of 3 seeds of
       real-digit MNIST at 16·B0.
+    batch_schedule: a :class:`BatchSchedule` growing the batch up to
+      `batch_size` (see *Growing batch*), or None for a fixed batch.
     **solver_options: override ``baseline.optimizer_options``: the base's
       settings (``momentum``, ``b1``, ..., or a ``base_options`` mapping) and
       keywords of `bounded_lars` (``weight_decay``, ``weight_decay_mask``,
@@ -362,6 +382,9 @@ def date(
   )
   validation.check_choice("lr_scaling", lr_scaling, LR_SCALING_RULES)
   validation.check_choice("gain_clock", gain_clock, ("steps", "gain"))
+  schedule = bs_lib.check_schedule(batch_schedule)
+  if schedule is not None:
+    _check_growing(baseline, batch_size, schedule, lr_scaling, gain_clock, learning_rate)
   gain = lr_scaling == "gain"
   if gain_clock == "gain" and not gain:
     raise ValueError(
@@ -375,18 +398,32 @@ def date(
         f'lr_scaling="gain" needs batch_size >= the baseline\'s '
         f"{baseline.batch_size} (the gain lies in [1, B/B0]), got {batch_size}."
     )
-  recipe = date_recipe(
-      baseline,
-      batch_size,
-      lr_scaling=lr_scaling,
-      warmup_scaling=warmup_scaling,
-      decay=decay,
-      critical_batch=critical_batch,
-  )
   validation.check_choice("bounds", bounds, BOUND_RULES)
   power = gain_power(baseline)
+  if schedule is not None:
+    # The LEGW recipe at the largest batch is not run (the schedule counts
+    # examples at B0), only its bounds: those of the largest multiplier the
+    # rule reaches, at k = max_batch / B0.
+    recipe = None
+    k = batch_size / baseline.batch_size
+    m = {"sqrt": math.sqrt(k), "linear": k}.get(lr_scaling, k**power)
+  else:
+    recipe = date_recipe(
+        baseline,
+        batch_size,
+        lr_scaling=lr_scaling,
+        warmup_scaling=warmup_scaling,
+        decay=decay,
+        critical_batch=critical_batch,
+    )
   if baseline.ratio_bounds is not None:
     default_lower, default_upper = baseline.ratio_bounds
+  elif schedule is not None:
+    if bounds == "fixed":
+      default_lower, default_upper = DEFAULT_BOUNDS
+    else:
+      target = m if bounds == "baseline_to_recipe" else k
+      default_lower, default_upper = min(1.0, target) / m, max(1.0, target) / m
   elif gain and bounds != "fixed":
     # The bound rules with the largest multiplier the gain can reach, k**p,
     # in place of the recipe's sqrt(k): [1/k**p, 1] (recipe) or
@@ -400,7 +437,13 @@ def date(
   upper = default_upper if upper is None else upper
   validation.check_bounds(lower, upper)
   clock_schedule = None
-  if gain and gain_clock == "gain" and recipe.scale != 1:
+  if schedule is not None:
+    clock_schedule = (
+        date_recipe(baseline, baseline.batch_size, decay=decay).schedule
+        if learning_rate is None else learning_rate
+    )
+    learning_rate = 1.0
+  elif gain and gain_clock == "gain" and recipe.scale != 1:
     clock_schedule = (
         date_recipe(baseline, baseline.batch_size, decay=decay).schedule
         if learning_rate is None else learning_rate
@@ -427,9 +470,47 @@ def date(
       base_options=base_options,
       **options,
   )
+  if schedule is not None:
+    return batch_lr_lib.scale_by_batch(
+        tx, clock_schedule, baseline.batch_size, rule=lr_scaling, power=power
+    )
   if not gain:
     return tx
   return gain_lib.scale_by_gain(
       tx, recipe.scale, power=power, learning_rate=clock_schedule,
       name='date(..., lr_scaling="gain")',
   )
+
+
+def _check_growing(
+    baseline: Baseline, batch_size: Any, schedule: bs_lib.BatchSchedule,
+    lr_scaling: Any, gain_clock: Any, learning_rate: Any,
+) -> None:
+  """What ``date(..., batch_schedule=...)`` needs of its other arguments."""
+  if batch_size != schedule.max_batch:
+    raise ValueError(
+        f"batch_size={batch_size!r} must be the batch schedule's max_batch="
+        f"{schedule.max_batch} (the batch the recipe's bounds are set for)."
+    )
+  if lr_scaling not in batch_lr_lib.BATCH_LR_RULES:
+    raise ValueError(
+        f"with a batch_schedule, lr_scaling must be one of {batch_lr_lib.BATCH_LR_RULES} "
+        f"(the multiplier of the learning rate as the batch grows), got {lr_scaling!r}."
+    )
+  if lr_scaling == "gain" and schedule.start < baseline.batch_size:
+    raise ValueError(
+        f'lr_scaling="gain" needs the schedule to start at >= the baseline\'s '
+        f"batch {baseline.batch_size}, got start={schedule.start}."
+    )
+  if gain_clock != "steps":
+    raise ValueError(
+        f"gain_clock={gain_clock!r} does not apply with a batch_schedule: the "
+        'schedule already runs on examples; leave gain_clock="steps".'
+    )
+  if learning_rate is not None and not callable(learning_rate):
+    raise TypeError(
+        "with a batch_schedule, learning_rate must be a schedule in baseline "
+        f"iterations (τ = examples // B0), got {learning_rate!r}."
+    )
+  total = int(math.ceil(baseline.epochs * baseline.num_examples))
+  schedule.check_run(total)

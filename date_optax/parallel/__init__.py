@@ -26,6 +26,7 @@ from date_optax._src.parallel.comm.update_sharding import (
 from date_optax._src.parallel.data.evaluation import evaluate, pad_batch
 from date_optax._src.parallel.data.input_pipeline import (
     ArraySource,
+    GrowingBatches,
     data_loader,
     epoch_batches,
     epoch_permutation,
@@ -59,6 +60,7 @@ __all__ = [
     "DevicePrefetch",
     "GradStatsState",
     "GradSync",
+    "GrowingBatches",
     "NonFiniteError",
     "PmapTrainStep",
     "ReplicatedTrainStep",

@@ -414,6 +414,64 @@ def _check_iterator(iterator: Any, who: str, methods: tuple[str, ...]) -> None:
       f"dp.prefetch_to_device of one), got {type(iterator).__name__}.")
 
 
+class GrowingBatches:
+  """Host-local batches of whatever global size each step asks for.
+
+  A growing batch (`date_optax.BatchSchedule`) needs a different number of
+  examples at different steps. This reads them from an iterator of fixed
+  chunks — a `data_loader` built with `global_batch_size=chunk_size`
+  (`BatchSchedule.chunk_size`, which divides every batch of the schedule)
+  — and concatenates ``B / chunk_size`` consecutive chunks for a step of
+  global batch ``B``. The examples are therefore read in the loader's order
+  whatever the batch sizes, and the position is the loader's: `get_state`
+  / `set_state` (so `iterator_state` / `restore_iterator`) save and
+  restore it between steps, and a resumed run reads exactly the batches
+  an uninterrupted one reads.
+
+  Args:
+    iterator: an iterator of host-local chunks (e.g. `iter(data_loader(...))`).
+    chunk_size: the chunks' *global* batch (`global_batch_size` of the
+      loader), >= 1.
+
+  Examples:
+    >>> import numpy as np
+    >>> import date_optax.parallel as dp
+    >>> src = dp.ArraySource({"x": np.arange(64)})
+    >>> batches = dp.GrowingBatches(iter(dp.data_loader(src, 4, seed=0)), 4)
+    >>> [batches.take(b)["x"].shape[0] for b in (4, 8, 16)]
+    [4, 8, 16]
+
+  References:
+    Shoeybi et al., `Megatron-LM <https://arxiv.org/abs/1909.08053>`_, 2019
+    (the batch ramp-up: a fixed microbatch, more of them per step).
+  """
+
+  def __init__(self, iterator: Any, chunk_size: int):
+    self._source = iterator
+    self.chunk_size = validation.check_int("chunk_size", chunk_size, low=1)
+
+  def take(self, global_batch_size: int) -> Any:
+    """This host's rows of the next global batch of `global_batch_size`."""
+    b = validation.check_int("global_batch_size", global_batch_size, low=1)
+    if b % self.chunk_size:
+      raise ValueError(
+          f"global_batch_size={b} is not a whole number of the loader's chunks of "
+          f"{self.chunk_size}; build the loader with the schedule's chunk_size."
+      )
+    chunks = [next(self._source) for _ in range(b // self.chunk_size)]
+    if len(chunks) == 1:
+      return chunks[0]
+    return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *chunks)
+
+  def get_state(self) -> Any:
+    """The source's position after the last chunk taken."""
+    return self._source.get_state()
+
+  def set_state(self, state: Any) -> None:
+    """Moves the source to `state` (from `get_state`)."""
+    self._source.set_state(state)
+
+
 def iterator_state(iterator: Any) -> dict[str, Any]:
   """Every process's position of a checkpointable data iterator, as JSON.
 

@@ -98,6 +98,7 @@ def apply_update(
     units: int,
     global_batch: int,
     grad_stats_decay: float | None,
+    extra_args: Any = None,
 ) -> tuple[TrainState, Metrics]:
   """The optimizer step on the reduced gradient (`train_state.apply_gradients`).
 
@@ -109,7 +110,7 @@ def apply_update(
     stats = (result.unit_sq, units, global_batch, grad_stats_decay)
   new_state, metrics = apply_gradients(
       state, result.grads, result.loss, optimizer, result.model_state, stats,
-      result.residual,
+      result.residual, extra_args,
   )
   if config.has_aux:
     metrics["aux"] = result.aux

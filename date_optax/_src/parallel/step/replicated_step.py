@@ -24,6 +24,8 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from date_optax._src import batch_schedule as bs_lib
+from date_optax._src.batch_schedule import BatchSchedule
 from date_optax._src.parallel import compat
 from date_optax._src.parallel.comm import update_sharding as us
 from date_optax._src.parallel.comm.grad_sync import GradSync, grad_sync_from
@@ -76,15 +78,17 @@ class ReplicatedTrainStep(TrainStep):
     """The all-reduce algorithm (`grad_sync.algorithm`)."""
     return self.grad_sync.algorithm
 
-  def _replicas(self, params, batch, model_state, rng, step, residual=None) -> ReplicaResult:
+  def _replicas(self, params, batch, model_state, rng, step, residual=None,
+                config=None) -> ReplicaResult:
     axes = self.data_axes
+    config = self.config if config is None else config
     if not self.error_feedback:
       residual = None  # a residual the step does not use stays in the state
 
     def body(params, batch, model_state, rng, step, residual):
       own = None if residual is None else jax.tree.map(lambda e: e[0], residual)
       result = replica_step(
-          self.loss_fn, self.config, self.grad_sync,
+          self.loss_fn, config, self.grad_sync,
           params=compat.to_varying(params, axes), batch=batch,
           model_state=model_state, rng=rng, step=step, axes=axes,
           scatter=self.shard_update, with_stats=self.grad_stats_decay is not None,
@@ -138,6 +142,7 @@ def make_replicated_train_step(
     data_axes: Sequence[Hashable] | None = None,
     grad_stats: bool = False,
     grad_stats_decay: float | None = None,
+    batch_schedule: BatchSchedule | None = None,
 ) -> ReplicatedTrainStep:
   """Builds the data-parallel step of replicated parameters (`shard_map`).
 
@@ -163,6 +168,7 @@ def make_replicated_train_step(
     data_axes: the mesh axes that carry replicas (default: all mesh axes).
     grad_stats: measure gradient-noise statistics (needs two or more units).
     grad_stats_decay: their moving-average factor, in [0, 1).
+    batch_schedule: a `date_optax.BatchSchedule` (see `make_train_step`).
 
   Returns:
     A `ReplicatedTrainStep`: `state, metrics = step(state, batch)`, with
@@ -204,7 +210,10 @@ def make_replicated_train_step(
   n = compat.mesh_axis_sizes(mesh, axes)
   sync.check_replicas(axes, n)
   decay = gs_lib.check_options(grad_stats, grad_stats_decay, n, config.microbatches)
+  schedule = bs_lib.check_for_step(batch_schedule, decay is not None, n,
+                                   config.microbatches)
   return ReplicatedTrainStep(
       loss_fn, optimizer, mesh, grad_sync=sync, config=config, data_axes=axes,
       shard_update=bool(shard_update), grad_stats_decay=decay,
+      batch_schedule=schedule,
   )

@@ -21,6 +21,8 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from date_optax._src import batch_schedule as bs_lib
+from date_optax._src.batch_schedule import BatchSchedule
 from date_optax._src.parallel import compat
 from date_optax._src.parallel.comm.collectives import acc_dtype
 from date_optax._src.parallel.layout import param_sharding as ps
@@ -83,9 +85,11 @@ class ShardedTrainStep(TrainStep):
   def _check_layout(self, params: PyTree) -> None:
     ps.resolve(self.param_layout, params, self.mesh, warn=True)  # unused rules warn
 
-  def _replicas(self, params, batch, model_state, rng, step, residual=None) -> ReplicaResult:
+  def _replicas(self, params, batch, model_state, rng, step, residual=None,
+                config=None) -> ReplicaResult:
     """The replicas as a vmap laid out over the data axes."""
-    n, axes, config = self.num_replicas, self.data_axes, self.config
+    n, axes = self.num_replicas, self.data_axes
+    config = self.config if config is None else config
     split = NamedSharding(self.mesh, self.batch_spec)
 
     def per_replica(x):
@@ -146,6 +150,7 @@ def make_sharded_train_step(
     data_axes: Sequence[Hashable] | None = None,
     grad_stats: bool = False,
     grad_stats_decay: float | None = None,
+    batch_schedule: BatchSchedule | None = None,
 ) -> ShardedTrainStep:
   """Builds the data-parallel step of sharded parameters (one GSPMD `jit`).
 
@@ -174,6 +179,7 @@ def make_sharded_train_step(
       specs do not name).
     grad_stats: as for `make_replicated_train_step`.
     grad_stats_decay: as for `make_replicated_train_step`.
+    batch_schedule: as for `make_train_step`.
 
   Returns:
     A `ShardedTrainStep`, called and initialised as `make_train_step`'s.
@@ -225,7 +231,10 @@ def make_sharded_train_step(
   layout = ps.check_param_sharding(param_sharding, mesh, axes)
   n = compat.mesh_axis_sizes(mesh, axes)
   decay = gs_lib.check_options(grad_stats, grad_stats_decay, n, config.microbatches)
+  schedule = bs_lib.check_for_step(batch_schedule, decay is not None, n,
+                                   config.microbatches)
   return ShardedTrainStep(
       loss_fn, optimizer, mesh, layout=layout, config=config, data_axes=axes,
       shard_update=bool(shard_update), grad_stats_decay=decay,
+      batch_schedule=schedule,
   )

@@ -10,6 +10,7 @@ both builders take.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -21,7 +22,9 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from date_optax._src import batch_schedule as bs_lib
 from date_optax._src import validation
+from date_optax._src.gain import noise_scale
 from date_optax._src.parallel import compat
 from date_optax._src.parallel.comm import update_sharding as us
 from date_optax._src.parallel.layout import param_sharding as ps
@@ -55,6 +58,8 @@ class TrainStep:
     data_axes: the mesh axes that carry replicas.
     shard_update: split the optimizer state and update over the replicas.
     grad_stats_decay: the statistics' decay, or None without them.
+    batch_schedule: a `date_optax.BatchSchedule`, or None (every call
+      takes any batch that splits over replicas × microbatches).
 
   Returns:
     The step (a callable object).
@@ -81,6 +86,7 @@ class TrainStep:
       data_axes: tuple[Hashable, ...],
       shard_update: bool,
       grad_stats_decay: float | None = None,
+      batch_schedule: bs_lib.BatchSchedule | None = None,
   ):
     self.loss_fn = loss_fn
     self.optimizer = optimizer
@@ -97,6 +103,14 @@ class TrainStep:
     self.replicated = NamedSharding(mesh, P())
     self._compiled: dict[Any, Any] = {}
     self._init_cache: dict[Any, Any] = {}
+    self.batch_schedule = batch_schedule
+    self._tracker = None if batch_schedule is None else bs_lib.BatchTracker(batch_schedule)
+    #: Per-replica rows of one microbatch, fixed for a growing batch.
+    self.microbatch_rows = (
+        None if batch_schedule is None
+        else batch_schedule.start // (self.num_replicas * config.microbatches)
+    )
+    self.traces = 0  # programs traced by `_step` (one per distinct batch)
 
   # The step-level options, as attributes (read by code written for the flat
   # keywords).
@@ -144,6 +158,7 @@ class TrainStep:
         rng=None if state.rng is None else self.replicated,
         grad_stats=jax.tree.map(lambda _: self.replicated, state.grad_stats),
         grad_residual=jax.tree.map(lambda _: named(self.residual_spec), state.grad_residual),
+        batch_schedule=jax.tree.map(lambda _: self.replicated, state.batch_schedule),
     )
 
   #: Whether the state carries error-feedback residuals (set by the builders).
@@ -202,6 +217,8 @@ class TrainStep:
           state = state.replace(grad_stats=gs_lib.GradStatsState.zeros())
         if self.error_feedback:
           state = state.replace(grad_residual=zero_residuals(p, self.num_replicas))
+        if self.batch_schedule is not None:
+          state = state.replace(batch_schedule=self.batch_schedule.init())
         return state
 
       shardings = self.state_sharding(jax.eval_shape(create, *inputs))
@@ -225,19 +242,48 @@ class TrainStep:
   def _after_update(self, state: TrainState) -> TrainState:
     return state
 
+  def _microbatches_for(self, rows: int) -> int:
+    """Microbatches per replica for a global batch of `rows` (growing batch)."""
+    sizes = self.batch_schedule.batch_sizes
+    if rows not in sizes:
+      raise ValueError(
+          f"the batch has {rows} rows, which the batch schedule never asks for "
+          f"(its batches: {list(sizes)})."
+      )
+    return rows // (self.num_replicas * self.microbatch_rows)
+
   def _step(self, state: TrainState, batch: PyTree) -> tuple[TrainState, Metrics]:
-    lg.check_batch(batch, self.num_replicas, self.microbatches)
+    self.traces += 1
+    rows = int(np.shape(jax.tree.leaves(batch)[0])[0])
+    config = self.config
+    extra = None
+    if self.batch_schedule is not None:
+      config = dataclasses.replace(config, microbatches=self._microbatches_for(rows))
+      extra = {"batch_progress": bs_lib.BatchProgress(
+          batch_size=jnp.int32(rows), examples=state.batch_schedule.examples)}
+    lg.check_batch(batch, self.num_replicas, config.microbatches)
     batch = jax.tree.map(
         lambda x: lax.with_sharding_constraint(x, self.batch_sharding), batch
     )
     result = self._replicas(state.params, batch, state.model_state, state.rng, state.step,
-                            state.grad_residual)
+                            state.grad_residual, config=config)
     new_state, metrics = apply_update(
-        state, result, self.optimizer, self.config,
-        units=self.num_replicas * self.microbatches,
-        global_batch=int(np.shape(jax.tree.leaves(batch)[0])[0]),
+        state, result, self.optimizer, config,
+        units=self.num_replicas * config.microbatches,
+        global_batch=rows,
         grad_stats_decay=self.grad_stats_decay,
+        extra_args=extra,
     )
+    if self.batch_schedule is not None:
+      measured = None
+      if new_state.grad_stats is not None:
+        measured = noise_scale(gs_lib.smoothed(new_state.grad_stats, rows))
+      new_state = new_state.replace(batch_schedule=self.batch_schedule.update(
+          state.batch_schedule, state.step, rows, measured))
+      metrics["batch_size"] = jnp.int32(rows)
+      if self.batch_schedule.kind == "adaptive":
+        metrics["next_batch_size"] = new_state.batch_schedule.next_batch
+        metrics["next_batch_step"] = new_state.batch_schedule.next_step
     return self._after_update(new_state), metrics
 
   # -- calling --------------------------------------------------------------
@@ -283,8 +329,35 @@ class TrainStep:
     """The lowered step (`.compile().as_text()` shows the collectives)."""
     return self._compiled_for(state).lower(state, self._prepare(batch))
 
+  def next_batch_size(self, state: TrainState) -> int | None:
+    """The global batch the next call on `state` must be given.
+
+    Without a batch schedule, None. With one, read on the host without
+    waiting for the steps in flight: a state this step returned is known
+    from what was dispatched (an adaptive schedule's decisions are read
+    `lag` steps late); any other state (fresh, or restored from a
+    checkpoint) is read once, and refused if its schedule differs from this
+    step's.
+    """
+    if self._tracker is None:
+      return None
+    return self._tracker.next_batch_size(state)
+
   def __call__(self, state: TrainState, batch: PyTree) -> tuple[TrainState, Metrics]:
-    state, metrics = self._compiled_for(state)(state, self._prepare(batch))
+    batch = self._prepare(batch)
+    want = None
+    if self._tracker is not None:
+      want = self._tracker.next_batch_size(state)
+      rows = int(np.shape(jax.tree.leaves(batch)[0])[0])
+      if rows != want:
+        raise ValueError(
+            f"the batch schedule asks for a global batch of {want} at step "
+            f"{self._tracker.step} (after {self._tracker.examples} examples), got "
+            f"{rows} rows; fetch step.next_batch_size(state) examples."
+        )
+    state, metrics = self._compiled_for(state)(state, batch)
+    if want is not None:
+      self._tracker.record(want, state, metrics)
     if self.max_consecutive_skips is not None:
       check_metrics(metrics, self.max_consecutive_skips)
     return state, metrics

@@ -56,6 +56,11 @@ class TrainState(flax.struct.PyTreeNode):
       device holds its own; the `pmap` step's state has the device axis
       already. Checkpointed with the rest of the state, and kept unchanged
       by a skipped step.
+    batch_schedule: the progress of the step's `date_optax.BatchSchedule`
+      (a `date_optax.BatchScheduleState`: batch, examples consumed, last
+      change, pending growth), or None for a step without one.
+      Checkpointed with the rest of the state; a skipped step still counts
+      its examples (its data was read).
 
   Examples:
     >>> import jax.numpy as jnp, optax
@@ -78,6 +83,7 @@ class TrainState(flax.struct.PyTreeNode):
   rng: Any = None
   grad_stats: Any = None
   grad_residual: Any = None
+  batch_schedule: Any = None
 
   @classmethod
   def create(
@@ -214,6 +220,7 @@ def apply_gradients(
     model_state: Any = None,
     stats: tuple[jax.Array, int, int, float] | None = None,
     residual: Any = None,
+    extra_args: Mapping[str, Any] | None = None,
 ) -> tuple[TrainState, Metrics]:
   """One optimizer step on already-reduced gradients, skipped if non-finite.
 
@@ -236,19 +243,28 @@ def apply_gradients(
   `grad_stats=True` (`S_b` the mean over the units of their squared
   gradient norms): the smoothed statistics are updated, passed to the
   optimizer as `grad_stats=` and reported as "grad_noise_scale" and "gain".
+
+  `extra_args` are passed on to `optimizer.update` as keywords (optax's
+  extra-args convention; plain transformations ignore them): the growing
+  batch's `batch_progress=`.
   """
   grad_sq = sum_squares_or_nan(grads)  # NaN iff a gradient is not finite
   sq_mean = grad_sq
   new_gs = None
-  if stats is None:
+  extra = dict(extra_args or {})
+  if stats is None and not extra:
     updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
+  elif stats is None:
+    updates, new_opt_state = optax.with_extra_args_support(optimizer).update(
+        grads, state.opt_state, state.params, **extra
+    )
   else:
     unit_sq, units, batch_size, decay = stats
     g2, tr = gs_lib.estimates(unit_sq, sq_mean, units, batch_size)
     new_gs = gs_lib.update(state.grad_stats, g2, tr, decay)
     smoothed = gs_lib.smoothed(new_gs, batch_size)
     updates, new_opt_state = optax.with_extra_args_support(optimizer).update(
-        grads, state.opt_state, state.params, grad_stats=smoothed
+        grads, state.opt_state, state.params, grad_stats=smoothed, **extra
     )
   new_params = optax.apply_updates(state.params, updates)
   # The gradients' finiteness comes from the same reduction as their norm

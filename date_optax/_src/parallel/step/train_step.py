@@ -21,6 +21,7 @@ from typing import Any
 import jax
 import optax
 
+from date_optax._src.batch_schedule import BatchSchedule
 from date_optax._src.parallel.comm.grad_sync import GradSync, grad_sync_from
 from date_optax._src.parallel.step.replicated_step import (
   ReplicatedTrainStep,
@@ -65,6 +66,7 @@ def make_train_step(
     grad_stats_decay: float | None = None,
     grad_sync: GradSync | None = None,
     step_config: StepConfig | None = None,
+    batch_schedule: BatchSchedule | None = None,
 ) -> TrainStep:
   """Builds a synchronous data-parallel train step, `jit`-compiled over a mesh.
 
@@ -140,6 +142,23 @@ def make_train_step(
   adaptive base applies sqrt(r); else AdaScale's gain of B over one unit,
   S = n); "learning_rate" then includes the applied multiplier. A skipped step leaves the
   statistics unchanged. Needs n >= 2.
+
+  *Growing batch.* With `batch_schedule` (`date_optax.BatchSchedule`:
+  fixed, Megatron's ramp, or adaptive) the per-replica microbatch keeps
+  the shape of the schedule's first batch (`start / (replicas ×
+  microbatches)` rows) and a global batch B runs B / (replicas × rows)
+  accumulated microbatches: one compiled program per distinct batch size
+  (`schedule.batch_sizes`; log2(max/start) + 1 for the adaptive doubling),
+  each with a static `lax.scan`, and the optimizer applied once per step.
+  `step.next_batch_size(state)` says how many examples the next call takes
+  (a call with another number raises); it never waits for the steps in
+  flight: an adaptive schedule decides on the device and its decision of
+  step t applies from step t + 1 + lag, read on the host `lag` steps late.
+  The schedule's progress is `state.batch_schedule`, checkpointed with the
+  state (a restored state of a different schedule is refused). The
+  optimizer gets `update(..., batch_progress=BatchProgress(batch_size,
+  examples))` (what `date(..., batch_schedule=...)` counts its schedule in),
+  and metrics gain "batch_size". Adaptive needs `grad_stats=True`.
 
   *Weight-update sharding.* With `shard_update=True` the gradients are
   reduce-scattered over the data axes instead: the optimizer state lives
@@ -227,6 +246,8 @@ def make_train_step(
     step_config: a `StepConfig` holding `microbatches`, `compute_dtype`,
       `donate`, `has_aux` and `max_consecutive_skips`; give it or those
       flat keywords.
+    batch_schedule: a `date_optax.BatchSchedule` to grow the global batch
+      (see *Growing batch*), or None.
 
   Returns:
     A `TrainStep` (a `ReplicatedTrainStep`, or a `ShardedTrainStep` with
@@ -325,7 +346,8 @@ def make_train_step(
       donate=donate, has_aux=has_aux, max_consecutive_skips=max_consecutive_skips,
   )
   options = dict(step_config=config, shard_update=shard_update, data_axes=data_axes,
-                 grad_stats=grad_stats, grad_stats_decay=grad_stats_decay)
+                 grad_stats=grad_stats, grad_stats_decay=grad_stats_decay,
+                 batch_schedule=batch_schedule)
   if param_sharding is None:
     return make_replicated_train_step(loss_fn, optimizer, mesh, grad_sync=sync, **options)
   if sync.algorithm != "psum":

@@ -1,0 +1,552 @@
+"""Batch-size schedules: a global batch that grows during training.
+
+A :class:`BatchSchedule` says how large the global batch of every step is:
+fixed, a Megatron-LM/NeMo ramp in examples, or adaptive (grown when the
+measured critical batch exceeds the current batch). Its progress is a small
+pytree of int32 scalars, :class:`BatchScheduleState`, kept in the train
+state (``TrainState.batch_schedule``) and checkpointed with it.
+
+The train step (``make_train_step(..., batch_schedule=...)``) keeps the
+per-replica microbatch shape fixed and grows the batch through the number
+of accumulated microbatches. The host must know a step's batch before it
+dispatches the step (to fetch that many examples and pick the program), so:
+
+* ``fixed`` and ``ramp`` are pure functions of the examples consumed, which
+  the host counts itself;
+* ``adaptive`` decides on the device, inside step ``t``, from the smoothed
+  noise statistics, and schedules the change for step ``t + 1 + lag``. The
+  host reads the decision of step ``s − 1 − lag`` when it dispatches step
+  ``s`` — a step that has long finished, so the read does not stall the
+  pipeline — and a restored state carries any decision not yet applied, so
+  a resumed run grows at the same steps as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, NamedTuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from date_optax._src import validation
+
+#: The kinds of :class:`BatchSchedule`.
+KINDS = ("fixed", "ramp", "adaptive")
+
+#: Largest number of examples the int32 state counts.
+MAX_EXAMPLES = 2**31 - 1
+
+# Length of the int32 record of a schedule's settings kept in the state.
+_SPEC_LEN = 10
+
+
+class BatchScheduleState(flax.struct.PyTreeNode):
+  """The progress of a :class:`BatchSchedule`: int32 scalars in the train state.
+
+  Attributes:
+    batch_size: the global batch of the last step taken (the schedule's
+      start before the first step).
+    examples: examples consumed so far (skipped steps included: their data
+      was read).
+    last_change: the step at which the batch last changed (0 at the start).
+    next_batch: the batch an adaptive schedule decided to grow to (or the
+      current one when no growth is pending).
+    next_step: the step from which `next_batch` applies.
+    spec: the schedule's settings (int32 vector), so that a checkpoint
+      restored under a different schedule is refused.
+
+  Examples:
+    >>> import date_optax
+    >>> state = date_optax.BatchSchedule.fixed(64).init()
+    >>> int(state.batch_size), int(state.examples)
+    (64, 0)
+  """
+
+  batch_size: jax.Array
+  examples: jax.Array
+  last_change: jax.Array
+  next_batch: jax.Array
+  next_step: jax.Array
+  spec: jax.Array
+
+
+class BatchProgress(NamedTuple):
+  """What a growing-batch step tells the optimizer (``update(..., batch_progress=)``).
+
+  Attributes:
+    batch_size: the global batch of this step (int32).
+    examples: the examples consumed before this step (int32).
+
+  Examples:
+    >>> import date_optax
+    >>> date_optax.BatchProgress(batch_size=64, examples=1024).batch_size
+    64
+  """
+
+  batch_size: jax.Array
+  examples: jax.Array
+
+
+def _host(x: Any) -> np.ndarray:
+  """A replicated array's value on this host (its first local copy)."""
+  if isinstance(x, jax.Array):
+    return np.asarray(x.addressable_data(0))
+  return np.asarray(x)
+
+
+def _f32_bits(x: float) -> int:
+  return int(np.asarray(x, np.float32).view(np.int32))
+
+
+def _bits_f32(x: int) -> float:
+  return float(np.asarray(x, np.int32).view(np.float32))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BatchSchedule:
+  r"""How the global batch grows during training: fixed, ramp or adaptive.
+
+  Build it with :meth:`fixed`, :meth:`ramp` or :meth:`adaptive` and give it
+  to ``date_optax.parallel.make_train_step(..., batch_schedule=...)``. The
+  step keeps the per-replica microbatch shape of the first batch and runs
+  ``B / (replicas · microbatch)`` accumulated microbatches at batch ``B``:
+  one compiled program per distinct batch size.
+
+  **Ramp** (Megatron-LM's ``rampup_batch_size = [start, increment,
+  ramp_examples]``): with ``m = (max_batch − start)/increment`` increments
+  and ``E`` the examples consumed before a step, its batch is
+
+  .. math::
+
+    B(E) = \mathrm{start} + \mathrm{increment}\cdot
+      \min\left(m, \left\lfloor \frac{E\,m}{\mathrm{ramp\_examples}}
+      \right\rfloor\right).
+
+  **Adaptive** (Merrill et al. 2025's batch-size warmup; Pollux's
+  re-decided batch): at step ``t`` with batch ``B``, the measured critical
+  batch is ``B_crit = calibration · B_simple`` (the step's smoothed simple
+  noise scale, McCandlish et al. 2018). When ``B_crit >= threshold · B``,
+  ``B < max_batch``, no growth is pending and the change would come at
+  least ``min_steps`` steps after the last one, the batch becomes
+  ``min(factor · B, max_batch)`` from step ``t + 1 + lag``. It never
+  shrinks. The decision is made on the device from replicated statistics,
+  so every process takes it identically.
+
+  Args:
+    kind: one of :data:`KINDS`; use the constructors instead.
+    start: the first global batch (every batch is a multiple of
+      ``replicas × microbatch rows``, checked when the step is built).
+    max_batch: the largest global batch.
+    increment: the ramp's increment (``ramp`` only).
+    ramp_examples: examples over which the ramp reaches `max_batch`.
+    factor: the adaptive growth factor, an integer >= 2.
+    threshold: grow when ``B_crit >= threshold · B``, > 0.
+    min_steps: the fewest steps between two changes, >= ``lag + 1``.
+    lag: steps between a decision and the step it applies to, >= 1 (the
+      host reads decisions this many steps late, so they never stall it).
+    calibration: the multiple of ``B_simple`` taken as the critical batch,
+      > 0 (Merrill et al. found B_simple underestimates it under Adam).
+
+  Returns:
+    The schedule (a frozen dataclass, validated when built).
+
+  Raises:
+    ValueError: a size, count or factor out of range; the message names the
+      argument and its allowed range.
+    TypeError: an argument of the wrong kind.
+
+  Examples:
+    >>> import date_optax
+    >>> ramp = date_optax.BatchSchedule.ramp(32, 32, 1000, max_batch=128)
+    >>> [ramp.batch_size_at(e) for e in (0, 333, 334, 667, 1000, 10**6)]
+    [32, 32, 64, 96, 128, 128]
+    >>> date_optax.BatchSchedule.adaptive(16, max_batch=1024).batch_sizes
+    (16, 32, 64, 128, 256, 512, 1024)
+
+  References:
+    McCandlish, Kaplan, Amodei et al., `An Empirical Model of Large-Batch
+    Training <https://arxiv.org/abs/1812.06162>`_, 2018; Merrill et al.,
+    `Critical Batch Size Revisited <https://arxiv.org/abs/2505.23971>`_,
+    2025; Qiao et al., `Pollux: Co-adaptive Cluster Scheduling for
+    Goodput-Optimized Deep Learning <https://arxiv.org/abs/2008.12260>`_,
+    OSDI 2021; Shoeybi et al., `Megatron-LM
+    <https://arxiv.org/abs/1909.08053>`_, 2019 (``rampup_batch_size``,
+    ``num_microbatches_calculator.py``).
+  """
+
+  kind: str
+  start: int
+  max_batch: int
+  increment: int = 0
+  ramp_examples: int = 0
+  factor: int = 2
+  threshold: float = 2.0
+  min_steps: int = 1
+  lag: int = 1
+  calibration: float = 1.0
+
+  def __post_init__(self) -> None:
+    validation.check_choice("kind", self.kind, KINDS)
+    start = validation.check_int("start", self.start, low=1)
+    top = validation.check_int("max_batch", self.max_batch, low=start)
+    set_ = lambda name, value: object.__setattr__(self, name, value)
+    set_("start", start)
+    set_("max_batch", top)
+    if self.kind == "fixed" and top != start:
+      raise ValueError(f"a fixed schedule has max_batch == start, got {top} != {start}.")
+    if self.kind == "ramp":
+      inc = validation.check_int("increment", self.increment, low=1)
+      if (top - start) % inc:
+        raise ValueError(
+            f"max_batch - start = {top - start} must be a multiple of "
+            f"increment={inc} (Megatron-LM's ramp reaches max_batch exactly)."
+        )
+      set_("increment", inc)
+      set_("ramp_examples", validation.check_int(
+          "ramp_examples", self.ramp_examples, low=1, high=MAX_EXAMPLES))
+    if self.kind == "adaptive":
+      f = validation.check_int("factor", self.factor, low=2)
+      j = 0
+      while start * f**j < top:
+        j += 1
+      if top % start or start * f**j != top:
+        raise ValueError(
+            f"max_batch={top} must be start={start} times a power of "
+            f"factor={f} (e.g. {start * f ** max(j - 1, 0)} or {start * f**j}), "
+            "so that the adaptive batch reaches it; got a ratio of "
+            f"{top / start:g}."
+        )
+      set_("factor", f)
+      set_("lag", validation.check_int("lag", self.lag, low=1, high=1000))
+      set_("min_steps", validation.check_int(
+          "min_steps", self.min_steps, low=self.lag + 1, high=2**30))
+      set_("threshold", float(validation.check_real(
+          "threshold", self.threshold, low=0.0, low_inclusive=False)))
+      set_("calibration", float(validation.check_real(
+          "calibration", self.calibration, low=0.0, low_inclusive=False)))
+
+  # -- constructors ---------------------------------------------------------
+
+  @classmethod
+  def fixed(cls, batch_size: int) -> BatchSchedule:
+    """The same global batch at every step.
+
+    Args:
+      batch_size: the global batch, >= 1.
+
+    Returns:
+      A :class:`BatchSchedule`.
+
+    Examples:
+      >>> import date_optax
+      >>> date_optax.BatchSchedule.fixed(256).batch_sizes
+      (256,)
+    """
+    return cls(kind="fixed", start=batch_size, max_batch=batch_size)
+
+  @classmethod
+  def ramp(
+      cls, start: int, increment: int, ramp_examples: int, *, max_batch: int
+  ) -> BatchSchedule:
+    """Megatron-LM/NeMo's ramp: `increment` more every equal share of examples.
+
+    Args:
+      start: the first global batch, >= 1.
+      increment: how much the batch grows at each change, >= 1;
+        ``max_batch − start`` must be a multiple of it.
+      ramp_examples: examples consumed when the batch reaches `max_batch`,
+        in ``[1, 2**31 − 1]``.
+      max_batch: the final global batch, >= `start`.
+
+    Returns:
+      A :class:`BatchSchedule` of kind ``"ramp"``.
+
+    Examples:
+      >>> import date_optax
+      >>> s = date_optax.BatchSchedule.ramp(16, 16, 480, max_batch=64)
+      >>> s.batch_sizes, s.batch_size_at(160), s.batch_size_at(480)
+      ((16, 32, 48, 64), 32, 64)
+
+    References:
+      Shoeybi et al., `Megatron-LM <https://arxiv.org/abs/1909.08053>`_,
+      2019 (``--rampup-batch-size``).
+    """
+    return cls(kind="ramp", start=start, max_batch=max_batch, increment=increment,
+               ramp_examples=ramp_examples)
+
+  @classmethod
+  def adaptive(
+      cls,
+      start: int,
+      *,
+      max_batch: int,
+      factor: int = 2,
+      threshold: float = 2.0,
+      min_steps: int = 10,
+      lag: int = 2,
+      calibration: float = 1.0,
+  ) -> BatchSchedule:
+    """Grows the batch by `factor` when the measured critical batch passes it.
+
+    Needs a step built with ``grad_stats=True`` (the critical batch is the
+    step's smoothed simple noise scale times `calibration`).
+
+    Args:
+      start: the first global batch, >= 1.
+      max_batch: the largest batch, ``start · factor**j``.
+      factor: the growth factor, an integer >= 2 (Merrill et al.: 2).
+      threshold: grow when ``calibration · B_simple >= threshold · B``
+        (Merrill et al.: 2), > 0.
+      min_steps: the fewest steps between two changes, >= ``lag + 1``.
+      lag: how many steps after its decision a change applies, >= 1.
+      calibration: the multiple of ``B_simple`` taken as the critical
+        batch, > 0.
+
+    Returns:
+      A :class:`BatchSchedule` of kind ``"adaptive"``.
+
+    Examples:
+      >>> import date_optax
+      >>> s = date_optax.BatchSchedule.adaptive(8, max_batch=64, threshold=1.5)
+      >>> s.batch_sizes, s.threshold
+      ((8, 16, 32, 64), 1.5)
+
+    References:
+      Merrill et al., `Critical Batch Size Revisited
+      <https://arxiv.org/abs/2505.23971>`_, 2025 (batch-size warmup);
+      McCandlish et al., `An Empirical Model of Large-Batch Training
+      <https://arxiv.org/abs/1812.06162>`_, 2018 (the noise scale).
+    """
+    return cls(kind="adaptive", start=start, max_batch=max_batch, factor=factor,
+               threshold=threshold, min_steps=min_steps, lag=lag,
+               calibration=calibration)
+
+  # -- what it allows -------------------------------------------------------
+
+  @property
+  def batch_sizes(self) -> tuple[int, ...]:
+    """Every batch the schedule can reach, ascending (one program each)."""
+    if self.kind == "fixed":
+      return (self.start,)
+    if self.kind == "ramp":
+      return tuple(range(self.start, self.max_batch + 1, self.increment))
+    sizes, b = [], self.start
+    while b < self.max_batch:
+      sizes.append(b)
+      b *= self.factor
+    return (*sizes, self.max_batch)
+
+  @property
+  def chunk_size(self) -> int:
+    """The largest batch that divides every batch of the schedule (their gcd).
+
+    A data loader of this global batch feeds every step whole chunks
+    (`date_optax.parallel.GrowingBatches`).
+    """
+    return math.gcd(*self.batch_sizes)
+
+  def batch_size_at(self, examples: int) -> int:
+    """The batch of a step taken after `examples` examples (fixed or ramp).
+
+    An adaptive schedule's batch depends on measurements; its state says
+    (see `date_optax.parallel.TrainStep.next_batch_size`).
+    """
+    examples = validation.check_int("examples", examples, low=0)
+    if self.kind == "adaptive":
+      raise ValueError(
+          "an adaptive schedule's batch depends on the measured noise scale, "
+          "not only on the examples; ask the train step (step.next_batch_size)."
+      )
+    if self.kind == "fixed":
+      return self.start
+    m = (self.max_batch - self.start) // self.increment
+    return self.start + self.increment * min(m, examples * m // self.ramp_examples)
+
+  def check_unit(self, unit: int, replicas: int, microbatch: int) -> None:
+    """Every batch must split into `unit` = replicas × microbatch rows."""
+    for name, value in (("start", self.start), ("max_batch", self.max_batch),
+                        ("increment", self.increment)):
+      if value % unit:
+        raise ValueError(
+            f"batch_schedule's {name}={value} must be a multiple of the "
+            f"{replicas} data replicas x {microbatch} microbatch rows (= {unit}): "
+            "the step grows the batch by whole microbatches of a fixed shape."
+        )
+
+  def check_run(self, total_examples: int) -> None:
+    """A ramp must end within a run of `total_examples` examples."""
+    total_examples = validation.check_int("total_examples", total_examples, low=1)
+    if self.kind == "ramp" and self.ramp_examples > total_examples:
+      raise ValueError(
+          f"the ramp's ramp_examples={self.ramp_examples} is longer than the run "
+          f"({total_examples} examples): the batch would never reach "
+          f"max_batch={self.max_batch}. Use ramp_examples <= {total_examples}."
+      )
+
+  # -- state ----------------------------------------------------------------
+
+  def spec(self) -> np.ndarray:
+    """The settings as an int32 vector (stored in the state)."""
+    out = [KINDS.index(self.kind), self.start, self.max_batch, self.increment,
+           self.ramp_examples, self.factor, _f32_bits(self.threshold),
+           self.min_steps, self.lag, _f32_bits(self.calibration)]
+    assert len(out) == _SPEC_LEN
+    return np.asarray(out, np.int32)
+
+  @classmethod
+  def from_spec(cls, spec: Any) -> BatchSchedule:
+    """The schedule an int32 `spec` vector records (see :meth:`spec`)."""
+    s = [int(x) for x in np.asarray(spec).reshape(-1)]
+    if len(s) != _SPEC_LEN or not 0 <= s[0] < len(KINDS):
+      raise ValueError(f"not a batch-schedule spec: {s!r}.")
+    return cls(kind=KINDS[s[0]], start=s[1], max_batch=s[2], increment=s[3],
+               ramp_examples=s[4], factor=s[5], threshold=_bits_f32(s[6]),
+               min_steps=s[7], lag=s[8], calibration=_bits_f32(s[9]))
+
+  def init(self) -> BatchScheduleState:
+    """The state before the first step."""
+    i = lambda v: jnp.asarray(v, jnp.int32)
+    return BatchScheduleState(
+        batch_size=i(self.start), examples=i(0), last_change=i(0),
+        next_batch=i(self.start), next_step=i(0), spec=jnp.asarray(self.spec()),
+    )
+
+  def check_state(self, state: Any) -> None:
+    """Refuses a state (a checkpoint) made under different settings."""
+    if not isinstance(state, BatchScheduleState):
+      raise ValueError(
+          f"the train state has no batch-schedule state (got {state!r}); build "
+          "it with this step's init, or restore a checkpoint saved by a step "
+          "with batch_schedule."
+      )
+    saved = _host(state.spec)
+    if not np.array_equal(saved, self.spec()):
+      try:
+        theirs = repr(BatchSchedule.from_spec(saved))
+      except (TypeError, ValueError):
+        theirs = f"an unreadable spec {saved.tolist()}"
+      raise ValueError(
+          f"the state's (checkpoint's) batch schedule is {theirs}, but this step "
+          f"was built with {self!r}; resume with the schedule the run started "
+          "with, or start a fresh run."
+      )
+
+  def update(
+      self, state: BatchScheduleState, step: jax.Array, batch_size: int,
+      noise_scale: jax.Array | None = None,
+  ) -> BatchScheduleState:
+    """The state after step `step` ran with `batch_size` (inside the step).
+
+    Straight-line int32 arithmetic; an adaptive schedule also decides from
+    `noise_scale` (B_simple, replicated) whether to grow.
+    """
+    b = jnp.int32(batch_size)
+    step = jnp.asarray(step, jnp.int32)
+    changed = b != state.batch_size
+    last_change = jnp.where(changed, step, state.last_change)
+    new = state.replace(batch_size=jnp.broadcast_to(b, ()), examples=state.examples + b,
+                        last_change=last_change)
+    if self.kind != "adaptive":
+      return new
+    if noise_scale is None:
+      raise ValueError("an adaptive batch schedule needs the step's noise scale "
+                       "(grad_stats=True).")
+    effect = step + 1 + self.lag
+    critical = jnp.float32(self.calibration) * jnp.asarray(noise_scale, jnp.float32)
+    grow = ((step >= state.next_step)
+            & (effect - last_change >= self.min_steps)
+            & (critical >= jnp.float32(self.threshold) * jnp.float32(batch_size))
+            & (batch_size < self.max_batch))
+    target = jnp.int32(min(self.factor * batch_size, self.max_batch))
+    return new.replace(next_batch=jnp.where(grow, target, state.next_batch),
+                       next_step=jnp.where(grow, effect, state.next_step))
+
+
+class BatchTracker:
+  """The host's view of a schedule's progress: the batch of the next step.
+
+  It counts the steps and examples it dispatched and, for an adaptive
+  schedule, reads each device decision `lag` steps late (by then the step
+  that made it has finished, so the read does not wait). A state it did
+  not produce (fresh, or restored from a checkpoint) is read once.
+  """
+
+  def __init__(self, schedule: BatchSchedule):
+    self.schedule = schedule
+    self._token: Any = None  # the examples array of the last state we returned
+    self._pending: list[tuple[int, Any]] = []
+
+  def _sync(self, state: Any) -> None:
+    bs = state.batch_schedule
+    self.schedule.check_state(bs)
+    host = (state.step, bs.batch_size, bs.examples, bs.next_batch, bs.next_step)
+    self.step, self.batch, self.examples, nb, ns = (int(_host(x)) for x in host)
+    self._decision = (nb, ns)
+    self._pending = []
+    self._token = bs.examples
+
+  def next_batch_size(self, state: Any) -> int:
+    """The global batch of the next step on `state`."""
+    if state.batch_schedule is None or state.batch_schedule.examples is not self._token:
+      self._sync(state)
+    if self.schedule.kind != "adaptive":
+      return self.schedule.batch_size_at(self.examples)
+    s = self.schedule.lag
+    while self._pending and self._pending[0][0] <= self.step - 1 - s:
+      _, arrays = self._pending.pop(0)
+      self._decision = tuple(int(_host(x)) for x in arrays)
+    nb, ns = self._decision
+    return nb if self.step >= ns else self.batch
+
+  def record(self, batch_size: int, new_state: Any, metrics: Any) -> None:
+    """Notes that a step ran with `batch_size` and returned `new_state`.
+
+    An adaptive decision is read from the metrics (the state's buffers are
+    donated to the next step).
+    """
+    bs = new_state.batch_schedule
+    if self.schedule.kind == "adaptive":
+      self._pending.append(
+          (self.step, (metrics["next_batch_size"], metrics["next_batch_step"])))
+    self.step += 1
+    self.batch = batch_size
+    self.examples += batch_size
+    self._token = bs.examples
+
+
+def check_schedule(value: Any) -> BatchSchedule | None:
+  """None or a :class:`BatchSchedule`; anything else is a TypeError."""
+  if value is not None and not isinstance(value, BatchSchedule):
+    raise TypeError(
+        "batch_schedule must be a date_optax.BatchSchedule (BatchSchedule.fixed, "
+        f".ramp or .adaptive) or None, got {value!r}."
+    )
+  return value
+
+
+
+def check_for_step(
+    schedule: Any, grad_stats: bool, replicas: int, microbatches: int
+) -> BatchSchedule | None:
+  """Validates a step's `batch_schedule` against its replicas and statistics."""
+  schedule = check_schedule(schedule)
+  if schedule is None:
+    return None
+  if schedule.start % (replicas * microbatches):
+    raise ValueError(
+        f"batch_schedule's start={schedule.start} must split over the {replicas} "
+        f"data replicas x {microbatches} microbatches (= {replicas * microbatches}): "
+        "its microbatch is the fixed shape every batch is made of."
+    )
+  rows = schedule.start // (replicas * microbatches)
+  schedule.check_unit(replicas * rows, replicas, rows)
+  if schedule.kind == "adaptive" and not grad_stats:
+    raise ValueError(
+        "an adaptive batch_schedule decides from the measured noise scale: build "
+        "the step with grad_stats=True (got grad_stats=False)."
+    )
+  return schedule

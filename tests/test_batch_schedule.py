@@ -1,0 +1,412 @@
+"""BatchSchedule: decisions against references written from the math, the
+growing step (programs, exact resume) and the errors of bad input."""
+
+from fractions import Fraction
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import date_optax
+import date_optax.parallel as dp
+from date_optax import BatchSchedule
+from date_optax.checkpoint import CheckpointManager
+
+# ---------------------------------------------------------------------------
+# References from the math (SPEC §11), not from the implementation.
+
+
+def ramp_reference(start, increment, ramp_examples, max_batch, consumed):
+  """Megatron-LM: start + floor(consumed / per_increment) * increment, capped,
+  with per_increment = ramp_examples / ((max_batch - start) / increment)."""
+  per_increment = Fraction(ramp_examples) / Fraction(max_batch - start, increment)
+  steps = int(Fraction(consumed) / per_increment)  # floor: both are >= 0
+  return min(start + steps * increment, max_batch)
+
+
+def adaptive_reference(noise_scales, *, start, max_batch, factor, threshold,
+                       min_steps, lag, calibration):
+  """The batch of every step of the adaptive rule: grow by `factor` when
+  calibration * B_simple >= threshold * B, one change pending at a time, each
+  change `lag` steps after the step that decided it and at least `min_steps`
+  steps after the previous change; never above max_batch."""
+  batch, last_change, pending, out = start, 0, None, []
+  for t, ns in enumerate(noise_scales):
+    if pending is not None and pending[1] == t:
+      if pending[0] != batch:
+        last_change = t
+      batch, pending = pending[0], None
+    out.append(batch)
+    effect = t + 1 + lag
+    if (pending is None and batch < max_batch
+        and calibration * ns >= threshold * batch
+        and effect - last_change >= min_steps):
+      pending = (min(factor * batch, max_batch), effect)
+  return out
+
+
+@pytest.mark.parametrize("start,increment,ramp_examples,max_batch", [
+    (16, 16, 480, 64), (32, 32, 1000, 128), (8, 24, 7777, 80), (4, 4, 5, 64),
+])
+def test_ramp_matches_megatron(start, increment, ramp_examples, max_batch):
+  s = BatchSchedule.ramp(start, increment, ramp_examples, max_batch=max_batch)
+  for consumed in list(range(0, 2 * ramp_examples, 7)) + [ramp_examples, 10**9]:
+    assert s.batch_size_at(consumed) == ramp_reference(
+        start, increment, ramp_examples, max_batch, consumed)
+
+
+def test_fixed_and_sizes():
+  assert BatchSchedule.fixed(48).batch_size_at(10**6) == 48
+  assert BatchSchedule.ramp(16, 16, 480, max_batch=64).batch_sizes == (16, 32, 48, 64)
+  assert BatchSchedule.adaptive(8, max_batch=8 * 3**3, factor=3).batch_sizes == (
+      8, 24, 72, 216)
+
+
+def _simulate_device(schedule, noise_scales):
+  """Runs `schedule.update` under jit with the host tracker's lagged reads."""
+  update = jax.jit(schedule.update, static_argnums=2)
+  state, batches, decisions = schedule.init(), [], []
+  batch, nb, ns = schedule.start, schedule.start, 0
+  for t, noise in enumerate(noise_scales):
+    # What the host knows at step t: decisions of steps <= t - 1 - lag.
+    seen = [d for s, d in decisions if s <= t - 1 - schedule.lag]
+    if seen:
+      nb, ns = seen[-1]
+    batch = nb if t >= ns else batch
+    batches.append(batch)
+    state = update(state, jnp.int32(t), batch, jnp.float32(noise))
+    decisions.append((t, (int(state.next_batch), int(state.next_step))))
+  return batches, state
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_adaptive_matches_reference(seed):
+  rng = np.random.default_rng(seed)
+  kw = dict(start=8, max_batch=8 * 2**int(rng.integers(1, 5)), factor=2,
+            threshold=float(rng.choice([1.0, 2.0, 3.0])),
+            min_steps=int(rng.integers(3, 8)), lag=int(rng.integers(1, 3)),
+            calibration=float(rng.choice([1.0, 10.0])))
+  kw["min_steps"] = max(kw["min_steps"], kw["lag"] + 1)
+  # A noise scale that grows during training, with noise (and inf/NaN).
+  ns = np.exp(np.linspace(1, 7, 80) + rng.normal(0, 0.5, 80)).astype(np.float32)
+  ns[5], ns[9] = np.inf, np.nan
+  schedule = BatchSchedule.adaptive(**kw)
+  batches, state = _simulate_device(schedule, ns)
+  want = adaptive_reference(ns.astype(np.float64), **kw)
+  assert batches == want
+  assert int(state.examples) == sum(want)
+  assert sorted(set(want)) == [b for b in schedule.batch_sizes if b <= max(want)]
+  assert all(b2 >= b1 for b1, b2 in zip(want, want[1:]))  # never shrinks
+
+
+def test_spec_round_trip():
+  s = BatchSchedule.adaptive(16, max_batch=256, threshold=1.5, min_steps=7, lag=3,
+                             calibration=0.25)
+  assert BatchSchedule.from_spec(s.spec()) == s
+  r = BatchSchedule.ramp(16, 16, 480, max_batch=64)
+  assert BatchSchedule.from_spec(r.init().spec) == r
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: BatchSchedule.ramp(16, 10, 100, max_batch=64), "multiple of increment"),
+    (lambda: BatchSchedule.ramp(16, 16, 0, max_batch=64), "ramp_examples"),
+    (lambda: BatchSchedule.adaptive(16, max_batch=48), "power of factor"),
+    (lambda: BatchSchedule.adaptive(16, max_batch=64, lag=3, min_steps=2), "min_steps"),
+    (lambda: BatchSchedule.adaptive(16, max_batch=64, threshold=0), "threshold"),
+    (lambda: BatchSchedule.adaptive(16, max_batch=8), "max_batch"),
+    (lambda: BatchSchedule.fixed(0), "start"),
+])
+def test_bad_schedules(make, match):
+  with pytest.raises(ValueError, match=match):
+    make()
+
+
+def test_bad_types():
+  with pytest.raises(TypeError, match="factor"):
+    BatchSchedule.adaptive(16, max_batch=64, factor=2.0)
+  with pytest.raises(TypeError, match="batch_schedule"):
+    dp.make_train_step(_loss, optax.sgd(0.1), dp.data_mesh(), batch_schedule=64)
+
+
+def test_ramp_longer_than_run():
+  s = BatchSchedule.ramp(16, 16, 5000, max_batch=64)
+  with pytest.raises(ValueError, match="longer than the run"):
+    s.check_run(4000)
+  s.check_run(5000)
+
+
+# ---------------------------------------------------------------------------
+# The growing step.
+
+
+def _loss(params, batch):
+  return jnp.mean((batch["x"] @ params["w"] - batch["y"]) ** 2)
+
+
+def _batch(step_index, size):
+  rng = np.random.default_rng(step_index)
+  x = rng.normal(size=(size, 3)).astype(np.float32)
+  y = x @ np.array([[1.0], [-2.0], [0.5]], np.float32) + rng.normal(
+      0, 0.5, (size, 1)).astype(np.float32)
+  return {"x": x, "y": y}
+
+
+def _run(step, state, steps, start=0):
+  sizes, losses = [], []
+  for i in range(start, start + steps):
+    b = step.next_batch_size(state)
+    state, metrics = step(state, _batch(i, b))
+    sizes.append(int(metrics["batch_size"]))
+    losses.append(float(metrics["loss"]))
+  return state, sizes, losses
+
+
+def test_bad_step_inputs():
+  mesh = dp.data_mesh()
+  with pytest.raises(ValueError, match="max_batch=100 must be a multiple of the 8 data "
+                     "replicas x 2 microbatch rows"):
+    dp.make_train_step(_loss, optax.sgd(0.1), mesh,
+                       batch_schedule=BatchSchedule.ramp(16, 12, 100, max_batch=100))
+  with pytest.raises(ValueError, match="grad_stats=True"):
+    dp.make_train_step(_loss, optax.sgd(0.1), mesh,
+                       batch_schedule=BatchSchedule.adaptive(16, max_batch=64))
+  with pytest.raises(ValueError, match="start=12 must split over the 8"):
+    dp.make_train_step(_loss, optax.sgd(0.1), mesh,
+                       batch_schedule=BatchSchedule.fixed(12))
+
+
+def test_ramp_step_sizes_programs_and_wrong_batch():
+  sched = BatchSchedule.ramp(16, 16, 240, max_batch=64)
+  step = dp.make_train_step(_loss, optax.sgd(0.05), dp.data_mesh(), batch_schedule=sched)
+  state = step.init({"w": np.zeros((3, 1), np.float32)})
+  state, sizes, _ = _run(step, state, 12)
+  consumed = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+  assert sizes == [ramp_reference(16, 16, 240, 64, int(c)) for c in consumed]
+  assert step.traces == len(sched.batch_sizes) == 4  # one program per batch size
+  assert int(state.batch_schedule.examples) == sum(sizes)
+  assert int(state.batch_schedule.last_change) == sizes.index(64)
+  with pytest.raises(ValueError, match="asks for a global batch of 64"):
+    step(state, _batch(0, 32))
+
+
+def test_growing_step_equals_fixed_step_at_each_size():
+  """A step at batch B with k microbatches is the plain step with k microbatches."""
+  sched = BatchSchedule.ramp(8, 8, 16, max_batch=32)
+  params = {"w": np.ones((3, 1), np.float32)}
+  grow = dp.make_train_step(_loss, optax.sgd(0.05), dp.data_mesh(), batch_schedule=sched,
+                            donate=False)
+  state = grow.init(params)
+  for i in range(4):
+    b = grow.next_batch_size(state)
+    plain = dp.make_train_step(_loss, optax.sgd(0.05), dp.data_mesh(), donate=False,
+                               microbatches=b // 8)
+    ref = plain.init(jax.device_get(state.params))
+    ref, m_ref = plain(ref, _batch(i, b))
+    state, m = grow(state, _batch(i, b))
+    np.testing.assert_array_equal(np.asarray(state.params["w"]), np.asarray(ref.params["w"]))
+    assert float(m["loss"]) == float(m_ref["loss"])
+
+
+@pytest.mark.parametrize("kind", ["ramp", "adaptive"])
+def test_resume_is_exact(tmp_path, kind):
+  if kind == "ramp":
+    sched, stats = BatchSchedule.ramp(16, 16, 300, max_batch=64), False
+  else:
+    sched = BatchSchedule.adaptive(16, max_batch=128, min_steps=3, lag=2, threshold=0.05)
+    stats = True
+  build = lambda s=sched: dp.make_train_step(_loss, optax.sgd(0.05), dp.data_mesh(),
+                                             batch_schedule=s, grad_stats=stats)
+  params = {"w": np.zeros((3, 1), np.float32)}
+  step = build()
+  full, sizes_full, losses_full = _run(step, step.init(params), 14)
+  assert len(set(sizes_full)) >= 3  # it grew, twice or more
+
+  step = build()
+  state, sizes_a, _ = _run(step, step.init(params), 6)
+  with CheckpointManager(tmp_path, async_save=False) as mngr:
+    mngr.save(6, state)
+    fresh = build()
+    restored, _ = mngr.restore(fresh.init(params))
+    # A checkpoint restored under a different schedule is refused.
+    other = BatchSchedule.ramp(16, 16, 600, max_batch=64)
+    wrong = dp.make_train_step(_loss, optax.sgd(0.05), dp.data_mesh(),
+                               batch_schedule=other, grad_stats=stats)
+    elsewhere, _ = mngr.restore(wrong.init(params))
+    with pytest.raises(ValueError, match="checkpoint's\\) batch schedule is BatchSchedule"):
+      wrong.next_batch_size(elsewhere)
+  resumed, sizes_b, losses_b = _run(fresh, restored, 8, start=6)
+  assert sizes_a + sizes_b == sizes_full
+  assert losses_b == losses_full[6:]
+  for a, b in zip(jax.tree.leaves(jax.device_get(resumed)),
+                  jax.tree.leaves(jax.device_get(full)), strict=True):
+    np.testing.assert_array_equal(a, b)
+
+
+
+def test_adaptive_step_follows_reference():
+  sched = BatchSchedule.adaptive(16, max_batch=128, min_steps=4, lag=2, threshold=0.05)
+  step = dp.make_train_step(_loss, optax.sgd(0.05), dp.data_mesh(), batch_schedule=sched,
+                            grad_stats=True)
+  state = step.init({"w": np.zeros((3, 1), np.float32)})
+  sizes, noise = [], []
+  for i in range(16):
+    state, m = step(state, _batch(i, step.next_batch_size(state)))
+    sizes.append(int(m["batch_size"]))
+    noise.append(float(m["grad_noise_scale"]))
+  want = adaptive_reference(noise, start=16, max_batch=128, factor=2, threshold=0.05,
+                            min_steps=4, lag=2, calibration=1.0)
+  assert sizes == want
+  assert step.traces == len(set(sizes)) <= len(sched.batch_sizes)
+  assert len(sched.batch_sizes) == int(np.log2(128 / 16)) + 1
+
+
+# ---------------------------------------------------------------------------
+# date(..., batch_schedule=...): the schedule in examples, the rule per step.
+
+BASE = date_optax.Baseline(batch_size=16, learning_rate=0.05, warmup_epochs=1,
+                           epochs=6, num_examples=512, optimizer="momentum",
+                           optimizer_options={"momentum": 0.9})
+
+
+def _linear_params():
+  return {"w": np.zeros((3, 1), np.float32), "b": np.zeros((1,), np.float32)}
+
+
+def _affine_loss(params, batch):
+  return jnp.mean((batch["x"] @ params["w"] + params["b"] - batch["y"]) ** 2)
+
+
+@pytest.mark.parametrize("rule,power", [("sqrt", 0.5), ("linear", 1.0)])
+def test_date_growing_learning_rate(rule, power):
+  sched = BatchSchedule.ramp(16, 16, 256, max_batch=64)
+  tx = date_optax.date(BASE, 64, batch_schedule=sched, lr_scaling=rule)
+  step = dp.make_train_step(_affine_loss, tx, dp.data_mesh(), batch_schedule=sched)
+  state = step.init(_linear_params())
+  # The baseline's own schedule, one entry per baseline iteration.
+  base_lr = np.asarray(date_optax.date_recipe(BASE, 16).learning_rates(), np.float64)
+  examples = 0
+  for i in range(14):
+    b = step.next_batch_size(state)
+    state, m = step(state, _batch(i, b))
+    want = base_lr[examples // 16] * (b / 16) ** power
+    np.testing.assert_allclose(float(m["learning_rate"]), want, rtol=1e-6)
+    assert int(m["batch_size"]) == b
+    examples += b
+  assert examples > 256  # the ramp reached the top within the test
+
+
+def test_date_growing_errors():
+  sched = BatchSchedule.ramp(16, 16, 1024, max_batch=64)
+  with pytest.raises(ValueError, match="max_batch=64"):
+    date_optax.date(BASE, 128, batch_schedule=sched)
+  with pytest.raises(ValueError, match="longer than the run"):
+    date_optax.date(BASE, 64, batch_schedule=BatchSchedule.ramp(16, 16, 4000,
+                                                                 max_batch=64))
+  with pytest.raises(ValueError, match="gain_clock"):
+    date_optax.date(BASE, 64, batch_schedule=sched, gain_clock="gain")
+  tx = date_optax.date(BASE, 64, batch_schedule=sched)
+  params = _linear_params()
+  with pytest.raises(ValueError, match="batch_progress"):
+    tx.update(params, tx.init(params), params)
+
+
+def test_date_growing_at_b0_is_baseline():
+  """A fixed schedule at B0 with the examples clock is the baseline's solver."""
+  sched = BatchSchedule.fixed(16)
+  tx = date_optax.date(BASE, 16, batch_schedule=sched)
+  step = dp.make_train_step(_affine_loss, tx, dp.data_mesh(), batch_schedule=sched)
+  ref_step = dp.make_train_step(_affine_loss, date_optax.date(BASE, 16), dp.data_mesh())
+  state, ref = step.init(_linear_params()), ref_step.init(_linear_params())
+  for i in range(5):
+    state, m = step(state, _batch(i, 16))
+    ref, m_ref = ref_step(ref, _batch(i, 16))
+    np.testing.assert_allclose(float(m["learning_rate"]), float(m_ref["learning_rate"]),
+                               rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref.params)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+
+
+# ---------------------------------------------------------------------------
+# Data: exactly the examples each step needs, and the same after a resume.
+
+
+def _loader_batches(schedule, seed=0):
+  src = dp.ArraySource(_batch(123, 2048))
+  loader = dp.data_loader(src, schedule.chunk_size, seed=seed)
+  return dp.GrowingBatches(iter(loader), schedule.chunk_size)
+
+
+def _run_loader(step, state, batches, steps):
+  seen = []
+  for _ in range(steps):
+    b = step.next_batch_size(state)
+    batch = batches.take(b)
+    seen.append(np.asarray(batch["x"]).copy())
+    state, _ = step(state, batch)
+  return state, seen
+
+
+def test_growing_batches_resume_is_exact(tmp_path):
+  sched = BatchSchedule.ramp(16, 16, 200, max_batch=64)
+  assert sched.chunk_size == 16
+  build = lambda: dp.make_train_step(_loss, optax.sgd(0.05), dp.data_mesh(),
+                                     batch_schedule=sched)
+  params = {"w": np.zeros((3, 1), np.float32)}
+  step = build()
+  full, seen_full = _run_loader(step, step.init(params), _loader_batches(sched), 9)
+  # Every step got exactly its batch, in the loader's order, without gaps.
+  sizes = [len(x) for x in seen_full]
+  consumed = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+  assert sizes == [sched.batch_size_at(int(c)) for c in consumed]
+  chunks = _loader_batches(sched)
+  order = np.concatenate([chunks.take(16)["x"] for _ in range(sum(sizes) // 16)])
+  np.testing.assert_array_equal(np.concatenate(seen_full), order)
+
+  step = build()
+  batches = _loader_batches(sched)
+  state, seen_a = _run_loader(step, step.init(params), batches, 4)
+  with CheckpointManager(tmp_path, async_save=False) as mngr:
+    mngr.save(4, state, metadata={"data": dp.iterator_state(batches)})
+    fresh = build()
+    restored, meta = mngr.restore(fresh.init(params))
+  batches = _loader_batches(sched)
+  dp.restore_iterator(batches, meta["data"])
+  resumed, seen_b = _run_loader(fresh, restored, batches, 5)
+  for a, b in zip(seen_a + seen_b, seen_full, strict=True):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(np.asarray(resumed.params["w"]), np.asarray(full.params["w"]))
+  with pytest.raises(ValueError, match="chunks of 16"):
+    batches.take(24)
+
+
+def test_date_growing_needs_no_legw_recipe_at_the_top():
+  """The fixed recipe at 64·B0 leaves no iteration after its warmup; the growing
+  batch runs the baseline's schedule in examples, so only its bounds are used."""
+  with pytest.raises(ValueError, match="warmup"):
+    date_optax.date(BASE, 1024)
+  sched = BatchSchedule.adaptive(16, max_batch=1024)
+  for rule, lower in (("sqrt", 1 / 8), ("linear", 1 / 64)):
+    tx = date_optax.date(BASE, 1024, batch_schedule=sched, lr_scaling=rule)
+    bounds = date_optax.trust_ratio_bounds(tx.init(_linear_params()))
+    np.testing.assert_allclose([float(b) for b in bounds], [lower, 1.0])
+
+
+def test_sharded_step_grows_too():
+  """The GSPMD step of sharded parameters takes the same schedule."""
+  from jax.sharding import PartitionSpec as P
+
+  mesh = jax.make_mesh((4, 2), ("data", "model"))
+  sched = BatchSchedule.adaptive(8, max_batch=32, min_steps=2, lag=1, threshold=1e-6)
+  step = dp.make_train_step(_loss, optax.sgd(0.05), mesh, batch_schedule=sched,
+                            grad_stats=True, param_sharding=[("w", P("model", None))])
+  state = step.init({"w": np.zeros((4, 1), np.float32)})
+  sizes = []
+  for i in range(6):
+    b = step.next_batch_size(state)
+    x = np.random.default_rng(i).normal(size=(b, 4)).astype(np.float32)
+    state, m = step(state, {"x": x, "y": x.sum(1, keepdims=True)})
+    sizes.append(int(m["batch_size"]))
+  assert sizes == [8, 8, 16, 16, 32, 32]
+  assert step.traces == 3
