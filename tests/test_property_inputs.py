@@ -130,23 +130,33 @@ def _run_optimizer(tx):
 ALIASES = {"name": "decay"}
 
 
-def _check(call, changed, run=None):
-  """`call()` then `run(result)` works, or raises naming a changed argument."""
-  names = set(changed) | {ALIASES[n] for n in changed if n in ALIASES}
-  for v in changed.values():
-    if isinstance(v, dict):  # keys of option mappings are names too
-      names.update(str(k) for k in v)
+def _named(call, names, run=None, allowed=()):
+  """`call()` then `run(result)` works, or raises ValueError/TypeError (or one
+  of `allowed`) whose message contains one of `names`. Returns the result,
+  or None after a named error."""
+  names = [n for n in names if n]
   try:
     with _time_limit(TIME_LIMIT_S), warnings.catch_warnings():
       warnings.simplefilter("ignore")
       out = call()
       if run is not None:
         run(out)
-  except (ValueError, TypeError) as e:
+      return out
+  except (ValueError, TypeError, *allowed) as e:
     msg = str(e)
-    assert any(n in msg for n in names) or any(w in msg for w in PATH_WORDS), (
-        f"{type(e).__name__} names neither an argument of {sorted(names)} nor a "
-        f"parameter path: {msg}")
+    assert any(n in msg for n in names), (
+        f"{type(e).__name__} names none of {names}: {msg}")
+    return None
+
+
+def _check(call, changed, run=None):
+  """`call()` then `run(result)` works, or raises naming a changed argument
+  (or a parameter path)."""
+  names = set(changed) | {ALIASES[n] for n in changed if n in ALIASES}
+  for v in changed.values():
+    if isinstance(v, dict):  # keys of option mappings are names too
+      names.update(str(k) for k in v)
+  _named(call, [*sorted(names), *PATH_WORDS], run)
 
 
 def _arguments(fn, skip=()):
@@ -385,25 +395,6 @@ def test_transform_property(name, data):
 # finite values, or a documented outcome such as a skipped step or a
 # warning), or raises ValueError/TypeError naming what was wrong; never
 # another exception, never a silent NaN.
-
-
-def _named(call, names, run=None, allowed=()):
-  """`call()` then `run(result)` works, or raises ValueError/TypeError (or one
-  of `allowed`) whose message contains one of `names`. Returns the result,
-  or None after a named error."""
-  names = [n for n in names if n]
-  try:
-    with _time_limit(TIME_LIMIT_S), warnings.catch_warnings():
-      warnings.simplefilter("ignore")
-      out = call()
-      if run is not None:
-        run(out)
-      return out
-  except (ValueError, TypeError, *allowed) as e:
-    msg = str(e)
-    assert any(n in msg for n in names), (
-        f"{type(e).__name__} names none of {names}: {msg}")
-    return None
 
 
 # -- The train step: init and call. One step per kind of loss output, built
