@@ -146,7 +146,7 @@ def test_demo_rejects_bad_arguments(tmp_path, capsys, monkeypatch, extra, messag
 def test_demo_over_seeds_reports_mean_and_range(tmp_path, capsys, monkeypatch):
   monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
   argv = ["--workdir", str(tmp_path), "--num-train", "256", "--num-test", "64",
-          "--epochs", "2", "--base-batch", "8", "--scale", "8", "--devices", "8",
+          "--epochs", "6", "--base-batch", "8", "--scale", "8", "--devices", "8",
           "--no-progress", "--seeds", "0,1"]
   assert demo.main(argv) == 0
   out = capsys.readouterr().out
