@@ -1,9 +1,11 @@
 """examples/bert_lamb: the LAMB BERT table, two-stage recipe, per-layer ratios,
-masking, and a one-step smoke run (the full smoke run and the study are slow).
+masking, and the smoke run learning past the unigram entropy (the CLI run and
+the study are slow).
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -195,24 +197,64 @@ def test_bpe_masking_takes_whole_tokens_and_resumes(tmp_path):
       np.testing.assert_array_equal(got[k], want[k])
 
 
-def test_bert_one_step_smoke(tmp_path):
+def test_output_bias_starts_at_the_log_unigram_prior(tmp_path):
   config = smoke.get_config()
-  config.num_train_steps = 1
-  config.eval_max_sequences = 16
-  config.eval_batch_size = 16
+  vocab = train.get_vocab(config, str(tmp_path))
+  params = {"head_bias": jnp.zeros((vocab.size,)), "other": jnp.ones((2,))}
+  got = train.init_output_bias(config, params, vocab)
+  ids = input_pipeline._token_ids(vocab, "train")
+  counts = np.zeros(vocab.size)
+  np.add.at(counts, ids.astype(np.int64), 1)
+  want = np.log((counts + 1) / (len(ids) + vocab.size))
+  np.testing.assert_allclose(got["head_bias"], want, rtol=1e-6, atol=1e-6)
+  assert got["other"] is params["other"]
+  config.output_bias_init = "zeros"
+  assert train.init_output_bias(config, params, vocab) is params
+  config.output_bias_init = "prior"
+  with pytest.raises(ValueError, match='output_bias_init must be "unigram" or "zeros"'):
+    train.init_output_bias(config, params, vocab)
+
+
+def test_bert_smoke_learns_past_the_unigram_entropy(tmp_path):
+  """The smoke config, both stages: its eval MLM loss ends below the entropy
+  of the held-out tokens' frequencies (no context-free predictor does better)."""
+  config = smoke.get_config()
+  config.save_checkpoints = False  # the resume tests cover checkpoints
   assert jax.device_count() == 8  # tests/conftest.py
   result = train.train_and_evaluate(config, str(tmp_path))
-  assert result["steps"] == 1 and result["tokens"] == config.batch_size * config.seq_len
+  recipe = train.make_recipe(config)
+  assert result["steps"] == recipe.total_steps
   saved = json.load(open(tmp_path / "results.json"))
   assert saved["params_checksum"] == result["params_checksum"]
-  assert np.isfinite(result["eval_loss"]) and 0.0 <= result["eval_accuracy"] <= 1.0
-  # Before training the model predicts near-uniformly over the vocabulary
-  # (the trained BPE one, 1024 tokens in the smoke config).
-  assert result["tokenizer"] == "bpe" and result["vocab_size"] == 1024
+  assert result["tokenizer"] == "bpe" and result["vocab_size"] == config.vocab_size
   assert len(result["tokenizer_sha256"]) == 64
-  assert abs(result["eval_loss"] - math.log(result["vocab_size"])) < 0.5
+  # The unigram entropy of the masked targets' distribution: every token of
+  # the evaluated held-out windows can be masked (none is padding), with the
+  # same probability, so p_v is the share of token v among them.
+  vocab = train.get_vocab(config, str(tmp_path))
+  windows = input_pipeline.eval_set(
+      config.stage2.seq_len, seed=config.eval_seed, mask_rate=config.mask_rate,
+      max_sequences=None if config.eval_max_sequences <= 0 else config.eval_max_sequences,
+      vocab=vocab)["targets"]
+  assert windows.shape == (result["eval_sequences"], result["eval_seq_len"])
+  counts = collections.Counter(windows.ravel().tolist())
+  assert vocab.pad_id not in counts
+  n = sum(counts.values())
+  entropy = -sum(c / n * math.log(c / n) for c in counts.values())
+  assert saved["eval_unigram_entropy"] == pytest.approx(entropy, rel=1e-9)
+  assert result["eval_loss"] < entropy - 0.05, (result["eval_loss"], entropy)
+  # ...and it predicts more masked tokens than always naming the most frequent.
+  assert result["eval_accuracy"] > max(counts.values()) / n
   metrics = metrics_by_step(tmp_path / "metrics.csv")
-  recipe = train.make_recipe(config)
+  # The output bias starts at the training tokens' log-frequencies, add-one
+  # smoothed: the first step's loss is that prior's cross-entropy on the
+  # first batch's masked targets (the other logits start near 0), not ln V.
+  train_counts = input_pipeline.token_counts(vocab, "train")
+  prior = np.log((train_counts + 1.0) / (train_counts + 1.0).sum())
+  first = next(iter(input_pipeline.train_loader(
+      vocab, config.batch_size, config.seq_len, seed=config.seed, mask_rate=config.mask_rate)))
+  cross_entropy = -prior[first["targets"][first["weights"] == 1]].mean()
+  assert abs(metrics["loss"][1] - cross_entropy) < 0.1 < math.log(vocab.size) - cross_entropy
   np.testing.assert_allclose(metrics["learning_rate"][1],
                              recipe.stages[0].peak_learning_rate / recipe.stages[0].warmup_steps,
                              rtol=1e-6)
@@ -276,7 +318,7 @@ def test_bert_smoke_cli_writes_results(tmp_path):
                   "--config=examples/bert_lamb/configs/smoke.py", f"--workdir={tmp_path}"],
                  env=env, cwd=ROOT, check=True, timeout=300, capture_output=True)
   result = json.load(open(tmp_path / "results.json"))
-  assert result["steps"] == 32 and result["stage_boundaries"] == [0, 24]
+  assert result["steps"] == 480 and result["stage_boundaries"] == [0, 450]
   assert np.isfinite(result["eval_loss"]) and 0.0 <= result["eval_accuracy"] <= 1.0
   assert result["eval_seq_len"] == 128
 

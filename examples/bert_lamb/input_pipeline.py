@@ -316,6 +316,56 @@ def _token_ids(vocab: Vocab, split: str) -> np.ndarray:
   return vocab.encode(corpus()["text"][split])
 
 
+def token_counts(vocab: Vocab, split: str = "train") -> np.ndarray:
+  """How often each id occurs in the tokenized `split` text, ``[vocab.size]`` int64."""
+  return np.bincount(_token_ids(vocab, split), minlength=vocab.size).astype(np.int64)
+
+
+def log_unigram_prior(vocab: Vocab) -> np.ndarray:
+  """Log-frequencies of the training tokens, add-one smoothed: the output bias's start.
+
+  .. math:: b_v = \\log \\frac{c_v + 1}{\\sum_u (c_u + 1)}
+
+  with :math:`c_v` the count of id :math:`v` in the training text (0 for
+  the special and padding ids). A model whose other logits are near zero
+  then predicts the unigram distribution from its first step.
+
+  Args:
+    vocab: the run's tokenizer.
+
+  Returns:
+    float32 ``[vocab.size]``.
+  """
+  c = token_counts(vocab, "train").astype(np.float64) + 1.0
+  return np.log(c / c.sum()).astype(np.float32)
+
+
+def unigram_entropy(tokens: np.ndarray, pad_id: int) -> float:
+  """The entropy (nats) of the token frequencies of `tokens`, pads left out.
+
+  .. math:: H = -\\sum_v p_v \\log p_v, \\qquad
+     p_v = \\frac{\\#\\{i : t_i = v\\}}{\\#\\{i : t_i \\ne \\text{pad}\\}}
+
+  Over the tokens of an evaluation set (`eval_set`'s ``targets``) this is
+  the MLM loss of the best context-free predictor of *that* text:
+  `mask_tokens` chooses every non-pad position with the same probability,
+  so a masked target is distributed as :math:`p`. A model whose eval loss is
+  below it uses the context.
+
+  Args:
+    tokens: int ids, any shape.
+    pad_id: the id that is never masked.
+
+  Returns:
+    :math:`H` in nats.
+  """
+  ids = np.asarray(tokens).ravel()
+  ids = ids[ids != pad_id]
+  p = np.bincount(ids) / ids.size
+  p = p[p > 0]
+  return float(-(p * np.log(p)).sum())
+
+
 class Windows:
   """A grain data source: the non-overlapping `seq_len` windows of token ids."""
 
@@ -407,6 +457,7 @@ class StagedBatches:
 
   def set_state(self, state: str | bytes) -> None:
     import jax  # noqa: PLC0415
+
     import date_optax.parallel as dp  # noqa: PLC0415
 
     saved = json.loads(state)

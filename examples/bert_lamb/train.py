@@ -119,7 +119,7 @@ def make_optimizer(
     base.lr_scaling = "none"
     tx = date_optax.adascale(
         date_optax.lamb(1.0, b1=config.b1, b2=config.b2, eps=config.eps,
-                        weight_decay=config.weight_decay, mask=NO_DECAY,
+                        weight_decay=config.weight_decay, weight_decay_mask=NO_DECAY,
                         layer_axes=layer_axes),
         config.batch_size / config.base_batch_size,
         learning_rate=make_recipe(base).schedule)
@@ -196,6 +196,30 @@ def create_model(config: ml_collections.ConfigDict,
                         pad_id=vocab.pad_id, **config.model)
 
 
+def init_output_bias(config: ml_collections.ConfigDict, params: Any,
+                     vocab: input_pipeline.Vocab) -> Any:
+  """The output bias's start (`config.output_bias_init`): "zeros" or "unigram".
+
+  "unigram" starts `head_bias` at the log-frequencies of the training tokens
+  (`input_pipeline.log_unigram_prior`). From zeros, the unigram prior is
+  learnt first, and mostly through the tied embedding: at the start the
+  softmax gradient of every row is nearly the same vector (the hidden
+  state, times the row's predicted probability), and Adam's per-coordinate
+  normalization (LAMB's direction) moves even the rows of rare tokens a
+  full step along it. With thousands of BPE tokens the input embeddings
+  then share one direction and the encoder cannot tell the tokens apart
+  (measured in docs/RESULTS.md); with the prior in the bias those
+  gradients average to zero from the first step.
+  """
+  if config.output_bias_init == "zeros":
+    return params
+  if config.output_bias_init != "unigram":
+    raise ValueError('config.output_bias_init must be "unigram" or "zeros", got '
+                     f"{config.output_bias_init!r}.")
+  prior = jnp.asarray(input_pipeline.log_unigram_prior(vocab), params["head_bias"].dtype)
+  return {**params, "head_bias": prior}
+
+
 def make_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
   """A ("data", "model") mesh over all devices, `model_parallel` on "model".
 
@@ -268,6 +292,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   tokens = jnp.zeros((1, stages[0]["seq_len"]), jnp.int32)
   params = jax.jit(lambda key: model.init(key, tokens, train=False)["params"])(
       jax.random.key(config.seed))
+  params = init_output_bias(config, params, vocab)
   state = step_fn.init(params, rng=jax.random.key(config.seed + 1))
 
   eval_len = stages[-1]["seq_len"]
@@ -276,6 +301,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       max_sequences=None if config.eval_max_sequences <= 0 else config.eval_max_sequences,
       vocab=vocab)
   num_eval = len(eval_data["inputs"])
+  # The loss of the best context-free predictor of the held-out set (nats
+  # per masked token): the bar an eval loss that uses the context is below.
+  eval_entropy = input_pipeline.unigram_entropy(eval_data["targets"], vocab.pad_id)
 
   def evaluate(state) -> dict[str, float]:
     # Exact: per-sequence sums averaged over every held-out window by
@@ -314,7 +342,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           "eval_sequences": num_eval, "eval_seq_len": eval_len,
           "corpus_sha256": data["sha256"], "python": data["python"],
           "tokenizer": vocab.kind, "vocab_size": vocab.size,
-          "tokenizer_sha256": vocab.sha256, "wall_time": time.perf_counter() - start})
+          "tokenizer_sha256": vocab.sha256, "eval_unigram_entropy": eval_entropy,
+          "wall_time": time.perf_counter() - start})
 
 
 def _tokens_seen(stages, recipe, step: int) -> int:

@@ -24,7 +24,8 @@ def get_config(batch_size: int = 32768):
         f"batch_size must be one of {sorted(default.BERT_TABLE)} (LAMB's BERT "
         f"table), got {batch_size}.")
   config = default.get_config()
-  config.model.update(d_model=1024, num_layers=24, num_heads=16, mlp_dim=4096)
+  config.model.update(d_model=1024, num_layers=24, num_heads=16, mlp_dim=4096,
+                      dropout_rate=0.1)
   config.base_batch_size = default.BERT_BASE_BATCH
   config.base_learning_rate = default.BERT_BASE_LR
   config.base_warmup_ratio = default.BERT_BASE_WARMUP_RATIO

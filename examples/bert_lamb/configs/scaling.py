@@ -16,6 +16,7 @@ from examples.bert_lamb.configs import default
 def get_config():
   config = default.get_config()
   config.tokenizer = "bytes"
+  config.output_bias_init = "zeros"  # as the study's recorded runs
   config.model.update(d_model=64, num_layers=2, num_heads=4, mlp_dim=256, dropout_rate=0.0)
   config.two_stage = False
   config.seq_len = 32
