@@ -146,7 +146,7 @@ def run_study(args) -> int:
 
   def data_of(task):
     if task.data not in datasets:
-      datasets[task.data] = oracle.load_data(task.data, cfg, root)
+      datasets[task.data] = oracle.load_data(task.data, cfg)
     return datasets[task.data]
 
   def run(task, method, seed):
