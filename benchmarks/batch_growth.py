@@ -1,21 +1,28 @@
 """A batch that grows: fixed, ramped and adaptive batches at equal examples (issue 35).
 
-Every row sees the same training examples (the baseline's epochs) and is
-trained through `date_optax.parallel.make_train_step(..., batch_schedule=...)`
-on 8 (emulated) devices, its data through `data_loader` + `GrowingBatches`:
+Every row sees the same training examples (the baseline's epochs). The
+growing rows are trained through
+`date_optax.parallel.make_train_step(..., batch_schedule=...)` on `--devices`
+emulated devices (default 2, one per core here), their data through
+`data_loader` + `GrowingBatches`:
 
-  ramp_<f>    Megatron-LM's linear ramp from B0 to 64·B0 (7 increments of
-              9·B0) over the first fraction f of the examples
-  adaptive    ``BatchSchedule.adaptive(B0, max_batch=64·B0)`` with its
-              defaults: double when the smoothed B_simple reaches twice the
-              batch, at most every 10 steps
+  adaptive       ``BatchSchedule.adaptive(B0, max_batch=64·B0)`` with its
+                 defaults: double when the smoothed B_simple reaches twice
+                 the batch, at most every 10 steps
+  doubling_<f>   the hand-made batch-size warmup: B0 doubled 6 times at
+                 equal shares of the first fraction f of the examples
+  ramp_<f>       Megatron-LM/NeMo's linear ramp from B0 to 64·B0 (7
+                 increments of 9·B0) over the first fraction f
 
 with ``date(baseline, 64·B0, batch_schedule=...)``: the baseline's DATE
 schedule counted in examples, times the batch scale (linear for momentum,
 sqrt for Adam). The rows ``baseline`` (B0) and ``date`` (fixed 64·B0, DATE's
 defaults) are read from the oracle study's log (`--oracle-log`, default
-docs/studies/oracle/oracle.jsonl; the quick mode trains them). The GhostBatchNorm CNN is
-left out: its ghost batch (B0) does not fit a 2-row microbatch per device.
+docs/studies/oracle/oracle.jsonl; trained here when missing), and
+``date_gain`` (fixed 64·B0, ``lr_scaling="gain"``) from the gain study's
+(`--gain-log`). The GhostBatchNorm CNN starts at 2·B0 on 2 devices: a
+device's microbatch must hold its ghost batch (B0), and the noise scale
+needs two of them.
 
   python benchmarks/batch_growth.py            # the study (resumable)
   python benchmarks/batch_growth.py --quick    # tiny pipeline check
@@ -29,9 +36,12 @@ import os
 import sys
 import time
 
-os.environ.setdefault(
-    "XLA_FLAGS", "--xla_force_host_platform_device_count=8"
-)  # 8 emulated devices on CPU (before jax is imported)
+# Emulated CPU devices (set before jax is imported): `--devices=N`, default 2,
+# one per core of the 2-core machine the study was run on; 8 emulated
+# devices on 2 cores spend most of a small microbatch's step on threads.
+_DEVICES = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--devices=")), "2")
+if __name__ == "__main__":
+  os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={_DEVICES}")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -46,54 +56,99 @@ import _paths  # noqa: E402
 import _runlog  # noqa: E402
 import oracle  # noqa: E402
 
-#: The largest batch, in units of B0, and the ramp's number of increments.
+#: The largest batch, in units of B0, and the linear ramp's number of increments.
 SCALE = 64
 RAMP_INCREMENTS = 7
 RAMP_FRACTIONS = (0.1, 0.25, 0.5)
-NEW_METHODS = ("adaptive", *(f"ramp_{f}" for f in RAMP_FRACTIONS))
+DOUBLING = tuple(f"doubling_{f}" for f in RAMP_FRACTIONS)
+LINEAR = tuple(f"ramp_{f}" for f in RAMP_FRACTIONS)
+#: Variants of the adaptive row tried on the Adam task (seed 0 first): a
+#: slower trigger, and the learning rate linear in the batch instead of sqrt.
+ADAPTIVE_VARIANTS = ("adaptive_t4", "adaptive_linear")
+NEW_METHODS = ("adaptive", *DOUBLING, *LINEAR, *ADAPTIVE_VARIANTS)
 OLD_METHODS = ("baseline", "date")
+#: Rows read from the gain study's log (`--gain-log`), never trained here.
+READ_METHODS = ("date_gain",)
+ROWS = (*OLD_METHODS, *READ_METHODS, *NEW_METHODS)
 LABELS = {
     "baseline": "B0 baseline",
     "date": "fixed k·B0, DATE defaults",
+    "date_gain": "fixed k·B0, DATE with the gain",
     "adaptive": "adaptive (BatchSchedule.adaptive defaults)",
-    **{f"ramp_{f}": f"linear ramp over {f:.0%} of the examples" for f in RAMP_FRACTIONS},
+    "adaptive_t4": "adaptive, threshold 4 (grow at B_simple >= 4B)",
+    "adaptive_linear": "adaptive, learning rate linear in the batch",
+    **{f"doubling_{f}": f"doubling ramp over {f:.0%} of the examples"
+       for f in RAMP_FRACTIONS},
+    **{f"ramp_{f}": f"linear (NeMo) ramp over {f:.0%} of the examples"
+       for f in RAMP_FRACTIONS},
 }
-GROWING_TASKS = ("mnist1d_lstm_momentum", "mnist1d_lstm_adam", "mnist_lstm_momentum")
+GROWING_TASKS = ("mnist1d_lstm_momentum", "mnist1d_lstm_adam", "mnist_lstm_momentum",
+                 "mnist1d_cnn_gbn_momentum")
+#: The order the full study runs its cells in: the adaptive rows on every
+#: seed first, then the ramps of seed 0, then the ramps of the other seeds.
+PHASES = (("baseline", "date", "adaptive"),
+          (*DOUBLING, "ramp_0.25", *ADAPTIVE_VARIANTS), ("ramp_0.1", "ramp_0.5"))
+#: Tasks the adaptive variants run on.
+VARIANT_TASKS = ("mnist1d_lstm_adam",)
 FULL = dict(oracle.FULL, scale=SCALE, increments=RAMP_INCREMENTS)
 QUICK = dict(oracle.QUICK, seeds=1, tasks=("mnist1d_lstm_momentum",), scale=4,
              increments=3)
 
 
-def schedule_for(method: str, b0: int, total_examples: int,
-                 cfg: dict) -> date_optax.BatchSchedule:
+def start_of(task, b0: int, devices: int) -> tuple[int, int]:
+  """(first batch, devices): B0 over `devices`, except ghost batch norm,
+  whose ghost batch (B0) must fit one device's microbatch and whose noise
+  scale needs two units: 2·B0 on 2 devices."""
+  if "gbn" in task.name:
+    return 2 * b0, 2
+  return b0, min(devices, jax.device_count())
+
+
+def schedule_for(method: str, b0: int, total_examples: int, cfg: dict,
+                 start: int | None = None) -> date_optax.BatchSchedule:
   top = cfg["scale"] * b0
-  if method == "adaptive":
-    return date_optax.BatchSchedule.adaptive(b0, max_batch=top)
-  frac = float(method.split("_", 1)[1])
-  return date_optax.BatchSchedule.ramp(b0, (top - b0) // cfg["increments"],
-                                       max(1, int(frac * total_examples)), max_batch=top)
+  start = b0 if start is None else start
+  if method in ("adaptive", "adaptive_linear"):
+    return date_optax.BatchSchedule.adaptive(start, max_batch=top)
+  if method == "adaptive_t4":
+    return date_optax.BatchSchedule.adaptive(start, max_batch=top, threshold=4.0)
+  kind, frac = method.split("_", 1)
+  examples = max(1, int(float(frac) * total_examples))
+  if kind == "doubling":
+    return date_optax.BatchSchedule.doubling(start, examples, max_batch=top)
+  return date_optax.BatchSchedule.ramp(start, (top - b0) // cfg["increments"], examples,
+                                       max_batch=top)
 
 
 def lr_rule(base: date_optax.Baseline) -> str:
   return "linear" if base.optimizer in ("sgd", "momentum", "nesterov") else "sqrt"
 
 
-def train_growing(task, data: dict, base: date_optax.Baseline, sched, seed: int) -> dict:
+def train_growing(task, data: dict, base: date_optax.Baseline, sched, seed: int,
+                  devices: int | None = None, rule: str | None = None) -> dict:
   """Trains `epochs · n` examples through the growing step; the curve per step."""
-  tx = date_optax.date(base, sched.max_batch, batch_schedule=sched, lr_scaling=lr_rule(base))
+  tx = date_optax.date(base, sched.max_batch, batch_schedule=sched,
+                       lr_scaling=rule or lr_rule(base))
   model = task.model(task.batch_size)
   x_train, y_train = data["x_train"], data["y_train"]
   start = time.perf_counter()
-  params = model.init(jax.random.key(seed), jnp.asarray(x_train[:2]), train=True)["params"]
+  variables = model.init(jax.random.key(seed), jnp.asarray(x_train[:2]), train=True)
+  params, bstats = variables["params"], variables.get("batch_stats")
 
-  def loss_fn(p, b):
-    logits = model.apply({"params": p}, b["x"], train=True)
-    return optax.softmax_cross_entropy_with_integer_labels(
+  def loss_fn(p, b, model_state=None):
+    if model_state is None:
+      logits, new = model.apply({"params": p}, b["x"], train=True), None
+    else:
+      logits, upd = model.apply({"params": p, "batch_stats": model_state}, b["x"],
+                                train=True, mutable=["batch_stats"])
+      new = upd["batch_stats"]
+    loss = optax.softmax_cross_entropy_with_integer_labels(
         logits.astype(jnp.float32), b["y"]).mean()
+    return loss if model_state is None else (loss, new)
 
-  step = dp.make_train_step(loss_fn, tx, dp.data_mesh(), grad_stats=True,
-                            batch_schedule=sched)
-  state = step.init(params)
+  mesh = dp.data_mesh(devices)
+  step = dp.make_train_step(loss_fn, tx, mesh, grad_stats=True, batch_schedule=sched)
+  state = step.init(params, model_state=bstats)
   src = dp.ArraySource({"x": x_train, "y": y_train.astype(np.int32)})
   batches = dp.GrowingBatches(iter(dp.data_loader(src, sched.chunk_size, seed=seed)),
                               sched.chunk_size)
@@ -112,13 +167,15 @@ def train_growing(task, data: dict, base: date_optax.Baseline, sched, seed: int)
   wall = time.perf_counter() - start
 
   @jax.jit
-  def predict(p, x):
-    return jnp.argmax(model.apply({"params": p}, x, train=False), axis=-1)
+  def predict(p, st, x):
+    v = {"params": p} if st is None else {"params": p, "batch_stats": st}
+    return jnp.argmax(model.apply(v, x, train=False), axis=-1)
 
   params = jax.device_get(state.params)
+  st = None if state.model_state is None else jax.device_get(state.model_state)
   correct = 0
   for i in range(0, len(data["x_test"]), 2048):
-    pred = predict(params, data["x_test"][i:i + 2048])
+    pred = predict(params, st, data["x_test"][i:i + 2048])
     correct += int(np.sum(np.asarray(pred) == data["y_test"][i:i + 2048]))
   acc = 100.0 * correct / len(data["x_test"])
   loss = curve[-1]["loss"]
@@ -126,21 +183,27 @@ def train_growing(task, data: dict, base: date_optax.Baseline, sched, seed: int)
   if diverged:
     acc = min(acc, 100.0 * np.mean(data["y_test"] == 0))
   stride = max(1, len(curve) // 200)
+  changes = [i for i in range(1, len(curve)) if curve[i]["batch"] != curve[i - 1]["batch"]]
+  keep = sorted({*range(0, len(curve), stride), *changes, *(i - 1 for i in changes),
+                 len(curve) - 1})
   return dict(accuracy=acc, loss=loss, steps=len(curve), examples=examples, wall=wall,
               diverged=bool(diverged), programs=step.traces,
-              curve=[dict(step=i, **c) for i, c in enumerate(curve)][::stride])
+              devices=int(mesh.devices.size),
+              curve=[dict(step=i, **curve[i]) for i in keep])
 
 
 def run_study(args) -> int:
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  cfg = dict(QUICK if args.quick else FULL)
+  cfg = dict(QUICK if args.quick else FULL, devices=args.devices)
   if args.seeds is not None:
     cfg["seeds"] = args.seeds
   names = args.tasks.split(",") if args.tasks else cfg.get("tasks", GROWING_TASKS)
   tasks = [t for t in oracle.TASKS if t.name in names]
+  methods = args.methods.split(",") if args.methods else None
   log_path = args.out + ".jsonl"
   done = _runlog.load_runs(log_path)
-  old = _runlog.load_runs(args.oracle_log) if args.oracle_log else {}
+  old = {}
+  for path in (args.oracle_log, args.gain_log):
+    old.update(_runlog.load_runs(path) if path else {})
   datasets: dict[str, dict] = {}
   t0 = time.perf_counter()
 
@@ -154,12 +217,15 @@ def run_study(args) -> int:
     k = 1 if method == "baseline" else cfg["scale"]
     key = dict(task=task.name, lr=task.learning_rate, method=method, k=k, seed=seed,
                epochs=data["epochs"], n=len(data["x_train"]))
+    first, devices = start_of(task, task.batch_size, args.devices)
+    if method in NEW_METHODS:
+      key["devices"] = devices
     ident = json.dumps(key, sort_keys=True)
     if ident in done:
       return done[ident]
     if ident in old:
       return old[ident]
-    if args.report_only:
+    if args.report_only or method in READ_METHODS:
       return None
     base = oracle.baseline_of(task, task.learning_rate, data)
     try:
@@ -169,24 +235,34 @@ def run_study(args) -> int:
                            seed, task.steps_per_call)
       else:
         sched = schedule_for(method, task.batch_size, data["epochs"] * len(data["x_train"]),
-                             cfg)
-        rec = train_growing(task, data, base, sched, seed)
+                             cfg, start=first)
+        rule = "linear" if method == "adaptive_linear" else None
+        rec = train_growing(task, data, base, sched, seed, devices, rule)
     except Exception as e:  # noqa: BLE001 - a failed cell must not end the study
       print(f"FAILED {task.name} seed={seed} {method}: {e!r}", flush=True)
       return None
     rec = dict(key=key, **rec)
-    done[ident] = rec
-    with open(log_path, "a") as f:
-      f.write(json.dumps(dict(ident=ident, **rec)) + "\n")
+    _runlog.log_run(log_path, done, ident, rec)
     print(f"[{(time.perf_counter() - t0) / 60:5.1f} min] {task.name} seed={seed} "
           f"{method}: {rec['accuracy']:.2f} in {rec['steps']} steps ({rec['wall']:.0f} s)",
           flush=True)
     return rec
 
-  for seed in range(cfg["seeds"]):
-    for t in tasks:
-      for m in (*OLD_METHODS, *NEW_METHODS):
-        run(t, m, seed)
+  seeds = range(cfg["seeds"])
+  if args.quick:
+    blocks = [((seed,), (*OLD_METHODS, *NEW_METHODS)) for seed in seeds]
+  else:  # the adaptive rows on every seed, then the ramps: seed 0 first
+    blocks = [((seed,), PHASES[0]) for seed in seeds]
+    blocks += [((seed,), PHASES[1]) for seed in seeds]
+    blocks += [(seeds, PHASES[2])]
+  for block_seeds, phase in blocks:
+    for seed in block_seeds:
+      for t in tasks:
+        for m in phase:
+          if m in ADAPTIVE_VARIANTS and t.name not in VARIANT_TASKS:
+            continue
+          if methods is None or m in methods:
+            run(t, m, seed)
   recs = {**old, **done}
   md = markdown(recs, tasks, cfg)
   with open(args.out + ".md", "w") as f:
@@ -200,38 +276,46 @@ def run_study(args) -> int:
 def _records(recs, task, method, cfg, seeds=None):
   k = 1 if method == "baseline" else cfg["scale"]
   seeds = cfg["seeds"] if seeds is None else seeds
+  devices = start_of(task, task.batch_size, cfg["devices"])[1]
   return [r for r in recs.values() if r["key"]["task"] == task.name
+          and (method not in NEW_METHODS or r["key"].get("devices") == devices)
           and r["key"]["method"] == method and r["key"]["k"] == k
-          and r["key"]["seed"] < seeds and r["key"].get("lr") == task.learning_rate]
+          and r["key"]["seed"] < seeds and r["key"].get("lr") == task.learning_rate
+          and r["key"].get("epochs") == (cfg["mnist_epochs"] if task.data == "mnist"
+                                         else cfg["epochs"])]
 
 
 def markdown(recs, tasks, cfg) -> str:
   lines = [
       "# A batch that grows: fixed, ramped and adaptive batches at equal examples",
       "",
-      f"Written by `benchmarks/batch_growth.py`; {cfg['seeds']} seed(s); every row "
-      f"sees the baseline's epochs of examples; the largest batch is "
-      f"{cfg['scale']}·B0. Accuracy is "
-      "the mean test accuracy over seeds (a diverged run counts as chance); Δ is "
-      "against the B0 baseline; steps are optimizer steps; wall is the mean "
-      "training time in seconds on 8 emulated CPU devices (the baseline and "
-      "fixed rows come from the oracle study's in-memory trainer, not the step).",
+      f"Written by `benchmarks/batch_growth.py`; up to {cfg['seeds']} seed(s) (n); every "
+      f"row sees the baseline's epochs of examples; the largest batch is "
+      f"{cfg['scale']}·B0. Accuracy is the mean test accuracy over seeds (a diverged "
+      "run counts as chance), with the range over seeds; Δ is against the B0 "
+      "baseline's mean; steps are optimizer steps (mean); wall is the mean training "
+      "time in seconds (the baseline and fixed DATE rows come from the oracle "
+      "study's in-memory trainer, the gain row from the gain study's step, the "
+      f"growing rows from the growing step on {cfg['devices']} emulated CPU devices "
+      "(2 for the GhostBatchNorm CNN, which starts at 2·B0 so that one device "
+      "holds a ghost batch).",
       "",
-      "| task | row | steps | accuracy | Δ vs B0 | wall (s) |",
-      "|---|---|---:|---:|---:|---:|",
+      "| task | row | n | steps | accuracy (range) | Δ vs B0 | wall (s) |",
+      "|---|---|---:|---:|---:|---:|---:|",
   ]
   for t in tasks:
     base = _records(recs, t, "baseline", cfg)
     b0 = float(np.mean([r["accuracy"] for r in base])) if base else float("nan")
-    for m in (*OLD_METHODS, *NEW_METHODS):
+    for m in ROWS:
       rs = _records(recs, t, m, cfg)
       if not rs:
         continue
-      acc = float(np.mean([r["accuracy"] for r in rs]))
+      accs = [r["accuracy"] for r in rs]
+      acc = float(np.mean(accs))
       steps = int(np.mean([r["steps"] for r in rs]))
       wall = float(np.mean([r["wall"] for r in rs]))
-      lines.append(f"| {t.label} | {LABELS[m]} | {steps} | {acc:.2f} | {acc - b0:+.2f} "
-                   f"| {wall:.0f} |")
+      lines.append(f"| {t.label} | {LABELS[m]} | {len(rs)} | {steps} | {acc:.2f} "
+                   f"({min(accs):.2f}–{max(accs):.2f}) | {acc - b0:+.2f} | {wall:.0f} |")
   return "\n".join(lines) + "\n"
 
 
@@ -321,6 +405,14 @@ def main(argv=None) -> int:
   p.add_argument("--oracle-log", default=None,
                  help="the oracle study's log (default "
                  "docs/studies/oracle/oracle.jsonl; none in --quick)")
+  p.add_argument("--gain-log", default=None,
+                 help="the gain study's log, for the fixed-batch gain row (default "
+                 "docs/studies/gain_study/gain_study.jsonl; none in --quick)")
+  p.add_argument("--devices", type=int, default=int(_DEVICES),
+                 help="data-parallel devices of the growing rows (emulated on CPU "
+                 "when run as a script; default 2)")
+  p.add_argument("--methods", default=None,
+                 help="comma-separated rows to run (default: all, in PHASES order)")
   p.add_argument("--report-only", action="store_true")
   p.add_argument("--step-cost", action="store_true",
                  help="only time the growing step against the plain step")
@@ -338,6 +430,8 @@ def main(argv=None) -> int:
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   if args.oracle_log is None and not args.quick:
     args.oracle_log = _paths.study("oracle") + ".jsonl"
+  if args.gain_log is None and not args.quick:
+    args.gain_log = _paths.study("gain_study") + ".jsonl"
   return run_study(args)
 
 

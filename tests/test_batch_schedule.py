@@ -57,6 +57,25 @@ def test_ramp_matches_megatron(start, increment, ramp_examples, max_batch):
         start, increment, ramp_examples, max_batch, consumed)
 
 
+def doubling_reference(start, ramp_examples, max_batch, factor, consumed):
+  """The batch doubles (x factor) at each of m equal shares of ramp_examples,
+  m = log_factor(max_batch / start); max_batch from ramp_examples on."""
+  m = round(np.log(max_batch / start) / np.log(factor))
+  share = Fraction(ramp_examples, m)
+  return min(start * factor ** int(Fraction(consumed) / share), max_batch)
+
+
+@pytest.mark.parametrize("start,ramp_examples,max_batch,factor", [
+    (16, 480, 1024, 2), (8, 1000, 8 * 27, 3), (4, 7, 64, 2), (32, 999, 64, 2),
+])
+def test_doubling_matches_reference(start, ramp_examples, max_batch, factor):
+  s = BatchSchedule.doubling(start, ramp_examples, max_batch=max_batch, factor=factor)
+  for consumed in list(range(0, 2 * ramp_examples, 3)) + [ramp_examples, 10**9]:
+    assert s.batch_size_at(consumed) == doubling_reference(
+        start, ramp_examples, max_batch, factor, consumed), consumed
+  assert BatchSchedule.from_spec(s.init().spec) == s
+
+
 def test_fixed_and_sizes():
   assert BatchSchedule.fixed(48).batch_size_at(10**6) == 48
   assert BatchSchedule.ramp(16, 16, 480, max_batch=64).batch_sizes == (16, 32, 48, 64)
@@ -117,6 +136,8 @@ def test_spec_round_trip():
     (lambda: BatchSchedule.adaptive(16, max_batch=64, threshold=0), "threshold"),
     (lambda: BatchSchedule.adaptive(16, max_batch=8), "max_batch"),
     (lambda: BatchSchedule.fixed(0), "start"),
+    (lambda: BatchSchedule.doubling(16, 100, max_batch=96), "power of factor"),
+    (lambda: BatchSchedule.doubling(16, 0, max_batch=64), "ramp_examples"),
 ])
 def test_bad_schedules(make, match):
   with pytest.raises(ValueError, match=match):
@@ -135,6 +156,9 @@ def test_ramp_longer_than_run():
   with pytest.raises(ValueError, match="longer than the run"):
     s.check_run(4000)
   s.check_run(5000)
+  d = BatchSchedule.doubling(16, 5000, max_batch=64)
+  with pytest.raises(ValueError, match="longer than the run"):
+    d.check_run(4999)
 
 
 # ---------------------------------------------------------------------------
@@ -209,10 +233,12 @@ def test_growing_step_equals_fixed_step_at_each_size():
     assert float(m["loss"]) == float(m_ref["loss"])
 
 
-@pytest.mark.parametrize("kind", ["ramp", "adaptive"])
+@pytest.mark.parametrize("kind", ["ramp", "doubling", "adaptive"])
 def test_resume_is_exact(tmp_path, kind):
   if kind == "ramp":
     sched, stats = BatchSchedule.ramp(16, 16, 300, max_batch=64), False
+  elif kind == "doubling":
+    sched, stats = BatchSchedule.doubling(16, 300, max_batch=128), False
   else:
     sched = BatchSchedule.adaptive(16, max_batch=128, min_steps=3, lag=2, threshold=0.05)
     stats = True

@@ -1,8 +1,9 @@
 """Batch-size schedules: a global batch that grows during training.
 
 A :class:`BatchSchedule` says how large the global batch of every step is:
-fixed, a Megatron-LM/NeMo ramp in examples, or adaptive (grown when the
-measured critical batch exceeds the current batch). Its progress is a small
+fixed, a Megatron-LM/NeMo ramp in examples, a doubling ramp in examples,
+or adaptive (grown when the measured critical batch exceeds the current
+batch). Its progress is a small
 pytree of int32 scalars, :class:`BatchScheduleState`, kept in the train
 state (``TrainState.batch_schedule``) and checkpointed with it.
 
@@ -11,7 +12,7 @@ per-replica microbatch shape fixed and grows the batch through the number
 of accumulated microbatches. The host must know a step's batch before it
 dispatches the step (to fetch that many examples and pick the program), so:
 
-* ``fixed`` and ``ramp`` are pure functions of the examples consumed, which
+* ``fixed``, ``ramp`` and ``doubling`` are pure functions of the examples consumed, which
   the host counts itself;
 * ``adaptive`` decides on the device, inside step ``t``, from the smoothed
   noise statistics, and schedules the change for step ``t + 1 + lag``. The
@@ -35,7 +36,7 @@ import numpy as np
 from date_optax._src import validation
 
 #: The kinds of :class:`BatchSchedule`.
-KINDS = ("fixed", "ramp", "adaptive")
+KINDS = ("fixed", "ramp", "adaptive", "doubling")
 
 #: Largest number of examples the int32 state counts.
 MAX_EXAMPLES = 2**31 - 1
@@ -108,9 +109,10 @@ def _bits_f32(x: int) -> float:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BatchSchedule:
-  r"""How the global batch grows during training: fixed, ramp or adaptive.
+  r"""How the global batch grows during training: fixed, ramps or adaptive.
 
-  Build it with :meth:`fixed`, :meth:`ramp` or :meth:`adaptive` and give it
+  Build it with :meth:`fixed`, :meth:`ramp`, :meth:`doubling` or
+  :meth:`adaptive` and give it
   to ``date_optax.parallel.make_train_step(..., batch_schedule=...)``. The
   step keeps the per-replica microbatch shape of the first batch and runs
   ``B / (replicas · microbatch)`` accumulated microbatches at batch ``B``:
@@ -125,6 +127,15 @@ class BatchSchedule:
     B(E) = \mathrm{start} + \mathrm{increment}\cdot
       \min\left(m, \left\lfloor \frac{E\,m}{\mathrm{ramp\_examples}}
       \right\rfloor\right).
+
+  **Doubling** (the hand-made batch-size warmup: the batch doubles, or grows
+  by ``factor``, at equal shares of the examples): with
+  ``max_batch = start · factor**m``,
+
+  .. math::
+
+    B(E) = \mathrm{start}\cdot\mathrm{factor}^{\min\left(m, \left\lfloor
+      \frac{E\,m}{\mathrm{ramp\_examples}}\right\rfloor\right)}.
 
   **Adaptive** (Merrill et al. 2025's batch-size warmup; Pollux's
   re-decided batch): at step ``t`` with batch ``B``, the measured critical
@@ -142,8 +153,10 @@ class BatchSchedule:
       ``replicas × microbatch rows``, checked when the step is built).
     max_batch: the largest global batch.
     increment: the ramp's increment (``ramp`` only).
-    ramp_examples: examples over which the ramp reaches `max_batch`.
-    factor: the adaptive growth factor, an integer >= 2.
+    ramp_examples: examples over which the ramp reaches `max_batch`
+      (``ramp`` and ``doubling``).
+    factor: the growth factor of ``adaptive`` and ``doubling``, an integer
+      >= 2.
     threshold: grow when ``B_crit >= threshold · B``, > 0.
     min_steps: the fewest steps between two changes, >= ``lag + 1``.
     lag: steps between a decision and the step it applies to, >= 1 (the
@@ -208,7 +221,7 @@ class BatchSchedule:
       set_("increment", inc)
       set_("ramp_examples", validation.check_int(
           "ramp_examples", self.ramp_examples, low=1, high=MAX_EXAMPLES))
-    if self.kind == "adaptive":
+    if self.kind in ("adaptive", "doubling"):
       f = validation.check_int("factor", self.factor, low=2)
       j = 0
       while start * f**j < top:
@@ -217,10 +230,14 @@ class BatchSchedule:
         raise ValueError(
             f"max_batch={top} must be start={start} times a power of "
             f"factor={f} (e.g. {start * f ** max(j - 1, 0)} or {start * f**j}), "
-            "so that the adaptive batch reaches it; got a ratio of "
+            "so that the batch reaches it; got a ratio of "
             f"{top / start:g}."
         )
       set_("factor", f)
+    if self.kind == "doubling":
+      set_("ramp_examples", validation.check_int(
+          "ramp_examples", self.ramp_examples, low=1, high=MAX_EXAMPLES))
+    if self.kind == "adaptive":
       set_("lag", validation.check_int("lag", self.lag, low=1, high=1000))
       set_("min_steps", validation.check_int(
           "min_steps", self.min_steps, low=self.lag + 1, high=2**30))
@@ -277,6 +294,44 @@ class BatchSchedule:
     """
     return cls(kind="ramp", start=start, max_batch=max_batch, increment=increment,
                ramp_examples=ramp_examples)
+
+  @classmethod
+  def doubling(
+      cls, start: int, ramp_examples: int, *, max_batch: int, factor: int = 2
+  ) -> BatchSchedule:
+    """A geometric ramp: the batch grows `factor`-fold at equal shares of examples.
+
+    With ``max_batch = start · factor**m``, the batch is ``start`` for the
+    first ``ramp_examples / m`` examples, then ``start · factor`` for the
+    next share, and so on: it reaches `max_batch` after `ramp_examples`.
+    This is the hand-made batch-size warmup (one doubling every equal
+    interval), for comparison with :meth:`adaptive`, which times the same
+    doublings from the measured critical batch instead.
+
+    Args:
+      start: the first global batch, >= 1.
+      ramp_examples: examples consumed when the batch reaches `max_batch`,
+        in ``[1, 2**31 − 1]``.
+      max_batch: the final global batch, ``start · factor**m``.
+      factor: the growth factor, an integer >= 2.
+
+    Returns:
+      A :class:`BatchSchedule` of kind ``"doubling"``.
+
+    Examples:
+      >>> import date_optax
+      >>> s = date_optax.BatchSchedule.doubling(16, 300, max_batch=128)
+      >>> s.batch_sizes, [s.batch_size_at(e) for e in (0, 99, 100, 200, 300)]
+      ((16, 32, 64, 128), [16, 16, 32, 64, 128])
+
+    References:
+      Merrill et al., `Critical Batch Size Revisited
+      <https://arxiv.org/abs/2505.23971>`_, 2025 (batch-size warmup by
+      doublings); Smith et al., `Don't Decay the Learning Rate, Increase the
+      Batch Size <https://arxiv.org/abs/1711.00489>`_, 2018.
+    """
+    return cls(kind="doubling", start=start, max_batch=max_batch,
+               ramp_examples=ramp_examples, factor=factor)
 
   @classmethod
   def adaptive(
@@ -363,6 +418,9 @@ class BatchSchedule:
       )
     if self.kind == "fixed":
       return self.start
+    if self.kind == "doubling":
+      m = len(self.batch_sizes) - 1
+      return self.start * self.factor ** min(m, examples * m // self.ramp_examples)
     m = (self.max_batch - self.start) // self.increment
     return self.start + self.increment * min(m, examples * m // self.ramp_examples)
 
@@ -380,7 +438,7 @@ class BatchSchedule:
   def check_run(self, total_examples: int) -> None:
     """A ramp must end within a run of `total_examples` examples."""
     total_examples = validation.check_int("total_examples", total_examples, low=1)
-    if self.kind == "ramp" and self.ramp_examples > total_examples:
+    if self.kind in ("ramp", "doubling") and self.ramp_examples > total_examples:
       raise ValueError(
           f"the ramp's ramp_examples={self.ramp_examples} is longer than the run "
           f"({total_examples} examples): the batch would never reach "
@@ -523,7 +581,7 @@ def check_schedule(value: Any) -> BatchSchedule | None:
   if value is not None and not isinstance(value, BatchSchedule):
     raise TypeError(
         "batch_schedule must be a date_optax.BatchSchedule (BatchSchedule.fixed, "
-        f".ramp or .adaptive) or None, got {value!r}."
+        f".ramp, .doubling or .adaptive) or None, got {value!r}."
     )
   return value
 
