@@ -31,6 +31,7 @@ needs two of them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -52,8 +53,10 @@ import date_optax  # noqa: E402
 import date_optax.parallel as dp  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # examples/
 import _paths  # noqa: E402
 import _runlog  # noqa: E402
+import batch_growth_bert as bert  # noqa: E402
 import oracle  # noqa: E402
 
 #: The largest batch, in units of B0, and the linear ramp's number of increments.
@@ -82,8 +85,16 @@ LABELS = {
     **{f"ramp_{f}": f"linear (NeMo) ramp over {f:.0%} of the examples"
        for f in RAMP_FRACTIONS},
 }
+#: The B0 learning rate of the tasks the oracle study tuned at B0 (its grid's
+#: winner on seed 0: docs/studies/oracle/oracle.md).
+TUNED_LR = {"mnist1d_cnn_gbn_momentum": 0.1}
+#: The BERT-style MLM task (B0 = 2, LAMB at 2.5e-3; `batch_growth_bert.py`).
+BERT = oracle.Task(bert.NAME, bert.LABEL, "bert", None, "lamb", 2, 2.5e-3)
+#: Its rows (the others are not run on it) and seeds (as the batch-scaling study).
+BERT_METHODS = ("adaptive", "doubling_0.25")
+BERT_SEEDS = 2
 GROWING_TASKS = ("mnist1d_lstm_momentum", "mnist1d_lstm_adam", "mnist_lstm_momentum",
-                 "mnist1d_cnn_gbn_momentum")
+                 "mnist1d_cnn_gbn_momentum", bert.NAME)
 #: The order the full study runs its cells in: the adaptive rows on every
 #: seed first, then the ramps of seed 0, then the ramps of the other seeds.
 PHASES = (("baseline", "date", "adaptive"),
@@ -197,13 +208,17 @@ def run_study(args) -> int:
   if args.seeds is not None:
     cfg["seeds"] = args.seeds
   names = args.tasks.split(",") if args.tasks else cfg.get("tasks", GROWING_TASKS)
-  tasks = [t for t in oracle.TASKS if t.name in names]
+  tasks = [dataclasses.replace(t, learning_rate=t.learning_rate or TUNED_LR[t.name])
+           for t in (*oracle.TASKS, BERT) if t.name in names]
   methods = args.methods.split(",") if args.methods else None
   log_path = args.out + ".jsonl"
   done = _runlog.load_runs(log_path)
   old = {}
   for path in (args.oracle_log, args.gain_log):
     old.update(_runlog.load_runs(path) if path else {})
+  if args.bert_log and os.path.exists(args.bert_log):
+    old.update({json.dumps(r["key"], sort_keys=True): r
+                for r in bert.read_rows(args.bert_log, cfg["scale"])})
   datasets: dict[str, dict] = {}
   t0 = time.perf_counter()
 
@@ -212,7 +227,35 @@ def run_study(args) -> int:
       datasets[task.data] = oracle.load_data(task.data, cfg)
     return datasets[task.data]
 
+  def run_bert(method, seed):
+    k = 1 if method == "baseline" else cfg["scale"]
+    key = dict(task=bert.NAME, method=method, k=k, seed=seed)
+    if method in NEW_METHODS:
+      key["devices"] = 2
+    ident = json.dumps(key, sort_keys=True)
+    if ident in done or ident in old:
+      return done.get(ident) or old[ident]
+    if args.report_only or method not in NEW_METHODS:
+      return None
+    total = bert.config().num_train_tokens // bert.config().seq_len
+    sched = schedule_for(method, BERT.batch_size, total, cfg)
+    try:
+      rec = bert.train_growing(sched, seed, "linear" if method == "adaptive_linear" else "sqrt")
+    except Exception as e:  # noqa: BLE001 - a failed cell must not end the study
+      print(f"FAILED {bert.NAME} seed={seed} {method}: {e!r}", flush=True)
+      return None
+    rec = dict(key=key, **rec)
+    _runlog.log_run(log_path, done, ident, rec)
+    print(f"[{(time.perf_counter() - t0) / 60:5.1f} min] {bert.NAME} seed={seed} "
+          f"{method}: eval loss {rec['loss']:.4f} in {rec['steps']} steps "
+          f"({rec['wall']:.0f} s)", flush=True)
+    return rec
+
   def run(task, method, seed):
+    if task.data == "bert":
+      if method in BERT_METHODS and seed < BERT_SEEDS:
+        run_bert(method, seed)
+      return None
     data = data_of(task)
     k = 1 if method == "baseline" else cfg["scale"]
     key = dict(task=task.name, lr=task.learning_rate, method=method, k=k, seed=seed,
@@ -276,6 +319,10 @@ def run_study(args) -> int:
 def _records(recs, task, method, cfg, seeds=None):
   k = 1 if method == "baseline" else cfg["scale"]
   seeds = cfg["seeds"] if seeds is None else seeds
+  if task.data == "bert":
+    return [r for r in recs.values() if r["key"]["task"] == task.name
+            and r["key"]["method"] == method and r["key"]["k"] == k
+            and r["key"]["seed"] < seeds]
   devices = start_of(task, task.batch_size, cfg["devices"])[1]
   return [r for r in recs.values() if r["key"]["task"] == task.name
           and (method not in NEW_METHODS or r["key"].get("devices") == devices)
@@ -291,59 +338,77 @@ def markdown(recs, tasks, cfg) -> str:
       "",
       f"Written by `benchmarks/batch_growth.py`; up to {cfg['seeds']} seed(s) (n); every "
       f"row sees the baseline's epochs of examples; the largest batch is "
-      f"{cfg['scale']}·B0. Accuracy is the mean test accuracy over seeds (a diverged "
-      "run counts as chance), with the range over seeds; Δ is against the B0 "
-      "baseline's mean; steps are optimizer steps (mean); wall is the mean training "
-      "time in seconds (the baseline and fixed DATE rows come from the oracle "
+      f"{cfg['scale']}·B0. Quality is the mean test accuracy (%) over seeds (a "
+      "diverged run counts as chance), for BERT the eval MLM loss (nats per masked "
+      "byte), with the range over seeds; Δ is against the B0 baseline's mean (in "
+      "points; for BERT in % of its loss, lower is better); steps are optimizer "
+      "steps (mean); wall is the mean training time in seconds (the baseline and "
+      "fixed DATE rows come from the oracle "
       "study's in-memory trainer, the gain row from the gain study's step, the "
       f"growing rows from the growing step on {cfg['devices']} emulated CPU devices "
       "(2 for the GhostBatchNorm CNN, which starts at 2·B0 so that one device "
-      "holds a ghost batch).",
+      "holds a ghost batch); BERT's B0, fixed and gain rows are the batch-scaling "
+      "study's runs (its step on 2 devices), its growing rows on the same 2.",
       "",
-      "| task | row | n | steps | accuracy (range) | Δ vs B0 | wall (s) |",
+      "| task | row | n | steps | quality (range) | Δ vs B0 | wall (s) |",
       "|---|---|---:|---:|---:|---:|---:|",
   ]
   for t in tasks:
+    metric = "loss" if t.data == "bert" else "accuracy"
     base = _records(recs, t, "baseline", cfg)
-    b0 = float(np.mean([r["accuracy"] for r in base])) if base else float("nan")
+    b0 = float(np.mean([r[metric] for r in base])) if base else float("nan")
     for m in ROWS:
       rs = _records(recs, t, m, cfg)
       if not rs:
         continue
-      accs = [r["accuracy"] for r in rs]
-      acc = float(np.mean(accs))
+      vals = [r[metric] for r in rs]
+      val = float(np.mean(vals))
       steps = int(np.mean([r["steps"] for r in rs]))
       wall = float(np.mean([r["wall"] for r in rs]))
-      lines.append(f"| {t.label} | {LABELS[m]} | {len(rs)} | {steps} | {acc:.2f} "
-                   f"({min(accs):.2f}–{max(accs):.2f}) | {acc - b0:+.2f} | {wall:.0f} |")
+      if metric == "loss":
+        q, d = f"{val:.4f} ({min(vals):.4f}–{max(vals):.4f})", f"{100 * (val / b0 - 1):+.2f} %"
+      else:
+        q, d = f"{val:.2f} ({min(vals):.2f}–{max(vals):.2f})", f"{val - b0:+.2f}"
+      lines.append(f"| {t.label} | {LABELS[m]} | {len(rs)} | {steps} | {q} | {d} | {wall:.0f} |")
   return "\n".join(lines) + "\n"
 
 
 def plot(recs, tasks, cfg, path: str) -> None:
+  """Per task: the batch and the learning rate of every step (seed 0's growing
+  rows), and every row's final quality against its optimizer steps."""
   import matplotlib  # noqa: PLC0415
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # noqa: PLC0415
 
-  fig, axes = plt.subplots(2, len(tasks), figsize=(5 * len(tasks), 7), squeeze=False)
+  fig, axes = plt.subplots(3, len(tasks), figsize=(4.6 * len(tasks), 10), squeeze=False)
   for j, t in enumerate(tasks):
-    for m in NEW_METHODS:
-      rs = _records(recs, t, m, cfg, 1)
-      if not rs or "curve" not in rs[0]:
+    metric = "loss" if t.data == "bert" else "accuracy"
+    for i, m in enumerate(ROWS):
+      color = f"C{i}"
+      rs = _records(recs, t, m, cfg)
+      if rs:
+        axes[2, j].scatter([r["steps"] for r in rs], [r[metric] for r in rs], color=color,
+                           s=14, label=LABELS[m])
+      first = _records(recs, t, m, cfg, 1)
+      if m not in NEW_METHODS or not first or "curve" not in first[0]:
         continue
-      c = rs[0]["curve"]
+      c = first[0]["curve"]
       steps = [p["step"] for p in c]
-      axes[0, j].plot(steps, [p["batch"] for p in c],
-                      label=f"{LABELS[m]} ({rs[0]['accuracy']:.1f}%)")
-      axes[1, j].plot(steps, [p["lr"] for p in c], label=LABELS[m])
+      axes[0, j].plot(steps, [p["batch"] for p in c], color=color, label=LABELS[m])
+      axes[1, j].plot(steps, [p["lr"] for p in c], color=color)
     axes[0, j].set_yscale("log", base=2)
     axes[0, j].set_title(t.label, fontsize=9)
-    axes[0, j].set_ylabel("global batch")
-    axes[1, j].set_ylabel("learning rate")
+    axes[0, j].set_ylabel("global batch (seed 0)")
+    axes[1, j].set_ylabel("learning rate (seed 0)")
     axes[1, j].set_xlabel("optimizer step")
-    axes[0, j].legend(fontsize=7)
+    axes[2, j].set_xscale("log")
+    axes[2, j].set_xlabel("optimizer steps of the run")
+    axes[2, j].set_ylabel("eval MLM loss" if metric == "loss" else "test accuracy (%)")
+    axes[0, j].legend(fontsize=6)
+    axes[2, j].legend(fontsize=6)
   fig.tight_layout()
-  fig.savefig(path, dpi=90)
+  fig.savefig(path, dpi=80)
   plt.close(fig)
 
 
@@ -411,6 +476,9 @@ def main(argv=None) -> int:
   p.add_argument("--devices", type=int, default=int(_DEVICES),
                  help="data-parallel devices of the growing rows (emulated on CPU "
                  "when run as a script; default 2)")
+  p.add_argument("--bert-log", default=None,
+                 help="the batch-scaling study's log, for BERT's B0, fixed and gain rows "
+                 "(default docs/studies/bert_scaling/bert_scaling.jsonl; none in --quick)")
   p.add_argument("--methods", default=None,
                  help="comma-separated rows to run (default: all, in PHASES order)")
   p.add_argument("--report-only", action="store_true")
@@ -432,6 +500,8 @@ def main(argv=None) -> int:
     args.oracle_log = _paths.study("oracle") + ".jsonl"
   if args.gain_log is None and not args.quick:
     args.gain_log = _paths.study("gain_study") + ".jsonl"
+  if args.bert_log is None and not args.quick:
+    args.bert_log = _paths.study("bert_scaling") + ".jsonl"
   return run_study(args)
 
 
