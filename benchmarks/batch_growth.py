@@ -25,6 +25,7 @@ device's microbatch must hold its ghost batch (B0), and the noise scale
 needs two of them.
 
   python benchmarks/batch_growth.py            # the study (resumable)
+  python benchmarks/batch_growth.py --extended # + ramps on every seed
   python benchmarks/batch_growth.py --quick    # tiny pipeline check
 """
 
@@ -65,9 +66,15 @@ RAMP_INCREMENTS = 7
 RAMP_FRACTIONS = (0.1, 0.25, 0.5)
 DOUBLING = tuple(f"doubling_{f}" for f in RAMP_FRACTIONS)
 LINEAR = tuple(f"ramp_{f}" for f in RAMP_FRACTIONS)
-#: Variants of the adaptive row tried on the Adam task (seed 0 first): a
-#: slower trigger, and the learning rate linear in the batch instead of sqrt.
-ADAPTIVE_VARIANTS = ("adaptive_t4", "adaptive_linear")
+#: Variants of the adaptive row (seed 0) and the tasks they run on: a slower
+#: trigger, and other learning-rate rules than the row's (`lr_rule`).
+VARIANTS = {
+    "adaptive_t4": ("mnist1d_lstm_adam",),
+    "adaptive_linear": ("mnist1d_lstm_adam",),
+    "adaptive_sqrt": ("mnist1d_lstm_momentum", "mnist_lstm_momentum"),
+    "adaptive_gain": ("mnist1d_lstm_momentum", "mnist_lstm_momentum", "mnist1d_lstm_adam"),
+}
+ADAPTIVE_VARIANTS = tuple(VARIANTS)
 NEW_METHODS = ("adaptive", *DOUBLING, *LINEAR, *ADAPTIVE_VARIANTS)
 OLD_METHODS = ("baseline", "date")
 #: Rows read from the gain study's log (`--gain-log`), never trained here.
@@ -80,6 +87,8 @@ LABELS = {
     "adaptive": "adaptive (BatchSchedule.adaptive defaults)",
     "adaptive_t4": "adaptive, threshold 4 (grow at B_simple >= 4B)",
     "adaptive_linear": "adaptive, learning rate linear in the batch",
+    "adaptive_sqrt": "adaptive, learning rate sqrt in the batch",
+    "adaptive_gain": "adaptive, learning rate by the measured gain",
     **{f"doubling_{f}": f"doubling ramp over {f:.0%} of the examples"
        for f in RAMP_FRACTIONS},
     **{f"ramp_{f}": f"linear (NeMo) ramp over {f:.0%} of the examples"
@@ -95,12 +104,11 @@ BERT_METHODS = ("adaptive", "doubling_0.25")
 BERT_SEEDS = 2
 GROWING_TASKS = ("mnist1d_lstm_momentum", "mnist1d_lstm_adam", "mnist_lstm_momentum",
                  "mnist1d_cnn_gbn_momentum", bert.NAME)
-#: The order the full study runs its cells in: the adaptive rows on every
-#: seed first, then the ramps of seed 0, then the ramps of the other seeds.
+#: The order the study runs its cells in: the adaptive rows on every seed
+#: first, then the ramps of seed 0; `--extended` adds the ramps of the other
+#: seeds and the other linear ramps.
 PHASES = (("baseline", "date", "adaptive"),
           (*DOUBLING, "ramp_0.25", *ADAPTIVE_VARIANTS), ("ramp_0.1", "ramp_0.5"))
-#: Tasks the adaptive variants run on.
-VARIANT_TASKS = ("mnist1d_lstm_adam",)
 FULL = dict(oracle.FULL, scale=SCALE, increments=RAMP_INCREMENTS)
 QUICK = dict(oracle.QUICK, seeds=1, tasks=("mnist1d_lstm_momentum",), scale=4,
              increments=3)
@@ -119,7 +127,7 @@ def schedule_for(method: str, b0: int, total_examples: int, cfg: dict,
                  start: int | None = None) -> date_optax.BatchSchedule:
   top = cfg["scale"] * b0
   start = b0 if start is None else start
-  if method in ("adaptive", "adaptive_linear"):
+  if method in ("adaptive", "adaptive_linear", "adaptive_sqrt", "adaptive_gain"):
     return date_optax.BatchSchedule.adaptive(start, max_batch=top)
   if method == "adaptive_t4":
     return date_optax.BatchSchedule.adaptive(start, max_batch=top, threshold=4.0)
@@ -279,7 +287,8 @@ def run_study(args) -> int:
       else:
         sched = schedule_for(method, task.batch_size, data["epochs"] * len(data["x_train"]),
                              cfg, start=first)
-        rule = "linear" if method == "adaptive_linear" else None
+        rule = {"adaptive_linear": "linear", "adaptive_sqrt": "sqrt",
+                "adaptive_gain": "gain"}.get(method)
         rec = train_growing(task, data, base, sched, seed, devices, rule)
     except Exception as e:  # noqa: BLE001 - a failed cell must not end the study
       print(f"FAILED {task.name} seed={seed} {method}: {e!r}", flush=True)
@@ -294,20 +303,20 @@ def run_study(args) -> int:
   seeds = range(cfg["seeds"])
   if args.quick:
     blocks = [((seed,), (*OLD_METHODS, *NEW_METHODS)) for seed in seeds]
-  else:  # the adaptive rows on every seed, then the ramps: seed 0 first
-    blocks = [((seed,), PHASES[0]) for seed in seeds]
-    blocks += [((seed,), PHASES[1]) for seed in seeds]
-    blocks += [(seeds, PHASES[2])]
+  else:  # the adaptive rows on every seed, then seed 0's ramps (and the rest)
+    blocks = [((seed,), PHASES[0]) for seed in seeds] + [((0,), PHASES[1])]
+    if args.extended:
+      blocks += [((seed,), PHASES[1]) for seed in seeds[1:]] + [(seeds, PHASES[2])]
   for block_seeds, phase in blocks:
     for seed in block_seeds:
       for t in tasks:
         for m in phase:
-          if m in ADAPTIVE_VARIANTS and t.name not in VARIANT_TASKS:
+          if m in VARIANTS and t.name not in VARIANTS[m]:
             continue
           if methods is None or m in methods:
             run(t, m, seed)
   recs = {**old, **done}
-  md = markdown(recs, tasks, cfg)
+  md = markdown(recs, tasks, cfg) + "\n" + tracking(recs, tasks, cfg)
   with open(args.out + ".md", "w") as f:
     f.write(md)
   plot(recs, tasks, cfg, args.out + ".png")
@@ -370,6 +379,78 @@ def markdown(recs, tasks, cfg) -> str:
       else:
         q, d = f"{val:.2f} ({min(vals):.2f}–{max(vals):.2f})", f"{val - b0:+.2f}"
       lines.append(f"| {t.label} | {LABELS[m]} | {len(rs)} | {steps} | {q} | {d} | {wall:.0f} |")
+  return "\n".join(lines) + "\n"
+
+
+def _examples_at(curve: list[dict]) -> list[tuple[int, int, float]]:
+  """(examples before the step, batch, B_simple) at each kept curve point.
+
+  The curve keeps every step where the batch changes and the one before, so
+  the batch is constant between kept points and the examples are exact.
+  """
+  out, examples, prev = [], 0, None
+  for p in curve:
+    if prev is not None:
+      examples += prev["batch"] * (p["step"] - prev["step"])
+    out.append((examples, p["batch"], p["noise_scale"]))
+    prev = p
+  return out
+
+
+def tracking(recs, tasks, cfg) -> str:
+  """How the measured B_simple tracks the batch the ramps show a task tolerates.
+
+  For each task and a few points of training (a share of the examples):
+  the smoothed B_simple the adaptive run measured there (seed 0), the batch
+  it ran, and the batch of each doubling ramp there with the ramp's final
+  quality; a ramp that ends within 0.5 points (1 % of the loss) of B0 ran
+  batches the task tolerated, one that misses ran some it did not.
+  """
+  fracs = (0.01, 0.03, 0.1, 0.25, 0.5, 1.0)
+  lines = [
+      "## The measured noise scale against the batches the ramps show a task tolerates",
+      "",
+      "Per task, at a share of the training examples: B_simple (the step's smoothed "
+      "simple noise scale, adaptive run, seed 0) and the batch the adaptive run "
+      "used there; then the batch each doubling ramp used there, with the ramp's "
+      "final quality (✓: within 0.5 points of B0, or 1 % of its loss for BERT).",
+      "",
+      "| task | share of examples | B_simple | adaptive batch | "
+      + " | ".join(LABELS[m].replace(" of the examples", "") for m in DOUBLING) + " |",
+      "|---|---:|---:|---:|" + "---:|" * len(DOUBLING),
+  ]
+  for t in tasks:
+    ad = _records(recs, t, "adaptive", cfg, 1)
+    if not ad or "curve" not in ad[0]:
+      continue
+    metric = "loss" if t.data == "bert" else "accuracy"
+    base = _records(recs, t, "baseline", cfg)
+    b0 = float(np.mean([r[metric] for r in base])) if base else float("nan")
+    pts = _examples_at(ad[0]["curve"])
+    total = ad[0]["examples"]
+    ramps = []
+    for m in DOUBLING:
+      rs = _records(recs, t, m, cfg)
+      if not rs:
+        ramps.append(None)
+        continue
+      val = float(np.mean([r[metric] for r in rs]))
+      ok = (val <= 1.01 * b0) if metric == "loss" else (val >= b0 - 0.5)
+      first = start_of(t, t.batch_size, cfg["devices"])[0]
+      sched = schedule_for(m, t.batch_size, total, cfg, start=first)
+      ramps.append((sched, val, ok))
+    for f in fracs:
+      e = int(f * total) - 1
+      _, batch, ns = max((p for p in pts if p[0] <= e), key=lambda p: p[0])
+      cells = []
+      for r in ramps:
+        if r is None:
+          cells.append("—")
+        else:
+          sched, val, ok = r
+          q = f"{val:.3f}" if metric == "loss" else f"{val:.2f}"
+          cells.append(f"{sched.batch_size_at(e)} ({q} {'✓' if ok else '✗'})")
+      lines.append(f"| {t.label} | {f:.0%} | {ns:.0f} | {batch} | " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
 
 
@@ -481,6 +562,9 @@ def main(argv=None) -> int:
                  "(default docs/studies/bert_scaling/bert_scaling.jsonl; none in --quick)")
   p.add_argument("--methods", default=None,
                  help="comma-separated rows to run (default: all, in PHASES order)")
+  p.add_argument("--extended", action="store_true",
+                 help="also the ramps on seeds 1 and 2 and the 10 %% and 50 %% linear "
+                 "ramps (the default full study: about 90 minutes here)")
   p.add_argument("--report-only", action="store_true")
   p.add_argument("--step-cost", action="store_true",
                  help="only time the growing step against the plain step")
