@@ -317,7 +317,7 @@ def propose_batch_schedule(
   if total_examples is not None:
     total_examples = validation.check_int("total_examples", total_examples, low=1)
   crit = calibration * _critical_of(measurements)
-  if crit >= top:
+  if crit >= top or top == b0:
     return BatchSchedule.fixed(top)
   start = b0
   while 2 * start <= crit:
@@ -372,10 +372,13 @@ def ramp_changes(schedule: BatchSchedule) -> list[tuple[int, int]]:
   """``(examples, batch)`` at each change of a ramp: the batch from then on.
 
   The batch is ``start + increment·i`` once ``E·m >= i·ramp_examples``
-  (``m`` increments), i.e. from ``E = ceil(i·ramp_examples/m)`` examples.
+  (``m`` increments), i.e. from ``E = ceil(i·ramp_examples/m)`` examples;
+  when several increments fall on one count (a ramp shorter than ``m``
+  examples) the largest is kept.
   """
   if schedule.kind != "ramp":
     return []
   m = (schedule.max_batch - schedule.start) // schedule.increment
-  return [(-(-i * schedule.ramp_examples // m), schedule.start + i * schedule.increment)
-          for i in range(1, m + 1)]
+  changes = {-(-i * schedule.ramp_examples // m): schedule.start + i * schedule.increment
+             for i in range(1, m + 1)}
+  return sorted(changes.items())
