@@ -221,14 +221,14 @@ def propose_batch_schedule(
 
   and grows to `max_batch`. The critical batch grows as the loss falls, and
   a short measurement cannot tell how fast, so the default proposal lets
-  the run measure it: :meth:`BatchSchedule.adaptive` from ``start``
+  the run measure it: :meth:`~date_optax.BatchSchedule.adaptive` from ``start``
   (doubling when the measured critical batch reaches twice the batch). With
   ``kind="ramp"`` it is Megatron-LM's linear ramp from ``start`` to
   `max_batch` over ``ramp_fraction · total_examples`` examples, in at most
-  :data:`RAMP_INCREMENTS` equal increments, each the smallest multiple of
+  7 (``RAMP_INCREMENTS``) equal increments, each the smallest multiple of
   `unit` that divides ``max_batch − start`` into that many. When the critical
   batch reaches `max_batch` (or is ``inf``: no noise measured) nothing needs
-  to grow and the proposal is :meth:`BatchSchedule.fixed` at `max_batch`.
+  to grow and the proposal is :meth:`~date_optax.BatchSchedule.fixed` at `max_batch`.
 
   Run it with ``date(baseline, max_batch, batch_schedule=...)`` and
   ``make_train_step(..., batch_schedule=...)`` (and ``grad_stats=True`` for
@@ -246,9 +246,9 @@ def propose_batch_schedule(
       ``kind="adaptive"``, ``base_batch_size · 2**m``.
     total_examples: the examples of the whole run (``epochs ·
       num_examples``), >= 1; needed for ``kind="ramp"``.
-    kind: one of :data:`PROPOSALS`: ``"adaptive"`` (default) or ``"ramp"``.
+    kind: ``"adaptive"`` (default) or ``"ramp"``.
     ramp_fraction: the fraction of `total_examples` the ramp takes to reach
-      `max_batch`, in (0, 1] (default :data:`RAMP_FRACTION`).
+      `max_batch`, in (0, 1] (default 0.25).
     unit: every batch is a multiple of it (``replicas × microbatch rows``),
       >= 1; `base_batch_size` and `max_batch` must be multiples of it.
     calibration: the multiple of the measurement taken as the critical
