@@ -249,7 +249,9 @@ def test_propose_errors(capsys, tmp_path):
   rc, _, err = run_cli(capsys, [*DATE_EXAMPLE, "--noise-scales", str(bad)])
   assert rc == 2 and "'x' is not a number" in err
   rc, _, err = run_cli(capsys, [*DATE_EXAMPLE, "--noise-scales", str(tmp_path / "no.txt")])
-  assert rc == 2 and "no.txt" in err
+  assert rc == 2 and "--noise-scales" in err and "no.txt' cannot be read" in err
+  rc, _, err = run_cli(capsys, [*DATE_EXAMPLE, "--critical-batch", "100", "--unit", "8"])
+  assert rc == 2 and "--unit: shapes a proposed batch schedule; add --propose" in err
   from date_optax.diagnostics import MetricWriter
 
   with MetricWriter(str(tmp_path / "run"), tensorboard=False) as w:

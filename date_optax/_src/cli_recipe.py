@@ -409,7 +409,7 @@ def run(args: argparse.Namespace) -> int:
   import date_optax  # noqa: PLC0415 - imports jax; keep --help fast
 
   try:
-    if values.get("noise_scales"):
+    if values.get("noise_scales") is not None:
       values["critical_batch"] = date_optax.diagnostics.critical_batch(
           read_noise_scales(values["noise_scales"]))
     baseline = date_optax.Baseline(
@@ -492,6 +492,13 @@ def run(args: argparse.Namespace) -> int:
 
 def read_noise_scales(path: str) -> list[Any]:
   """The noise scales in `path`: a MetricWriter CSV, a JSON list, or numbers."""
+  try:
+    return _read_noise_scales(path)
+  except OSError as e:
+    raise ValueError(f"--noise-scales {path!r} cannot be read: {e}") from None
+
+
+def _read_noise_scales(path: str) -> list[Any]:
   if path.lower().endswith(".csv"):
     from date_optax.diagnostics import read_metrics_csv  # noqa: PLC0415
 
@@ -526,6 +533,11 @@ def propose(values: dict[str, Any], recipes: list[Any]) -> list[Any] | None:
   """The proposed schedules, one per recipe of a batch >= B0; None if not asked."""
   kind = values.get("propose_batch_schedule")
   if not kind:
+    given = [f"--{k.replace('_', '-')}" for k in ("ramp_fraction", "unit", "calibration")
+             if values.get(k) is not None]
+    if given:
+      raise ValueError(f"{', '.join(given)}: shapes a proposed batch schedule; add "
+                       "--propose-batch-schedule [adaptive|ramp].")
     return None
   if values.get("critical_batch") is None:
     raise ValueError("--propose-batch-schedule needs the critical batch measured "
