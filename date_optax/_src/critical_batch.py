@@ -224,11 +224,12 @@ def propose_batch_schedule(
   the run measure it: :meth:`~date_optax.BatchSchedule.adaptive` from ``start``
   (doubling when the measured critical batch reaches twice the batch). With
   ``kind="ramp"`` it is Megatron-LM's linear ramp from ``start`` to
-  `max_batch` over ``ramp_fraction · total_examples`` examples, in at most
-  7 (``RAMP_INCREMENTS``) equal increments, each the smallest multiple of
-  `unit` that divides ``max_batch − start`` into that many. When the critical
+  `max_batch` over ``ramp_fraction · total_examples`` examples, in equal
+  increments: the smallest multiple of `unit` that divides ``max_batch −
+  start`` into at most 7 (``RAMP_INCREMENTS``) of them. When the critical
   batch reaches `max_batch` (or is ``inf``: no noise measured) nothing needs
-  to grow and the proposal is :meth:`~date_optax.BatchSchedule.fixed` at `max_batch`.
+  to grow and the proposal is :meth:`~date_optax.BatchSchedule.fixed` at
+  `max_batch`.
 
   Run it with ``date(baseline, max_batch, batch_schedule=...)`` and
   ``make_train_step(..., batch_schedule=...)`` (and ``grad_stats=True`` for
