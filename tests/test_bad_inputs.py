@@ -428,6 +428,46 @@ def test_critical_batch_names_bad_measurements(measurements, error, message):
     critical_batch(measurements)
 
 
+@pytest.mark.parametrize("arg,kw,error,message", [
+    (100.0, dict(base_batch_size=0), ValueError,
+     r"base_batch_size must be an integer in \[1, inf\], got 0"),
+    (100.0, dict(base_batch_size=16.0), TypeError, "base_batch_size must be an integer"),
+    (100.0, dict(max_batch=8), ValueError, r"max_batch must be an integer in \[16, inf\]"),
+    (100.0, dict(max_batch=1000), ValueError,
+     r"max_batch=1000 must be base_batch_size=16 times a power of 2 .*512 or 1024"),
+    (100.0, dict(unit=0), ValueError, r"unit must be an integer in \[1, inf\]"),
+    (100.0, dict(unit=3), ValueError, "base_batch_size=16 must be a multiple of unit=3"),
+    (100.0, dict(max_batch=1000, unit=16, kind="ramp", total_examples=10**6), ValueError,
+     "max_batch=1000 must be a multiple of unit=16"),
+    (100.0, dict(kind="linear"), ValueError, r"kind must be one of \('adaptive', 'ramp'\)"),
+    (100.0, dict(kind="ramp"), ValueError, 'kind="ramp" needs total_examples'),
+    (100.0, dict(total_examples=0), ValueError,
+     r"total_examples must be an integer in \[1, inf\]"),
+    (100.0, dict(kind="ramp", total_examples=10**6, ramp_fraction=0.0), ValueError,
+     r"ramp_fraction must be in \(0, 1\], got 0.0"),
+    (100.0, dict(kind="ramp", total_examples=10**6, ramp_fraction=1.5), ValueError,
+     r"ramp_fraction must be in \(0, 1\]"),
+    (100.0, dict(kind="ramp", total_examples=10**6, ramp_fraction="1/4"), TypeError,
+     "ramp_fraction must be a real number"),
+    (100.0, dict(kind="ramp", total_examples=10**10), ValueError,
+     r"ramp_examples must be an integer in \[1, 2147483647\]"),
+    (100.0, dict(calibration=0), ValueError, "calibration must be a finite number > 0"),
+    (100.0, dict(calibration=float("inf")), ValueError, "calibration must be a finite"),
+    (-3.0, {}, ValueError, r"measurements, given as a number, is the critical batch: it "
+     r"must be > 0 \(or inf"),
+    (float("nan"), {}, ValueError, "measurements, given as a number"),
+    (True, {}, TypeError, "measurements must be a real number, got True"),
+    ("300", {}, TypeError, "measurements must be state.grad_stats"),
+    ([], {}, ValueError, "holds no grad_noise_scale value"),
+])
+def test_propose_batch_schedule_names_bad_arguments(arg, kw, error, message):
+  from date_optax.diagnostics import propose_batch_schedule  # noqa: PLC0415
+
+  kw = {"base_batch_size": 16, "max_batch": 1024, **kw}
+  with pytest.raises(error, match=message):
+    propose_batch_schedule(arg, **kw)
+
+
 def test_critical_batch_reads_a_jax_array_like_a_numpy_array():
   from date_optax.diagnostics import critical_batch  # noqa: PLC0415
 

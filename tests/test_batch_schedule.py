@@ -436,3 +436,113 @@ def test_sharded_step_grows_too():
     sizes.append(int(m["batch_size"]))
   assert sizes == [8, 8, 16, 16, 32, 32]
   assert step.traces == 3
+
+
+# ---------------------------------------------------------------------------
+# A schedule proposed from the critical batch measured at B0 (issue 35).
+
+
+@pytest.mark.parametrize("critical,start", [
+    (5.0, 16), (16.0, 16), (31.9, 16), (32.0, 32), (100.0, 64), (1023.9, 512),
+])
+def test_proposal_starts_at_the_largest_doubling_of_b0_within_the_critical_batch(
+    critical, start):
+  from date_optax.diagnostics import propose_batch_schedule
+
+  s = propose_batch_schedule(critical, base_batch_size=16, max_batch=1024)
+  assert s == BatchSchedule.adaptive(start, max_batch=1024)
+  assert s.batch_sizes == tuple(start * 2**j for j in range(int(np.log2(1024 // start)) + 1))
+  assert (s.threshold, s.min_steps, s.lag, s.calibration) == (2.0, 10, 2, 1.0)
+
+
+@pytest.mark.parametrize("critical", [1024.0, 5000.0, float("inf")])
+def test_proposal_is_fixed_when_the_critical_batch_reaches_the_top(critical):
+  from date_optax.diagnostics import propose_batch_schedule
+
+  for kind in ("adaptive", "ramp"):
+    s = propose_batch_schedule(critical, base_batch_size=16, max_batch=1024,
+                               total_examples=4096, kind=kind)
+    assert s == BatchSchedule.fixed(1024)
+  # Nothing to grow at B0 itself, whatever the critical batch.
+  assert propose_batch_schedule(3.0, base_batch_size=16, max_batch=16) == BatchSchedule.fixed(16)
+
+
+@pytest.mark.parametrize("b0,top,unit,critical,total,fraction,want", [
+    # The measured study's ramp (docs/RESULTS.md): 16 -> 1024 in 7 increments
+    # of 9·16 = 144 over 25 % of 20·16384 examples.
+    (16, 1024, 1, 20.0, 327680, 0.25, (16, 144, 81920)),
+    (16, 1024, 16, 20.0, 327680, 0.25, (16, 144, 81920)),
+    # 1024 - 64 = 960 = 6·160 (7 does not divide 960).
+    (16, 1024, 1, 100.0, 327680, 0.25, (64, 160, 81920)),
+    # 896 = 14 units of 64, 7 increments of 2 units.
+    (64, 1024, 64, 150.0, 10000, 0.1, (128, 128, 1000)),
+    # 864 = 9 units of 96: 3 increments (7, 6, 5, 4 do not divide 9).
+    (96, 960, 96, 10.0, 1000, 0.5, (96, 288, 500)),
+    # A run too short for a quarter of an example still ramps over one.
+    # (48 = 6·8; every increment then falls on the first example.)
+    (16, 64, 1, 1.0, 3, 0.25, (16, 8, 1)),
+])
+def test_proposed_ramp_by_hand(b0, top, unit, critical, total, fraction, want):
+  from date_optax._src.critical_batch import ramp_changes
+  from date_optax.diagnostics import propose_batch_schedule
+
+  s = propose_batch_schedule(critical, base_batch_size=b0, max_batch=top, unit=unit,
+                             total_examples=total, kind="ramp", ramp_fraction=fraction)
+  start, increment, ramp_examples = want
+  assert s == BatchSchedule.ramp(start, increment, ramp_examples, max_batch=top)
+  assert all(b % unit == 0 for b in s.batch_sizes)
+  s.check_run(total)
+  # The examples at each change: the batch is the new one from there, the old
+  # one just before (Megatron's rule, written from the math above).
+  m = (top - start) // increment
+  e = np.arange(ramp_examples + 2)
+  batch = start + increment * np.minimum(m, e * m // ramp_examples)
+  at = np.flatnonzero(np.diff(batch)) + 1
+  assert ramp_changes(s) == [(int(i), int(batch[i])) for i in at]
+  assert ramp_changes(s)[-1] == (ramp_examples, top)
+  for i in at:
+    assert ramp_reference(start, increment, ramp_examples, top, i) == batch[i]
+
+
+def test_proposal_reads_measurements_and_calibrates():
+  from date_optax.diagnostics import propose_batch_schedule
+
+  kw = dict(base_batch_size=16, max_batch=1024)
+  # The first half is discarded; the median of 90, 100, 110 is 100.
+  assert propose_batch_schedule([1e4, 1e4, 90.0, 100.0, 110.0], **kw).start == 64
+  assert propose_batch_schedule(
+      [{"grad_noise_scale": v} for v in (1.0, 1.0, 90.0, 110.0)], **kw).start == 64
+  stats = date_optax.GradStats(sq_norm=0.5, trace_cov=50.0, batch_size=16.0)
+  assert propose_batch_schedule(stats, **kw).start == 64  # 50 / 0.5 = 100
+  assert propose_batch_schedule(np.float32(100.0), **kw).start == 64
+  assert propose_batch_schedule(jnp.asarray(100.0), **kw).start == 64
+  # calibration 4: the critical batch is 400, and the adaptive run keeps it.
+  s = propose_batch_schedule(stats, calibration=4, **kw)
+  assert s == BatchSchedule.adaptive(256, max_batch=1024, calibration=4.0)
+
+
+def test_recipe_proposes_the_schedule_date_runs():
+  from date_optax.diagnostics import propose_batch_schedule
+
+  r = date_optax.scale_recipe(BASE, 64, critical_batch=40.0)
+  assert r.critical_batch == 40.0
+  assert date_optax.scale_recipe(BASE, 64).critical_batch is None
+  assert date_optax.date_recipe(BASE, 64, critical_batch=40.0).critical_batch == 40.0
+  # B0 = 16, 6 epochs of 512 examples: 3072 examples; 32 <= 40 < 64.
+  assert r.propose_batch_schedule() == BatchSchedule.adaptive(32, max_batch=64)
+  ramp = r.propose_batch_schedule(kind="ramp")
+  assert ramp == propose_batch_schedule(40.0, base_batch_size=16, max_batch=64,
+                                        total_examples=3072, kind="ramp")
+  assert ramp == BatchSchedule.ramp(32, 8, 768, max_batch=64)  # 32 = 4 increments of 8
+  assert r.propose_batch_schedule(kind="ramp", ramp_fraction=1.0).ramp_examples == 3072
+  assert r.propose_batch_schedule(kind="ramp", unit=16) == BatchSchedule.ramp(
+      32, 16, 768, max_batch=64)
+  for s in (r.propose_batch_schedule(), ramp):
+    tx = date_optax.date(BASE, 64, batch_schedule=s)
+    assert tx.init(_linear_params()) is not None
+  with pytest.raises(ValueError, match=r"no critical batch.*scale_recipe\(\.\.\., critical_batch"):
+    date_optax.scale_recipe(BASE, 64).propose_batch_schedule()
+  with pytest.raises(TypeError, match="takes max_batch from the recipe"):
+    r.propose_batch_schedule(max_batch=128)
+  with pytest.raises(TypeError, match="unexpected keyword"):
+    r.propose_batch_schedule(discard=0.5)

@@ -160,3 +160,105 @@ def test_subcommands_are_registered_per_module():
   assert cli_recipe in cli.SUBCOMMANDS
   args = parser.parse_args(["recipe", "--preset", "legw-table1"])
   assert args.func is cli_recipe.run
+
+
+# -- A growing batch proposed from the critical batch (issue 35).
+
+DATE_EXAMPLE = ["recipe", "--preset", "date-example"]  # B0 = 1024, 30 x 59904 examples
+
+
+def test_propose_ramp_prints_changes_and_python(capsys):
+  from date_optax._src.critical_batch import ramp_changes
+  from date_optax.diagnostics import propose_batch_schedule
+
+  _, plain, _ = run_cli(capsys, [*DATE_EXAMPLE, "--critical-batch", "1500"])
+  rc, out, _ = run_cli(capsys, [*DATE_EXAMPLE, "--critical-batch", "1500",
+                                "--propose-batch-schedule", "ramp"])
+  assert rc == 0
+  table, proposal = out.split("\n\n", 1)
+  assert table + "\n" == plain  # the recipe table is unchanged
+  # 1024 <= 1500 < 2048: from B0; 7 increments of 1024 over a quarter of
+  # 30·59904 = 1797120 examples, the i-th from ceil(i·449280/7) examples.
+  want = [(-(-i * 449280 // 7), 1024 + 1024 * i) for i in range(1, 8)]
+  assert want[:3] == [(64183, 2048), (128366, 3072), (192549, 4096)]
+  for e, b in [(0, 1024), *want]:
+    assert f"from example {e:>7}: batch {b}" in proposal
+  assert "up to 1024: fixed at 1024 (B0 itself" in proposal
+  line = proposal.strip().splitlines()[-1].strip()
+  assert line == "date_optax.BatchSchedule.ramp(1024, 1024, 449280, max_batch=8192)"
+  schedule = eval(line, {"date_optax": date_optax})  # noqa: S307 - our own output
+  assert schedule == propose_batch_schedule(1500.0, base_batch_size=1024, max_batch=8192,
+                                            total_examples=1797120, kind="ramp")
+  assert ramp_changes(schedule) == want
+
+
+def test_propose_adaptive_in_json(capsys):
+  rc, out, _ = run_cli(capsys, [*DATE_EXAMPLE, "--batch", "1K,8K,32K", "--epochs", "300",
+                                "--critical-batch", "5000", "--propose-batch-schedule",
+                                "--format", "json"])
+  assert rc == 0
+  data = json.loads(out)
+  assert [r["batch"] for r in data["recipes"]] == [1024, 8192, 32768]
+  # 4096 <= 5000 < 8192: adaptive from 4096.
+  assert data["batch_schedules"] == [
+      {"max_batch": 1024, "kind": "fixed", "start": 1024, "batch_sizes": [1024],
+       "python": "date_optax.BatchSchedule.fixed(1024)"},
+      {"max_batch": 8192, "kind": "adaptive", "start": 4096, "batch_sizes": [4096, 8192],
+       "python": "date_optax.BatchSchedule.adaptive(4096, max_batch=8192)"},
+      {"max_batch": 32768, "kind": "adaptive", "start": 4096,
+       "batch_sizes": [4096, 8192, 16384, 32768],
+       "python": "date_optax.BatchSchedule.adaptive(4096, max_batch=32768)"},
+  ]
+
+
+def test_noise_scales_file_in_three_formats(capsys, tmp_path):
+  from date_optax.diagnostics import MetricWriter
+
+  # The first half is discarded (critical_batch's default): median 1500.
+  values = [9000.0, 9000.0, 1400.0, 1500.0, 1600.0]
+  text = tmp_path / "noise.txt"
+  text.write_text("9000 9000\n1400, 1500\n1600\n")
+  listed = tmp_path / "noise.json"
+  listed.write_text(json.dumps(values))
+  with MetricWriter(str(tmp_path / "run"), tensorboard=False) as w:
+    for step, v in enumerate(values):
+      w.write_scalars(step, {"grad_noise_scale": v, "loss": 1.0})
+  _, want, _ = run_cli(capsys, [*DATE_EXAMPLE, "--critical-batch", "1500",
+                                "--propose-batch-schedule", "ramp", "--unit", "256"])
+  assert "ramp(1024, 1024, 449280, max_batch=8192)" in want
+  for path in (text, listed, w.csv_path):
+    rc, out, err = run_cli(capsys, [*DATE_EXAMPLE, "--noise-scales", str(path),
+                                    "--propose-batch-schedule", "ramp", "--unit", "256"])
+    assert (rc, err, out) == (0, "", want)
+
+
+def test_propose_errors(capsys, tmp_path):
+  rc, _, err = run_cli(capsys, [*DATE_EXAMPLE, "--propose-batch-schedule"])
+  assert rc == 2 and "needs the critical batch measured at B0" in err
+  rc, _, err = run_cli(capsys, [*DATE_EXAMPLE, "--critical-batch", "100",
+                                "--propose-batch-schedule", "--format", "csv"])
+  assert rc == 2 and "--format table or json, not csv" in err
+  rc, _, err = run_cli(capsys, [*DATE_EXAMPLE, "--critical-batch", "100", "--batch", "3000",
+                                "--propose-batch-schedule"])
+  assert rc == 2 and "adaptive to --batch 3000: max_batch=3000 must be" in err
+  rc, _, err = run_cli(capsys, [*DATE_EXAMPLE, "--critical-batch", "100", "--batch", "32K",
+                                "--propose-batch-schedule"])
+  assert rc == 2 and "end of training" in err and "propose_batch_schedule proposes" in err
+  bad = tmp_path / "bad.txt"
+  bad.write_text("12 x")
+  rc, _, err = run_cli(capsys, [*DATE_EXAMPLE, "--noise-scales", str(bad)])
+  assert rc == 2 and "'x' is not a number" in err
+  rc, _, err = run_cli(capsys, [*DATE_EXAMPLE, "--noise-scales", str(tmp_path / "no.txt")])
+  assert rc == 2 and "--noise-scales" in err and "no.txt' cannot be read" in err
+  rc, _, err = run_cli(capsys, [*DATE_EXAMPLE, "--critical-batch", "100", "--unit", "8"])
+  assert rc == 2 and "--unit: shapes a proposed batch schedule; add --propose" in err
+  from date_optax.diagnostics import MetricWriter
+
+  with MetricWriter(str(tmp_path / "run"), tensorboard=False) as w:
+    w.write_scalars(0, {"loss": 1.0})
+  rc, _, err = run_cli(capsys, [*DATE_EXAMPLE, "--noise-scales", w.csv_path])
+  assert rc == 2 and "no grad_noise_scale metric" in err
+  with pytest.raises(SystemExit) as e:
+    run_cli(capsys, [*DATE_EXAMPLE, "--noise-scales", str(bad), "--critical-batch", "5"])
+  assert e.value.code == 2
+  assert "not allowed with argument" in capsys.readouterr().err

@@ -685,6 +685,60 @@ def test_critical_batch_property(measurements, discard):
          ["measurements", "discard"], run)
 
 
+PROPOSAL_ARGS = ("base_batch_size", "max_batch", "total_examples", "kind", "ramp_fraction",
+                 "unit", "calibration")
+
+
+@settings(PROPERTY, max_examples=60)
+@given(measurements=MEASUREMENTS | NUMBERS | ARRAYS,
+       changes=st.dictionaries(st.sampled_from(PROPOSAL_ARGS), st.one_of(
+           NUMBERS, ODD, ARRAYS, st.sampled_from(["ramp", "adaptive", 10**10, 1000, 3])),
+           max_size=3))
+def test_propose_batch_schedule_property(measurements, changes):
+  from date_optax.diagnostics import propose_batch_schedule  # noqa: PLC0415
+
+  kw = {"base_batch_size": 16, "max_batch": 1024, "total_examples": 4096, **changes}
+
+  def run(s):
+    assert isinstance(s, date_optax.BatchSchedule) and s.max_batch == kw["max_batch"]
+    assert s.start % kw["base_batch_size"] == 0 and s.start <= s.max_batch
+    assert all(b % kw.get("unit", 1) == 0 for b in s.batch_sizes)
+    if s.kind == "ramp":
+      assert s.ramp_examples <= kw["total_examples"] and len(s.batch_sizes) <= 8
+
+  _named(lambda: propose_batch_schedule(measurements, **kw),
+         ["measurements", "grad_noise_scale", *PROPOSAL_ARGS], run)
+
+
+@settings(PROPERTY, max_examples=80)
+@given(b0=st.integers(1, 96), doublings=st.integers(0, 7), extra=st.integers(0, 5),
+       critical=st.floats(1e-3, 1e5) | st.just(math.inf), total=st.integers(1, 10**9),
+       kind=st.sampled_from(["adaptive", "ramp"]), fraction=st.floats(1e-6, 1.0),
+       unit_of=st.integers(1, 6))
+def test_proposal_start_and_ramp_follow_the_rule(b0, doublings, extra, critical, total, kind,
+                                                 fraction, unit_of):
+  """start = the largest B0·2^j <= B_crit (>= B0); fixed once B_crit reaches the
+  top; a ramp of at most 7 whole-unit increments within the run."""
+  from date_optax.diagnostics import propose_batch_schedule  # noqa: PLC0415
+
+  unit = b0 if b0 % unit_of else b0 // unit_of
+  top = b0 * 2**doublings + (extra * unit if kind == "ramp" else 0)
+  s = propose_batch_schedule(critical, base_batch_size=b0, max_batch=top, unit=unit,
+                             total_examples=total, kind=kind, ramp_fraction=fraction)
+  if critical >= top or top == b0:
+    assert s == date_optax.BatchSchedule.fixed(top)
+    return
+  j = int(math.log2(s.start // b0))
+  assert s.start == b0 * 2**j and (s.start <= critical or j == 0) and 2 * s.start > critical
+  assert s.kind == kind and s.max_batch == top
+  assert all(b % unit == 0 for b in s.batch_sizes)
+  if kind == "ramp":
+    m = (top - s.start) // s.increment
+    assert 1 <= m <= 7 and s.start + m * s.increment == top
+    assert s.ramp_examples == max(1, math.floor(fraction * total)) <= total
+    s.check_run(total)
+
+
 STATS = st.one_of(
     st.tuples(NUMBERS, NUMBERS, NUMBERS).map(lambda t: date_optax.GradStats(*t)),
     st.tuples(NUMBERS | ARRAYS | ODD, NUMBERS | ARRAYS | ODD, NUMBERS | ARRAYS | ODD).map(
@@ -736,7 +790,10 @@ CLI_FLAGS = {
     "--num-examples": ["num_examples", "num-examples", "warmup"],
     "--batch": ["batch", "warmup"], "--critical-batch": ["critical-batch"],
     "--power": ["power"], "--floor": ["floor"], "--warmup-factor": ["warmup_factor"],
-    "--factor": ["factor"],
+    "--factor": ["factor"], "--noise-scales": ["noise-scales"],
+    "--propose-batch-schedule": ["propose-batch-schedule"],
+    "--ramp-fraction": ["ramp-fraction", "ramp_fraction"], "--unit": ["unit"],
+    "--calibration": ["calibration"],
 }
 
 

@@ -3,6 +3,10 @@
 Prints, for every batch size, the LEGW/DATE recipe (peak learning rate,
 warmup in epochs and iterations, total iterations, iterations per epoch)
 and with ``--plot FILE.png`` draws the learning rate against the epoch.
+With a critical batch measured at B0 (``--critical-batch N`` or
+``--noise-scales FILE``), ``--propose-batch-schedule [adaptive|ramp]``
+prints a batch schedule growing to each batch and the Python line that
+builds it.
 
 Example (LEGW Table 1)::
 
@@ -146,7 +150,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
           "--warmup-epochs 0.3125 \\\n"
           "      --epochs 90 --num-examples 1281167 --decay poly --power 2 \\\n"
           "      --batch 1K,2K,4K,8K,16K,32K --plot legw.png\n"
-          "  date-optax recipe --preset legw-table1"
+          "  date-optax recipe --preset legw-table1\n"
+          "  date-optax recipe --preset date-example --critical-batch 1500 "
+          "--propose-batch-schedule ramp"
       ),
       formatter_class=argparse.RawDescriptionHelpFormatter,
   )
@@ -185,12 +191,35 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                  help="peak learning-rate rule (default sqrt)")
   s.add_argument("--warmup-scaling", choices=("linear", "sqrt", "none"),
                  help="warmup-epochs rule (default linear, LEGW)")
-  s.add_argument("--critical-batch", type=parse_critical_batch, metavar="B_CRIT",
+  c = s.add_mutually_exclusive_group()
+  c.add_argument("--critical-batch", type=parse_critical_batch, metavar="B_CRIT",
                  help="the critical batch measured at B0 "
                  "(date_optax.diagnostics.critical_batch of a short run with "
                  "grad_stats=True; inf when it measured no noise); batch sizes "
                  "more than 8x it are flagged (csv/json: a far_beyond_critical "
                  "column)")
+  c.add_argument("--noise-scales", metavar="FILE",
+                 help="the grad_noise_scale values of a short run at B0, whose "
+                 "critical batch (diagnostics.critical_batch: the median of the "
+                 "second half) is used as --critical-batch: a MetricWriter "
+                 "metrics.csv, a JSON list, or numbers separated by spaces, "
+                 "commas or newlines")
+  b = p.add_argument_group("growing batch")
+  b.add_argument("--propose-batch-schedule", nargs="?", const="adaptive",
+                 choices=("adaptive", "ramp"), metavar="{adaptive,ramp}",
+                 help="print a batch schedule growing from the critical batch to "
+                 "each --batch >= B0 (diagnostics.propose_batch_schedule; "
+                 "default adaptive) and the Python line that builds it; needs "
+                 "--critical-batch or --noise-scales")
+  b.add_argument("--ramp-fraction", type=parse_number, metavar="F",
+                 help="the fraction of the run's examples a proposed ramp takes "
+                 "(default 0.25)")
+  b.add_argument("--unit", type=int, metavar="ROWS",
+                 help="every proposed batch is a multiple of it: replicas x "
+                 "microbatch rows (default 1)")
+  b.add_argument("--calibration", type=parse_number,
+                 help="the multiple of the measured critical batch taken as the "
+                 "critical batch (default 1)")
   o = p.add_argument_group("output")
   o.add_argument("--format", choices=("table", "csv", "json"),
                  help="output format (default table)")
@@ -373,9 +402,16 @@ def run(args: argparse.Namespace) -> int:
     if problem:
       print(f"date-optax recipe: error: {problem}", file=sys.stderr)
       return 2
+  if values.get("propose_batch_schedule") and values["format"] == "csv":
+    print("date-optax recipe: error: --propose-batch-schedule prints with "
+          "--format table or json, not csv", file=sys.stderr)
+    return 2
   import date_optax  # noqa: PLC0415 - imports jax; keep --help fast
 
   try:
+    if values.get("noise_scales") is not None:
+      values["critical_batch"] = date_optax.diagnostics.critical_batch(
+          read_noise_scales(values["noise_scales"]))
     baseline = date_optax.Baseline(
         batch_size=values["base_batch"],
         learning_rate=values["lr"],
@@ -398,8 +434,14 @@ def run(args: argparse.Namespace) -> int:
           )
           for b in values["batch"]
       ]
-  except (ValueError, TypeError) as e:
+    proposals = propose(values, recipes)
+  except (ValueError, TypeError, OSError) as e:
     print(f"date-optax recipe: error: {e}", file=sys.stderr)
+    if values.get("propose_batch_schedule") and "end of training" in str(e):
+      print("date-optax recipe: note: a growing batch needs no fixed recipe at its "
+            "largest batch (date(baseline, B, batch_schedule=...)); "
+            "date_optax.diagnostics.propose_batch_schedule proposes one up to any B",
+            file=sys.stderr)
     return 2
 
   crit = values.get("critical_batch")
@@ -415,6 +457,8 @@ def run(args: argparse.Namespace) -> int:
     out: dict[str, Any] = {"baseline": title, "recipes": rows}
     if crit is not None:  # JSON has no inf: null when no noise was measured
       out["critical_batch"] = crit if math.isfinite(crit) else None
+    if proposals is not None:
+      out["batch_schedules"] = [_proposal_json(s) for s in proposals]
     json.dump(out, sys.stdout, indent=2)
     print()
   elif values["format"] == "csv":
@@ -434,7 +478,141 @@ def run(args: argparse.Namespace) -> int:
             f"{FAR_FACTOR:g}x = {FAR_FACTOR * crit:g} are far beyond it"
             + (f": {', '.join(far)}" if far else ": none here"))
     print(format_table(rows))
+    if proposals is not None:
+      print(format_proposals(proposals, baseline, crit, values))
   if values.get("plot"):  # its path and matplotlib were checked above
     plot(recipes, values["plot"], title)
     print(f"# wrote {values['plot']}", file=sys.stderr)
   return 0
+
+
+# ---------------------------------------------------------------------------
+# --noise-scales and --propose-batch-schedule.
+
+
+def read_noise_scales(path: str) -> list[Any]:
+  """The noise scales in `path`: a MetricWriter CSV, a JSON list, or numbers."""
+  try:
+    return _read_noise_scales(path)
+  except OSError as e:
+    raise ValueError(f"--noise-scales {path!r} cannot be read: {e}") from None
+
+
+def _read_noise_scales(path: str) -> list[Any]:
+  if path.lower().endswith(".csv"):
+    from date_optax.diagnostics import read_metrics_csv  # noqa: PLC0415
+
+    table = read_metrics_csv(path)
+    if "grad_noise_scale" not in table:
+      raise ValueError(
+          f"--noise-scales {path!r} has no grad_noise_scale metric (it has "
+          f"{sorted(table)[:8]}); write the metrics of a step built with "
+          "grad_stats=True."
+      )
+    return table["grad_noise_scale"][1].tolist()
+  with open(path) as f:
+    text = f.read()
+  if text.lstrip().startswith("["):
+    try:
+      return json.loads(text)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"--noise-scales {path!r} is not a JSON list: {e}") from None
+  values = []
+  for item in text.replace(",", " ").split():
+    try:
+      values.append(float(item))
+    except ValueError:
+      raise ValueError(
+          f"--noise-scales {path!r}: {item!r} is not a number (give one "
+          "grad_noise_scale value per step, a JSON list, or a metrics.csv)"
+      ) from None
+  return values
+
+
+def propose(values: dict[str, Any], recipes: list[Any]) -> list[Any] | None:
+  """The proposed schedules, one per recipe of a batch >= B0; None if not asked."""
+  kind = values.get("propose_batch_schedule")
+  if not kind:
+    given = [f"--{k.replace('_', '-')}" for k in ("ramp_fraction", "unit", "calibration")
+             if values.get(k) is not None]
+    if given:
+      raise ValueError(f"{', '.join(given)}: shapes a proposed batch schedule; add "
+                       "--propose-batch-schedule [adaptive|ramp].")
+    return None
+  if values.get("critical_batch") is None:
+    raise ValueError("--propose-batch-schedule needs the critical batch measured "
+                     "at B0: --critical-batch N or --noise-scales FILE.")
+  options: dict[str, Any] = {"kind": kind}
+  for key in ("ramp_fraction", "unit", "calibration"):
+    if values.get(key) is not None:
+      options[key] = values[key]
+  out = []
+  for r in recipes:
+    if r.batch_size >= r.baseline.batch_size:
+      try:
+        out.append(r.propose_batch_schedule(**options))
+      except ValueError as e:
+        raise ValueError(f"--propose-batch-schedule {kind} to --batch "
+                         f"{r.batch_size}: {e}") from None
+  return out
+
+
+def schedule_code(schedule: Any) -> str:
+  """The Python line that builds `schedule`."""
+  name = "date_optax.BatchSchedule"
+  if schedule.kind == "fixed":
+    return f"{name}.fixed({schedule.start})"
+  if schedule.kind == "ramp":
+    return (f"{name}.ramp({schedule.start}, {schedule.increment}, "
+            f"{schedule.ramp_examples}, max_batch={schedule.max_batch})")
+  extra = "" if schedule.calibration == 1 else f", calibration={schedule.calibration:g}"
+  return f"{name}.adaptive({schedule.start}, max_batch={schedule.max_batch}{extra})"
+
+
+def _changes(schedule: Any) -> list[tuple[int, int]]:
+  """``(examples, batch)``: the batch from that many examples on (ramp)."""
+  from date_optax._src.critical_batch import ramp_changes  # noqa: PLC0415
+
+  return [(0, schedule.start), *ramp_changes(schedule)]
+
+
+def _proposal_json(schedule: Any) -> dict[str, Any]:
+  out = {"max_batch": schedule.max_batch, "kind": schedule.kind,
+         "start": schedule.start, "batch_sizes": list(schedule.batch_sizes)}
+  if schedule.kind == "ramp":
+    out.update(increment=schedule.increment, ramp_examples=schedule.ramp_examples,
+               changes=[list(c) for c in _changes(schedule)])
+  out["python"] = schedule_code(schedule)
+  return out
+
+
+def format_proposals(schedules: list[Any], baseline: Any, crit: float,
+                     values: dict[str, Any]) -> str:
+  """The proposed schedules as text, each with its Python line."""
+  total = int(math.ceil(baseline.epochs * baseline.num_examples))
+  cal = values.get("calibration")
+  cal = "" if cal in (None, 1) else f" x calibration {cal:g}"
+  lines = ["", f"proposed batch schedules (diagnostics.propose_batch_schedule; "
+           f"critical batch {crit:g}{cal} at B0={baseline.batch_size}, "
+           f"{total} examples in the run):"]
+  if not schedules:
+    lines.append("  none: no --batch is >= B0")
+  for s in schedules:
+    sizes = ", ".join(map(str, s.batch_sizes))
+    if s.kind == "fixed":
+      why = ("B0 itself" if s.max_batch == baseline.batch_size
+             else "the critical batch reaches it")
+      lines.append(f"  up to {s.max_batch}: fixed at {s.max_batch} ({why}: nothing "
+                   "to grow)")
+    elif s.kind == "adaptive":
+      lines.append(f"  up to {s.max_batch}: adaptive from {s.start}, batches {sizes}: "
+                   "doubles when the measured critical batch reaches twice the "
+                   "batch (grad_stats=True)")
+    else:
+      lines.append(f"  up to {s.max_batch}: ramp from {s.start} by {s.increment} over "
+                   f"{s.ramp_examples} examples "
+                   f"({s.ramp_examples / total:.0%} of the run), batches {sizes}:")
+      lines += [f"    from example {e:>{len(str(total))}}: batch {b}"
+                for e, b in _changes(s)]
+    lines.append(f"    {schedule_code(s)}")
+  return "\n".join(lines)

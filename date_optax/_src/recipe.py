@@ -289,6 +289,8 @@ class Recipe:
     decay: the decay after the warmup.
     warmup: ``"gradual"`` or ``"constant"``.
     baseline: the :class:`Baseline` it was scaled from.
+    critical_batch: the critical batch given to :func:`scale_recipe` (or
+      ``None``); :meth:`propose_batch_schedule` grows the batch from it.
 
   Examples:
     >>> import date_optax
@@ -316,6 +318,23 @@ class Recipe:
   decay: decays_lib.Decay
   warmup: str
   baseline: Baseline = dataclasses.field(repr=False)
+  critical_batch: float | None = None
+
+  def propose_batch_schedule(self, **options: Any) -> critical_lib.BatchSchedule:
+    """:func:`~date_optax.diagnostics.propose_batch_schedule` up to `batch_size`.
+
+    From the recipe's critical batch, ``B0`` and ``epochs · num_examples``;
+    `options`: ``kind``, ``ramp_fraction``, ``unit``, ``calibration``.
+
+    Examples:
+      >>> import date_optax
+      >>> base = date_optax.Baseline(batch_size=16, learning_rate=0.1,
+      ...     warmup_epochs=0.25, epochs=20, num_examples=16384)
+      >>> r = date_optax.scale_recipe(base, 1024, critical_batch=200.0)
+      >>> r.propose_batch_schedule().batch_sizes
+      (128, 256, 512, 1024)
+    """
+    return critical_lib.propose_for_recipe(self, **options)
 
   def learning_rates(self) -> np.ndarray:
     """The learning rate of every iteration ``1..T`` (float32 numpy array)."""
@@ -574,6 +593,7 @@ def scale_recipe(
       decay=decay,
       warmup=warmup,
       baseline=baseline,
+      critical_batch=critical_batch,
   )
 
 
