@@ -21,7 +21,10 @@ if ROOT not in sys.path:
 
 from run_outputs import read_metrics  # noqa: E402
 
+from examples import _plots  # noqa: E402
 from examples.mnist1d_lstm import train as mnist1d_train  # noqa: E402
+from examples.mnist1d_lstm.configs import adaptive as mnist1d_adaptive  # noqa: E402
+from examples.mnist1d_lstm.configs import adaptive_smoke as mnist1d_adaptive_smoke  # noqa: E402
 from examples.mnist1d_lstm.configs import baseline as mnist1d_baseline  # noqa: E402
 from examples.mnist1d_lstm.configs import default as mnist1d_default  # noqa: E402
 from examples.mnist1d_lstm.configs import smoke as mnist1d_smoke  # noqa: E402
@@ -79,6 +82,93 @@ def test_mnist1d_lstm_smoke(tmp_path):
   assert max(v for _, v in metrics["trust_ratio/max"]) <= 1.0 + 1e-6
   assert min(v for _, v in metrics["trust_ratio/min"]) >= 0.01 - 1e-8
   assert [s for s, _ in metrics["test_accuracy"]] == [8, 16]
+  # A fixed batch logs no batch size; the figure draws it flat.
+  assert "batch_size" not in metrics
+  assert (tmp_path / _plots.FILENAME).stat().st_size > 10_000
+
+
+def test_mnist1d_adaptive_batch_smoke(tmp_path):
+  config = mnist1d_adaptive_smoke.get_config()
+  schedule = mnist1d_train.make_batch_schedule(config)
+  assert schedule.batch_sizes == (16, 32, 64)
+  result = mnist1d_train.train_and_evaluate(config, str(tmp_path))
+  saved = json.load(open(tmp_path / "results.json"))
+  assert saved["params_checksum"] == result["params_checksum"]
+  assert saved["steps"] == saved["iterations"] == result["steps"]
+  assert saved["batch_schedule"] == "adaptive" and saved["max_batch_size"] == 64
+  assert 0.0 <= saved["test_accuracy"] <= 100.0
+  # Every step is logged (log_every_steps = 1): its batch and learning rate.
+  metrics = read_metrics(tmp_path / "metrics.csv")
+  steps, sizes = zip(*metrics["batch_size"])
+  assert list(steps) == list(range(1, saved["steps"] + 1))
+  assert [s for s, _ in metrics["learning_rate"]] == list(steps)
+  assert set(sizes) <= set(schedule.batch_sizes)
+  assert list(sizes) == sorted(sizes) and sizes[0] == 16 and sizes[-1] > 16  # it grew
+  assert saved["batch_size"] == sizes[-1]
+  # The changes recorded in results.json are those of the per-step log.
+  assert saved["batch_changes"] == [
+      [s, b] for i, (s, b) in enumerate(zip(steps, sizes)) if i == 0 or sizes[i - 1] != b]
+  # The run trains on num_epochs * num_train examples, less the part of a
+  # last batch that would not fit.
+  total = config.num_epochs * config.num_train
+  assert saved["examples"] == sum(sizes) and total - sizes[-1] < sum(sizes) <= total
+  # The learning rate is the baseline's DATE schedule at B0 counted in
+  # examples (warmup round(0.25 * 512 / 16) = 8 of 64 baseline iterations)
+  # times k_t = B_t / B0 (linear: momentum): baseline iteration E/B0 + 1
+  # after E examples, as the baseline's first step is its iteration 1.
+  before = np.cumsum(sizes) - sizes
+  for (step, lr), b, e in zip(metrics["learning_rate"], sizes, before):
+    want = _date_lr(e // 16 + 1, 0.05, 8, total // 16) * b / 16
+    np.testing.assert_allclose(lr, want, rtol=1e-5, err_msg=f"step {step}")
+  # Evaluated once per epoch of examples and at the end.
+  evals = [s for s, _ in metrics["test_accuracy"]]
+  assert len(evals) == 2 and evals[-1] == saved["steps"]
+  assert (tmp_path / _plots.FILENAME).stat().st_size > 10_000
+
+
+def test_mnist1d_batch_schedule_configs():
+  config = mnist1d_adaptive.get_config()
+  assert (config.solver, config.learning_rate, config.batch_schedule) == (
+      "momentum", 0.05, "adaptive")
+  assert mnist1d_train.make_batch_schedule(config).batch_sizes == tuple(
+      16 * 2**i for i in range(7))
+  # The ramp: 7 increments of 9·B0 over the first quarter of the examples.
+  config.batch_schedule = "ramp"
+  ramp = mnist1d_train.make_batch_schedule(config)
+  assert ramp.batch_sizes == tuple(range(16, 1025, 144))
+  assert ramp.ramp_examples == 30 * 32768 // 4
+  config.ramp_examples, config.ramp_increment = 1000, 336
+  assert mnist1d_train.make_batch_schedule(config).batch_sizes == (16, 352, 688, 1024)
+  config.ramp_examples = 30 * 32768 + 1
+  with pytest.raises(ValueError, match="ramp_examples"):
+    mnist1d_train.make_batch_schedule(config)
+  # The fixed batch is the default.
+  assert mnist1d_train.make_batch_schedule(mnist1d_default.get_config()) is None
+
+
+@pytest.mark.parametrize("value", ["exponential", "Adaptive", "None"])
+def test_mnist1d_batch_schedule_bad_value_is_named(value):
+  config = mnist1d_adaptive_smoke.get_config()
+  config.batch_schedule = value
+  with pytest.raises(ValueError, match=rf"config.batch_schedule.*{value!r}"):
+    mnist1d_train.make_batch_schedule(config)
+  with pytest.raises(ValueError, match="config.batch_schedule"):
+    mnist1d_train.train_and_evaluate(config, "/nonexistent/never-written")
+
+
+def test_mnist1d_growing_batch_needs_date():
+  config = mnist1d_adaptive_smoke.get_config()
+  config.method = "linear"
+  with pytest.raises(ValueError, match="config.method='date'"):
+    mnist1d_train.make_optimizer(config)
+
+
+def test_batch_and_lr_plot_failure_is_a_warning(tmp_path):
+  # No learning rate logged: no figure, a warning, nothing raised.
+  (tmp_path / "metrics.csv").write_text("step,name,value,wall_time\n1,loss,2.3,0\n")
+  with pytest.warns(UserWarning, match="batch_and_lr.png not drawn"):
+    assert _plots.write_batch_and_lr(str(tmp_path), batch_size=64) is None
+  assert not (tmp_path / _plots.FILENAME).exists()
 
 
 # --------------------------------------------------------------------------

@@ -61,6 +61,11 @@ def _assert_same(resumed_dir, reference_dir):
 EXAMPLES = {
     "mnist1d_lstm": ("examples.mnist1d_lstm.train", "examples.mnist1d_lstm.configs.smoke",
                      6, "examples._loop"),
+    # The adaptive batch grows at steps 11 and 21 (decided at 18, lag 2): the
+    # stop at 19 resumes from a state whose growth is decided, not applied.
+    "mnist1d_lstm_adaptive": ("examples.mnist1d_lstm.train",
+                              "examples.mnist1d_lstm.configs.adaptive_smoke", 19,
+                              "examples._loop"),
     "mnist_lstm": ("examples.mnist_lstm.train", "examples.mnist_lstm.configs.smoke",
                    3, "examples._loop"),
     "resnet50_imagenet": ("examples.resnet50_imagenet.train",
@@ -92,6 +97,12 @@ def test_stopped_and_resumed_run_equals_the_uninterrupted_one(name, tmp_path, mo
   assert not (resumed / "results.json").exists()
   train.train_and_evaluate(config, str(resumed))
   _assert_same(resumed, reference)
+  if config.get("batch_schedule"):  # a growing batch: the same batch at every step
+    sizes = [sorted((int(s), float(v)) for s, n, v in _rows(d) if n == "batch_size")
+             for d in (resumed, reference)]
+    assert sizes[0] == sizes[1]
+    assert [s for s, _ in sizes[0]] == list(range(1, _results(reference)["steps"] + 1))
+    assert len({v for _, v in sizes[0]}) > 1  # it grew
 
 
 def _cli(name, workdir, devices):

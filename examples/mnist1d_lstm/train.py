@@ -10,6 +10,18 @@ averages the gradients. The batches come through grain
 (`date_optax.parallel.data_loader`); the loop is the examples' own
 (`examples/_loop.py`). The test set is evaluated with
 `date_optax.parallel.evaluate` after every epoch.
+
+With `config.batch_schedule` ("adaptive" or "ramp") the global batch grows
+from `base_batch_size` to `config.batch_size` during the run
+(`date_optax.BatchSchedule`): the step (`grad_stats=True`) takes
+`step.next_batch_size(state)` examples from a
+`date_optax.parallel.GrowingBatches`, the learning rate is
+`date_optax.date(baseline, config.batch_size, batch_schedule=...)` (the
+baseline's schedule counted in examples, times the batch scale: linear for
+the SGD family, square root for Adam), and the run trains on the same
+`num_epochs · num_train` examples in however many steps the schedule takes.
+Every run draws the global batch and the learning rate against the step
+into `workdir/batch_and_lr.png`.
 """
 
 from __future__ import annotations
@@ -25,7 +37,7 @@ import optax
 
 import date_optax
 import date_optax.parallel as dp
-from examples import _loop
+from examples import _loop, _plots
 from examples.mnist1d_lstm import input_pipeline, models
 
 
@@ -39,6 +51,64 @@ def make_baseline(config: ml_collections.ConfigDict) -> date_optax.Baseline:
   )
 
 
+#: The values of `config.batch_schedule`: None (a fixed batch) or a growing one.
+BATCH_SCHEDULES = (None, "adaptive", "ramp")
+#: The most increments of a ramp whose `config.ramp_increment` is None.
+RAMP_INCREMENTS = 7
+#: The solvers whose learning rate grows linearly with the batch (else √).
+LINEAR_SOLVERS = ("sgd", "momentum", "nesterov")
+
+
+def make_batch_schedule(config: ml_collections.ConfigDict) -> date_optax.BatchSchedule | None:
+  """The growing batch of `config.batch_schedule`, from `base_batch_size` to `batch_size`.
+
+  None keeps the batch fixed at `config.batch_size`. "adaptive" is
+  `BatchSchedule.adaptive` with its defaults (double the batch when the
+  measured noise scale B_simple reaches twice the batch); `batch_size` must
+  be `base_batch_size` times a power of 2. "ramp" is Megatron-LM's ramp over
+  the first `config.ramp_examples` examples (None: the first quarter of the
+  run's), in steps of `config.ramp_increment` (None: the fewest equal steps
+  of a whole number of base batches, at most 7: 9·B0 for 64·B0).
+
+  Args:
+    config: reads `batch_schedule`, `base_batch_size`, `batch_size`,
+      `num_train`, `num_epochs` and, for a ramp, `ramp_examples` and
+      `ramp_increment` (all but the first three optional).
+
+  Returns:
+    A `date_optax.BatchSchedule`, or None for a fixed batch.
+
+  Raises:
+    ValueError: `config.batch_schedule` is not one of `BATCH_SCHEDULES`, or
+      the schedule's own checks fail (the message names the setting).
+
+  Examples:
+    >>> from examples.mnist1d_lstm.configs import adaptive
+    >>> make_batch_schedule(adaptive.get_config()).batch_sizes
+    (16, 32, 64, 128, 256, 512, 1024)
+  """
+  kind = config.get("batch_schedule")
+  if kind not in BATCH_SCHEDULES:
+    raise ValueError(
+        f"config.batch_schedule must be None, 'adaptive' or 'ramp', got {kind!r} "
+        "(leave it unset for a fixed batch).")
+  start, top = config.base_batch_size, config.batch_size
+  if kind is None:
+    return None
+  if kind == "adaptive":
+    return date_optax.BatchSchedule.adaptive(start, max_batch=top)
+  total = config.num_epochs * config.num_train
+  ramp_examples = config.get("ramp_examples") or max(1, total // 4)
+  increment = config.get("ramp_increment")
+  if increment is None:
+    bases = max(1, (top - start) // start)  # the ramp's length in base batches
+    parts = max(d for d in range(1, RAMP_INCREMENTS + 1) if bases % d == 0)
+    increment = max(1, (top - start) // parts)
+  schedule = date_optax.BatchSchedule.ramp(start, increment, ramp_examples, max_batch=top)
+  schedule.check_run(total)
+  return schedule
+
+
 def make_optimizer(
     config: ml_collections.ConfigDict,
 ) -> tuple[optax.GradientTransformation, date_optax.Recipe]:
@@ -49,12 +119,30 @@ def make_optimizer(
   schedule; "linear" the plain solver with the learning rate scaled by k and
   a 5-epoch warmup (Goyal et al. 2017). The plain solver records its
   learning rate (`optax.inject_hyperparams`) for the step's metrics.
+
+  With a growing batch (`make_batch_schedule`), "date" is
+  `date_optax.date(baseline, config.batch_size, batch_schedule=...)` with
+  `lr_scaling` "linear" for the SGD family and "sqrt" otherwise (as
+  benchmarks/batch_growth.py); the recipe is DATE's at the largest batch
+  (its peak learning rate is the one the run reaches there).
   """
   if config.method not in ("date", "baseline", "linear"):
     raise ValueError(
         f"config.method must be 'date', 'baseline' or 'linear', got {config.method!r}."
     )
   baseline, batch = make_baseline(config), config.batch_size
+  schedule = make_batch_schedule(config)
+  if schedule is not None:
+    if config.method != "date":
+      raise ValueError(
+          f"config.batch_schedule={config.batch_schedule!r} needs config.method='date' "
+          f"(the learning rate follows the batch), got {config.method!r}.")
+    rule = "linear" if config.solver in LINEAR_SOLVERS else "sqrt"
+    bounds = config.get("ratio_bounds")
+    options = {} if bounds is None else dict(zip(("lower", "upper"), bounds))
+    tx = date_optax.date(baseline, batch, batch_schedule=schedule, lr_scaling=rule,
+                         **options)
+    return tx, date_optax.date_recipe(baseline, batch, lr_scaling=rule)
   if config.method == "linear":
     recipe = date_optax.scale_recipe(
         dataclasses.replace(baseline, warmup_epochs=5.0), batch,
@@ -118,6 +206,7 @@ def fit(
     raise ValueError(
         f"config.batch_size={config.batch_size} must divide over {n_dev} devices."
     )
+  schedule = make_batch_schedule(config)
   tx, recipe = make_optimizer(config)
   params = model.init(jax.random.key(config.seed),
                       jnp.zeros((1, *data.x_train.shape[1:]), jnp.float32))
@@ -129,24 +218,66 @@ def fit(
   def metric_fn(params, batch):
     return {"accuracy": jnp.argmax(model.apply(params, batch["x"]), -1) == batch["y"]}
 
-  train_step = dp.make_train_step(loss_fn, tx, mesh)
-  steps_per_epoch = len(data.x_train) // config.batch_size
+  num_train = len(data.x_train)
+  steps_per_epoch = num_train // config.batch_size
   test_set = {"x": data.x_test, "y": data.y_test}
+
+  def epoch_of(state) -> float:
+    if schedule is None:
+      return int(state.step) // steps_per_epoch
+    # Epochs of examples, fractional: a growing batch's steps end mid-epoch.
+    return round(_loop.host_int(state.batch_schedule.examples) / num_train, 3)
 
   def evaluate(state) -> dict[str, float]:
     out = dp.evaluate(metric_fn, state.params, test_set, mesh,
                       batch_size=n_dev * max(1, 4096 // n_dev))
-    return {"test_accuracy": 100.0 * out["accuracy"],
-            "epoch": int(state.step) // steps_per_epoch}
+    return {"test_accuracy": 100.0 * out["accuracy"], "epoch": epoch_of(state)}
 
   # A seeded shuffle of the training set every epoch, read through grain.
   source = dp.ArraySource({"x": data.x_train, "y": data.y_train})
-  batches = iter(dp.data_loader(source, config.batch_size, seed=config.seed))
-  return _loop.train_loop(
-      config, workdir, train_step, train_step.init(params), batches,
-      total_steps=steps_per_epoch * config.num_epochs, eval_every=steps_per_epoch,
-      evaluate=evaluate,
-      summary=lambda state: dict(
+  if schedule is None:
+    train_step = dp.make_train_step(loss_fn, tx, mesh)
+    batches = iter(dp.data_loader(source, config.batch_size, seed=config.seed))
+    budget = dict(total_steps=steps_per_epoch * config.num_epochs,
+                  eval_every=steps_per_epoch)
+  else:
+    # The noise statistics compare two or more gradients per step: on one
+    # device, two microbatches. The data comes in chunks of the gcd of the
+    # schedule's batches; a step takes as many as it needs.
+    train_step = dp.make_train_step(loss_fn, tx, mesh, grad_stats=True,
+                                    microbatches=2 if n_dev == 1 else 1,
+                                    batch_schedule=schedule)
+    batches = dp.GrowingBatches(
+        iter(dp.data_loader(source, schedule.chunk_size, seed=config.seed)),
+        schedule.chunk_size)
+    budget = dict(total_examples=config.num_epochs * num_train,
+                  eval_every_examples=num_train)
+
+  def summary(state) -> dict[str, Any]:
+    if schedule is None:
+      return dict(
           method=config.method, batch_size=config.batch_size, iterations=int(state.step),
           devices=n_dev, peak_learning_rate=recipe.peak_learning_rate,
-          warmup_steps=recipe.warmup_steps, wall_time=time.perf_counter() - start))
+          warmup_steps=recipe.warmup_steps, wall_time=time.perf_counter() - start)
+    # The batch of the last step and every batch the schedule allows.
+    return dict(
+        method=config.method, batch_schedule=schedule.kind,
+        batch_size=_loop.host_int(state.batch_schedule.batch_size),
+        max_batch_size=schedule.max_batch, batch_sizes=list(schedule.batch_sizes),
+        iterations=int(state.step), devices=n_dev, wall_time=time.perf_counter() - start)
+
+  result = _loop.train_loop(config, workdir, train_step, train_step.init(params), batches,
+                            evaluate=evaluate, summary=summary, **budget)
+  if "preempted_at_step" not in result:
+    _plots.write_batch_and_lr(workdir, batch_size=config.batch_size,
+                              title=_plot_title(config, schedule, result))
+  return result
+
+
+def _plot_title(config: ml_collections.ConfigDict, schedule: date_optax.BatchSchedule | None,
+                result: dict[str, Any]) -> str:
+  """The figure's title: the run's batch, solver and final accuracy."""
+  batch = (f"batch {config.batch_size}" if schedule is None else
+           f"{schedule.kind} batch {schedule.start}..{schedule.max_batch}")
+  return (f"{config.solver}, {batch}: "
+          f"{result['test_accuracy']:.2f} % in {result['steps']} steps")

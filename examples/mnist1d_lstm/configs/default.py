@@ -8,6 +8,7 @@ with no retuning. The momentum baseline of that benchmark is
 """
 
 import ml_collections
+from ml_collections import config_dict
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -33,6 +34,15 @@ def get_config() -> ml_collections.ConfigDict:
   # default rule ([1/sqrt(k), 1], biases and norms off the ratio).
   config.ratio_bounds = (0.01, 1.0)
   config.batch_size = 64 * 16
+  # A batch that grows from base_batch_size to batch_size (the largest):
+  # None (fixed at batch_size), "adaptive" (doubled when the measured noise
+  # scale passes twice the batch) or "ramp" (Megatron-LM's linear ramp over
+  # ramp_examples examples, None: the run's first quarter, in steps of
+  # ramp_increment, None: at most 7 equal steps). The run trains on the
+  # same num_epochs · num_train examples in whatever steps it takes.
+  config.batch_schedule = config_dict.placeholder(str)  # None
+  config.ramp_examples = config_dict.placeholder(int)  # None
+  config.ramp_increment = config_dict.placeholder(int)  # None
   config.num_devices = None  # None: all devices; the batch is split over them.
   config.seed = 0
   config.log_every_steps = 50
