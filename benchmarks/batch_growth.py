@@ -108,7 +108,8 @@ GROWING_TASKS = ("mnist1d_lstm_momentum", "mnist1d_lstm_adam", "mnist_lstm_momen
 #: first, then the ramps of seed 0; `--extended` adds the ramps of the other
 #: seeds and the other linear ramps.
 PHASES = (("baseline", "date", "adaptive"),
-          (*DOUBLING, "ramp_0.25", *ADAPTIVE_VARIANTS), ("ramp_0.1", "ramp_0.5"))
+          ("doubling_0.25", "ramp_0.25", "doubling_0.1", "doubling_0.5", *ADAPTIVE_VARIANTS),
+          ("ramp_0.1", "ramp_0.5"))
 FULL = dict(oracle.FULL, scale=SCALE, increments=RAMP_INCREMENTS)
 QUICK = dict(oracle.QUICK, seeds=1, tasks=("mnist1d_lstm_momentum",), scale=4,
              increments=3)
@@ -309,14 +310,21 @@ def run_study(args) -> int:
     blocks = [((seed,), PHASES[0]) for seed in seeds] + [((0,), PHASES[1])]
     if args.extended:
       blocks += [((seed,), PHASES[1]) for seed in seeds[1:]] + [(seeds, PHASES[2])]
+  bert_late = []  # BERT's runs after seed 0's adaptive: last (~15 min each)
   for block_seeds, phase in blocks:
     for seed in block_seeds:
       for t in tasks:
+        if t.data == "bert" and (seed > 0 or phase is not PHASES[0]):
+          bert_late += [(t, m, seed) for m in phase]
+          continue
         for m in phase:
           if m in VARIANTS and t.name not in VARIANTS[m]:
             continue
           if methods is None or m in methods:
             run(t, m, seed)
+  for t, m, seed in bert_late:
+    if methods is None or m in methods:
+      run(t, m, seed)
   recs = {**old, **done}
   md = markdown(recs, tasks, cfg) + "\n" + tracking(recs, tasks, cfg)
   with open(args.out + ".md", "w") as f:
