@@ -313,11 +313,11 @@ def run_study(args) -> int:
   bert_late = []  # BERT's runs after seed 0's adaptive: last (~15 min each)
   for block_seeds, phase in blocks:
     for seed in block_seeds:
-      for t in tasks:
-        if t.data == "bert" and (seed > 0 or phase is not PHASES[0]):
-          bert_late += [(t, m, seed) for m in phase]
-          continue
-        for m in phase:
+      for m in phase:  # a row on every task before the next row
+        for t in tasks:
+          if t.data == "bert" and (seed > 0 or phase is not PHASES[0]):
+            bert_late.append((t, m, seed))
+            continue
           if m in VARIANTS and t.name not in VARIANTS[m]:
             continue
           if methods is None or m in methods:
