@@ -389,6 +389,27 @@ def markdown(recs, tasks, cfg) -> str:
       else:
         q, d = f"{val:.2f} ({min(vals):.2f}–{max(vals):.2f})", f"{val - b0:+.2f}"
       lines.append(f"| {t.label} | {LABELS[m]} | {len(rs)} | {steps} | {q} | {d} | {wall:.0f} |")
+  first = [r for r in recs.values() if r["key"]["method"].endswith("_v0")
+           and r["key"]["task"] in {t.name for t in tasks}]
+  if first:
+    lines += [
+        "",
+        "Before an infinite B_simple stopped counting as a reason to grow "
+        "(`_v0`: the same rows, run with the first rule):",
+        "",
+        "| task | row | seed | steps | quality | batch changes (step: batch) |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    labels = {t.name: t.label for t in tasks}
+    for r in sorted(first, key=lambda r: (r["key"]["task"], r["key"]["method"],
+                                          r["key"]["seed"])):
+      c = r.get("curve", [])
+      changes = ", ".join(f"{p['step']}: {p['batch']}" for i, p in enumerate(c)
+                          if i == 0 or p["batch"] != c[i - 1]["batch"])
+      m = r["key"]["method"][:-3]
+      q = f"{r['loss']:.4f}" if r["key"]["task"] == bert.NAME else f"{r['accuracy']:.2f}"
+      lines.append(f"| {labels[r['key']['task']]} | {LABELS.get(m, m)} | {r['key']['seed']} "
+                   f"| {r['steps']} | {q} | {changes} |")
   return "\n".join(lines) + "\n"
 
 

@@ -28,10 +28,11 @@ def ramp_reference(start, increment, ramp_examples, max_batch, consumed):
 
 def adaptive_reference(noise_scales, *, start, max_batch, factor, threshold,
                        min_steps, lag, calibration):
-  """The batch of every step of the adaptive rule: grow by `factor` when
-  calibration * B_simple >= threshold * B, one change pending at a time, each
-  change `lag` steps after the step that decided it and at least `min_steps`
-  steps after the previous change; never above max_batch."""
+  """The batch of every step of the adaptive rule: grow by `factor` when a
+  finite calibration * B_simple >= threshold * B (an infinite or NaN
+  measurement grows nothing), one change pending at a time, each change
+  `lag` steps after the step that decided it and at least `min_steps` steps
+  after the previous change; never above max_batch."""
   batch, last_change, pending, out = start, 0, None, []
   for t, ns in enumerate(noise_scales):
     if pending is not None and pending[1] == t:
@@ -41,7 +42,7 @@ def adaptive_reference(noise_scales, *, start, max_batch, factor, threshold,
     out.append(batch)
     effect = t + 1 + lag
     if (pending is None and batch < max_batch
-        and calibration * ns >= threshold * batch
+        and np.isfinite(ns) and calibration * ns >= threshold * batch
         and effect - last_change >= min_steps):
       pending = (min(factor * batch, max_batch), effect)
   return out
@@ -118,6 +119,16 @@ def test_adaptive_matches_reference(seed):
   assert int(state.examples) == sum(want)
   assert sorted(set(want)) == [b for b in schedule.batch_sizes if b <= max(want)]
   assert all(b2 >= b1 for b1, b2 in zip(want, want[1:]))  # never shrinks
+
+
+def test_adaptive_never_grows_on_an_unmeasured_noise_scale():
+  # B_simple is inf while the |G|^2 estimate is not positive (the first
+  # steps): no growth then; the first finite value past the threshold grows.
+  schedule = BatchSchedule.adaptive(8, max_batch=64, min_steps=3, lag=1)
+  ns = np.array([np.inf] * 30 + [np.nan] * 5 + [1e6] * 20, np.float32)
+  batches, _ = _simulate_device(schedule, ns)
+  assert batches[:37] == [8] * 37
+  assert batches[37] == 16 and batches[-1] == 64
 
 
 def test_spec_round_trip():
