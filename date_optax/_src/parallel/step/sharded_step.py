@@ -6,7 +6,10 @@ axis is laid out over the data axes (`spmd_axis_name`), so each replica still
 sees only its slice; the step differentiates the mean of their losses, so the
 compiler reduces each gradient as the backward pass produces it, and inserts
 the other reductions, including the exact cross-shard sums of trust-ratio
-norms.
+norms. With a `GradSync` other than that float32 `psum` (a low-bit payload,
+"ring"/"torus", error feedback) the step keeps one gradient per replica and
+reduces them in a `shard_map` island over the data axes
+(`sharded_sync.reduce_stacked`); the rest stays in GSPMD.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from date_optax._src import batch_schedule as bs_lib
 from date_optax._src.batch_schedule import BatchSchedule
 from date_optax._src.parallel import compat
 from date_optax._src.parallel.comm.collectives import acc_dtype
+from date_optax._src.parallel.comm.grad_sync import GradSync, grad_sync_from
 from date_optax._src.parallel.layout import param_sharding as ps
 from date_optax._src.parallel.step import grad_stats as gs_lib
 from date_optax._src.parallel.step import local_grads as lg
+from date_optax._src.parallel.step import sharded_sync
 from date_optax._src.parallel.step.replica_step import ReplicaResult
 from date_optax._src.parallel.step.step_base import TrainStep, check_step_args
 from date_optax._src.parallel.step.step_config import StepConfig
@@ -67,11 +72,30 @@ class ShardedTrainStep(TrainStep):
     2022, https://github.com/google-research/big_vision.
   """
 
-  grad_reduce = "psum"  # the compiler places the reductions
-
-  def __init__(self, loss_fn, optimizer, mesh, *, layout: ps.Layout, **options):
+  def __init__(self, loss_fn, optimizer, mesh, *, layout: ps.Layout,
+               grad_sync: GradSync | None = None, **options):
     super().__init__(loss_fn, optimizer, mesh, **options)
     self.param_layout = layout
+    self.grad_sync = GradSync() if grad_sync is None else grad_sync
+    self.error_feedback = self.grad_sync.error_feedback
+
+  @property
+  def grad_reduce(self) -> str:
+    """The reduction algorithm (`grad_sync.algorithm`; "psum": the compiler's)."""
+    return self.grad_sync.algorithm
+
+  @property
+  def explicit_sync(self) -> bool:
+    """Whether the gradients are reduced by `grad_sync` in a `shard_map` island
+    (any `GradSync` but the default float32 "psum", which the compiler places)."""
+    return self.grad_sync != GradSync()
+
+  def residual_specs(self, params: PyTree) -> PyTree:
+    """Error-feedback residuals: the parameters' specs behind the replica axis."""
+    return jax.tree.map(
+        lambda _, s: sharded_sync.stacked_spec(s, self.data_axes),
+        params, self.param_specs(params),
+    )
 
   def param_specs(self, params: PyTree) -> PyTree:
     """The `PartitionSpec` of every parameter, from the declared layout."""
@@ -107,6 +131,9 @@ class ShardedTrainStep(TrainStep):
         tree,
         self._update_specs(params),
     )
+    if self.explicit_sync:
+      return self._synced_replicas(params, batch, model_state, rng, step, residual,
+                                   config, replicas, vmap_axes)
     if self.grad_stats_decay is None:
       # No statistics: differentiate the mean of the replicas' losses, so
       # the compiler sums each gradient inside the backward pass.
@@ -137,6 +164,44 @@ class ShardedTrainStep(TrainStep):
         jnp.mean(sq) / config.microbatches,
     )
 
+  def _synced_replicas(self, params, batch, model_state, rng, step, residual, config,
+                       replicas, vmap_axes) -> ReplicaResult:
+    """One gradient per replica, reduced by `grad_sync` over the data axes.
+
+    The replicas' gradients stay stacked (laid out as their parameters behind
+    the replica axis) and `sharded_sync.reduce_stacked` reduces them in a
+    `shard_map` island, each device its own model shard.
+    """
+    with_stats = self.grad_stats_decay is not None
+
+    def one(batch, replica):
+      return lg.replica_grads(
+          self.loss_fn, has_aux=config.has_aux, compute_dtype=config.compute_dtype,
+          microbatches=config.microbatches, params=params, batch=batch,
+          model_state=model_state, rng=rng, step=step, replica=replica,
+          with_sq_norms=with_stats,
+      )
+
+    loss, aux, grads, model_state, *sq = jax.vmap(one, **vmap_axes)(batch, replicas)
+    specs = self.param_specs(params)
+    grads = jax.tree.map(
+        lambda g, s: lax.with_sharding_constraint(
+            g, NamedSharding(self.mesh, sharded_sync.stacked_spec(s, self.data_axes))),
+        grads, specs,
+    )
+    grads, residual = sharded_sync.reduce_stacked(
+        grads, residual if self.error_feedback else None, mesh=self.mesh,
+        data_axes=self.data_axes, param_specs=specs,
+        update_specs=self._update_specs(params), grad_sync=self.grad_sync,
+        key=self.grad_sync.rounding_key(rng, step), scatter=self.shard_update,
+    )
+    return ReplicaResult(
+        jnp.mean(loss), lg.mean_stacked_aux(aux), grads,
+        lg.replicate_stacked_model_state(model_state),
+        jnp.mean(sq[0]) / config.microbatches if with_stats else None,
+        residual,
+    )
+
 
 
 def make_sharded_train_step(
@@ -145,6 +210,7 @@ def make_sharded_train_step(
     mesh: jax.sharding.Mesh,
     *,
     param_sharding: Any,
+    grad_sync: GradSync | None = None,
     step_config: StepConfig | None = None,
     shard_update: bool = False,
     data_axes: Sequence[Hashable] | None = None,
@@ -230,11 +296,14 @@ def make_sharded_train_step(
   )
   layout = ps.check_param_sharding(param_sharding, mesh, axes)
   n = compat.mesh_axis_sizes(mesh, axes)
+  sync = grad_sync_from(grad_sync)
+  sync.check_replicas(axes, n)
   decay = gs_lib.check_options(grad_stats, grad_stats_decay, n, config.microbatches)
   schedule = bs_lib.check_for_step(batch_schedule, decay is not None, n,
                                    config.microbatches)
   return ShardedTrainStep(
-      loss_fn, optimizer, mesh, layout=layout, config=config, data_axes=axes,
+      loss_fn, optimizer, mesh, layout=layout, grad_sync=sync, config=config,
+      data_axes=axes,
       shard_update=bool(shard_update), grad_stats_decay=decay,
       batch_schedule=schedule,
   )

@@ -350,17 +350,6 @@ def make_train_step(
                  batch_schedule=batch_schedule)
   if param_sharding is None:
     return make_replicated_train_step(loss_fn, optimizer, mesh, grad_sync=sync, **options)
-  if sync.algorithm != "psum":
-    raise ValueError(
-        f'param_sharding needs grad_reduce="psum" (the compiler places the '
-        f"reductions of a sharded step), got grad_sync={sync!r}."
-    )
-  if sync.comm_dtype is not None:
-    raise ValueError(
-        f"comm_dtype={sync.comm_dtype!r} needs replicated parameters: with "
-        "param_sharding the compiler places the gradient reductions; pass "
-        "comm_dtype=None."
-    )
   return make_sharded_train_step(
-      loss_fn, optimizer, mesh, param_sharding=param_sharding, **options
+      loss_fn, optimizer, mesh, param_sharding=param_sharding, grad_sync=sync, **options
   )
