@@ -14,7 +14,6 @@ from jax.sharding import PartitionSpec as P
 
 import date_optax
 import date_optax.parallel as dp
-from date_optax._src.parallel.comm import hlo
 from date_optax.checkpoint import CheckpointManager
 
 N = 4  # replicas ("data")
@@ -185,7 +184,7 @@ def test_compiled_sharded_step_sends_the_gradients_in_the_payload_format(shard_u
     step = _step(grad_sync=dp.GradSync("ring", comm_dtype=fmt), shard_update=shard_update)
     state = step.init(_params())
     text = step.lower(state, _batch(0)).compile().as_text()
-    rounds = hlo.collective_permute_rounds(text)
+    rounds = dp.collective_permute_rounds(text)
     hops = (N - 1) * (1 if shard_update else 2)  # reduce-scatter (+ all-gather)
     assert [r for r, _ in rounds] == list(range(1, hops + 1)), rounds
     # Rings over "data" within each model shard: device ids are data-major,

@@ -45,11 +45,14 @@ class ShardedTrainStep(TrainStep):
   As built by `make_sharded_train_step` (or `make_train_step` with
   `param_sharding`). The replicas are a `vmap` laid out over the data axes;
   the gradient of the mean of their losses is reduced inside the backward
-  pass, and the optimizer runs on the sharded state.
+  pass (or, with an explicit `grad_sync`, the replicas' gradients are
+  reduced by it in a `shard_map` island over the data axes), and the
+  optimizer runs on the sharded state.
 
   Args:
     loss_fn, optimizer, mesh: see `make_sharded_train_step`.
     layout: the checked `param_sharding`.
+    grad_sync: the `GradSync` (None: the compiler's float32 `psum`).
     **options: those of `TrainStep`.
 
   Returns:
@@ -228,8 +231,28 @@ def make_sharded_train_step(
   the state's shardings as in/out shardings: the replicas are a `vmap` over
   the data axes, and the compiler inserts the reductions (the gradients are
   summed inside the backward pass; trust-ratio norms over sharded layers
-  are exact). There is no reduction option: the compiler's `psum` is the
-  only one.
+  are exact).
+
+  *Low-bit gradient reduction* (`grad_sync`, ZeRO++'s qgZ in JAX). With a
+  `GradSync` other than the default float32 "psum" (a low-bit `comm_dtype`
+  with its block scales, APS or measured shift, stochastic rounding, error
+  feedback, or an explicit "ring"/"torus") the step keeps one gradient per
+  replica and reduces them over the data axes only, inside a `shard_map`
+  island in which every device holds its replica's gradient of its own
+  model shard: each device sends its shard, not the whole layer, in the
+  payload format, and no gradient crosses the model axes. The rest of the
+  step (forward, backward, optimizer, the exact cross-shard trust-ratio
+  norms) stays in GSPMD. With `shard_update=True` the island
+  reduce-scatters: replica k keeps block k of its model shard (the layout of
+  the sharded optimizer state), and only the new parameters are
+  all-gathered, in float32. Scales are measured on each device's shard, so a
+  sharded layer rounds as the replicated layer does up to which elements
+  share a block: within the format's error bound of it
+  (`docs/guide/low_precision_communication.md`). With error feedback the
+  residuals live in `state.grad_residual`, float32, one per replica, laid
+  out as the parameters behind a leading replica axis split over the data
+  axes (`P("data", *param_spec)`), checkpointed with the state and kept by
+  a skipped step.
 
   Args:
     loss_fn: as for `make_train_step`.
@@ -238,6 +261,11 @@ def make_sharded_train_step(
     param_sharding: a sequence of `(regex, PartitionSpec)` rules (or a
       pytree of `PartitionSpec` shaped like the parameters). Specs may name
       only non-data axes; a rule that matches no parameter warns at `init`.
+    grad_sync: how the gradients are reduced over the data axes, a
+      `GradSync` (algorithm, payload format, block scales, rounding, error
+      feedback; see above). None or `GradSync()`: the compiler's float32
+      `psum` inside the backward pass. A torus needs two data axes, or
+      `grid=(X, Y)` multiplying to the replicas.
     step_config: a `StepConfig` (default: `StepConfig()`).
     shard_update: also split the optimizer state and update over the data
       axes.
@@ -252,8 +280,10 @@ def make_sharded_train_step(
 
   Raises:
     ValueError: a spec that names a data axis or an unknown axis, a pattern
-      that is not a regex, or other arguments out of range.
-    TypeError: arguments of the wrong kind.
+      that is not a regex, a `grad_sync` torus that does not fit the data
+      axes, or other arguments out of range.
+    TypeError: arguments of the wrong kind (a `grad_sync` that is not a
+      `GradSync`).
 
   Examples:
     >>> import jax, jax.numpy as jnp, numpy as np
@@ -274,10 +304,26 @@ def make_sharded_train_step(
     >>> float(metrics["loss"])
     1.0
 
+    The same step with the gradients reduced over "data" in int4 with block
+    scales and error feedback; the residuals keep the kernel's layout:
+
+    >>> sync = dp.GradSync("ring", comm_dtype="int4", error_feedback=True)
+    >>> step = dp.make_sharded_train_step(
+    ...     loss_fn, date_optax.lamb(1e-2), mesh,
+    ...     param_sharding=[("w", P("model", None))], grad_sync=sync)
+    >>> state, metrics = step(step.init({"w": np.zeros((4, 1), np.float32)}), batch)
+    >>> state.grad_residual["w"].sharding.spec == P("data", "model", None)
+    True
+    >>> float(metrics["loss"])
+    1.0
+
   References:
     Xu et al., "GSPMD: General and Scalable Parallelization for ML
     Computation Graphs", 2021; Beyer, Zhai and Kolesnikov, "Big Vision",
-    2022, https://github.com/google-research/big_vision (sharding rules).
+    2022, https://github.com/google-research/big_vision (sharding rules);
+    Wang et al., "ZeRO++: Extremely Efficient Collective Communication for
+    Giant Model Training", 2023, https://arxiv.org/abs/2306.10209 (qgZ, the
+    quantised gradient reduce-scatter).
   """
   if param_sharding is None:
     raise TypeError(
