@@ -264,6 +264,11 @@ def test_make_train_step_routes_the_payload_to_the_sharded_builder_and_refuses_m
                             grad_reduce="ring", comm_dtype="int4", error_feedback=True)
   assert isinstance(step, dp.ShardedTrainStep) and step.error_feedback
   assert step.grad_sync == dp.GradSync("ring", comm_dtype="int4", error_feedback=True)
+  stats = dp.make_train_step(_loss, optax.sgd(LR), _mesh(), param_sharding=RULES,
+                             grad_reduce="ring", comm_dtype="int8", grad_stats=True,
+                             microbatches=2)
+  _, metrics = stats(stats.init(_params()), _batch(0))
+  assert np.isfinite(float(metrics["grad_noise_scale"])) and not bool(metrics["skipped"])
   plain = dp.make_train_step(_loss, optax.sgd(LR), _mesh(), param_sharding=RULES)
   assert plain.grad_reduce == "psum" and not plain.explicit_sync
   with pytest.raises(ValueError, match=r'grad_reduce="torus" needs two data axes'):
