@@ -292,6 +292,21 @@ def test_bert_one_step_with_a_4_bit_ring_and_error_feedback(tmp_path):
   assert np.isfinite(result["eval_loss"]) and np.isfinite(result["loss"])
 
 
+def test_bert_steps_on_the_sharded_mesh_with_a_4_bit_payload(tmp_path):
+  """The default (4 data, 2 model) mesh with its param_sharding rules and
+  shard_update: the gradients reduced over "data" in int4 with block scales
+  and error feedback, each device its model shard (make_sharded_train_step's
+  grad_sync)."""
+  config = smoke.get_config()
+  config.update(num_train_steps=2, eval_max_sequences=16, eval_batch_size=16,
+                two_stage=False, save_checkpoints=False, tokenizer="bytes")
+  config.grad_sync.update(algorithm="ring", comm_dtype="int4", error_feedback=True)
+  assert config.model_parallel == 2 and config.param_sharding and config.shard_update
+  result = train.train_and_evaluate(config, str(tmp_path))
+  assert result["steps"] == 2 and result["total_skips"] == 0
+  assert np.isfinite(result["eval_loss"]) and np.isfinite(result["loss"])
+
+
 @pytest.mark.slow
 def test_bert_stage2_starts_from_stage1_checkpoint(tmp_path):
   config = smoke.get_config()

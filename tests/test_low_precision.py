@@ -360,7 +360,7 @@ def test_bad_comm_dtype_and_aps_are_refused_at_construction():
     dp.make_train_step(_loss, optax.sgd(0.1), mesh, comm_dtype="int8", aps="yes")
   with pytest.raises(ValueError, match="comm_dtype"):
     dp.make_train_step(_loss, optax.sgd(0.1), jax.make_mesh((4, 2), ("data", "model")),
-                       param_sharding=[("w", P(None, "model"))], comm_dtype="int8")
+                       param_sharding=[("w", P(None, "model"))], comm_dtype="int2")
   with pytest.raises(ValueError, match="comm_dtype"):
     dp.allreduce_cost("ring", 8, 1e6, alpha=0.0, beta=1e-9, comm_dtype="int2")
   assert set(dp.COMM_DTYPES) == {"float32", *LOW}

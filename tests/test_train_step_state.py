@@ -342,8 +342,8 @@ def test_param_sharding_bad_input():
                        param_sharding=[(".*", P("data"))])
   with pytest.raises(ValueError, match="'tensor', not an axis"):
     dp.make_train_step(pm.loss_fn, opt, mesh, param_sharding=[(".*", P("tensor"))])
-  with pytest.raises(ValueError, match='grad_reduce="psum"'):
-    dp.make_train_step(pm.loss_fn, opt, mesh, param_sharding=FSDP, grad_reduce="ring")
+  with pytest.raises(ValueError, match='grad_reduce="torus" needs two data axes'):
+    dp.make_train_step(pm.loss_fn, opt, mesh, param_sharding=FSDP, grad_reduce="torus")
   with pytest.raises(ValueError, match="not a regex"):
     dp.make_train_step(pm.loss_fn, opt, mesh, param_sharding=[("(", P())])
   step = dp.make_train_step(pm.loss_fn, opt, mesh,

@@ -104,8 +104,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.microbatches = 2
   config.half_precision = True
   # Gradient communication (`date_optax.parallel.GradSync`): the all-reduce
-  # ("psum", "ring" or "torus"; the last two need param_sharding=() and one
-  # data axis for "ring"), the payload format ("float32" is exact, or
+  # ("psum", "ring" or "torus"; the torus needs two data axes, so
+  # param_sharding=(); with param_sharding each device reduces its model
+  # shard over "data"), the payload format ("float32" is exact, or
   # "bfloat16", "float8_e4m3fn", "int8", "int4", "float4_e2m1fn", ...),
   # APS ("auto", "on", "off"), the rounding ("nearest", "stochastic"),
   # MX-style block scales (0: off, 32: MX) and error feedback (each

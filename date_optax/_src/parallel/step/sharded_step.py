@@ -6,7 +6,10 @@ axis is laid out over the data axes (`spmd_axis_name`), so each replica still
 sees only its slice; the step differentiates the mean of their losses, so the
 compiler reduces each gradient as the backward pass produces it, and inserts
 the other reductions, including the exact cross-shard sums of trust-ratio
-norms.
+norms. With a `GradSync` other than that float32 `psum` (a low-bit payload,
+"ring"/"torus", error feedback) the step keeps one gradient per replica and
+reduces them in a `shard_map` island over the data axes
+(`sharded_sync.reduce_stacked`); the rest stays in GSPMD.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from date_optax._src import batch_schedule as bs_lib
 from date_optax._src.batch_schedule import BatchSchedule
 from date_optax._src.parallel import compat
 from date_optax._src.parallel.comm.collectives import acc_dtype
+from date_optax._src.parallel.comm.grad_sync import GradSync, grad_sync_from
 from date_optax._src.parallel.layout import param_sharding as ps
 from date_optax._src.parallel.step import grad_stats as gs_lib
 from date_optax._src.parallel.step import local_grads as lg
+from date_optax._src.parallel.step import sharded_sync
 from date_optax._src.parallel.step.replica_step import ReplicaResult
 from date_optax._src.parallel.step.step_base import TrainStep, check_step_args
 from date_optax._src.parallel.step.step_config import StepConfig
@@ -40,11 +45,14 @@ class ShardedTrainStep(TrainStep):
   As built by `make_sharded_train_step` (or `make_train_step` with
   `param_sharding`). The replicas are a `vmap` laid out over the data axes;
   the gradient of the mean of their losses is reduced inside the backward
-  pass, and the optimizer runs on the sharded state.
+  pass (or, with an explicit `grad_sync`, the replicas' gradients are
+  reduced by it in a `shard_map` island over the data axes), and the
+  optimizer runs on the sharded state.
 
   Args:
     loss_fn, optimizer, mesh: see `make_sharded_train_step`.
     layout: the checked `param_sharding`.
+    grad_sync: the `GradSync` (None: the compiler's float32 `psum`).
     **options: those of `TrainStep`.
 
   Returns:
@@ -67,11 +75,30 @@ class ShardedTrainStep(TrainStep):
     2022, https://github.com/google-research/big_vision.
   """
 
-  grad_reduce = "psum"  # the compiler places the reductions
-
-  def __init__(self, loss_fn, optimizer, mesh, *, layout: ps.Layout, **options):
+  def __init__(self, loss_fn, optimizer, mesh, *, layout: ps.Layout,
+               grad_sync: GradSync | None = None, **options):
     super().__init__(loss_fn, optimizer, mesh, **options)
     self.param_layout = layout
+    self.grad_sync = GradSync() if grad_sync is None else grad_sync
+    self.error_feedback = self.grad_sync.error_feedback
+
+  @property
+  def grad_reduce(self) -> str:
+    """The reduction algorithm (`grad_sync.algorithm`; "psum": the compiler's)."""
+    return self.grad_sync.algorithm
+
+  @property
+  def explicit_sync(self) -> bool:
+    """Whether the gradients are reduced by `grad_sync` in a `shard_map` island
+    (any `GradSync` but the default float32 "psum", which the compiler places)."""
+    return self.grad_sync != GradSync()
+
+  def residual_specs(self, params: PyTree) -> PyTree:
+    """Error-feedback residuals: the parameters' specs behind the replica axis."""
+    return jax.tree.map(
+        lambda _, s: sharded_sync.stacked_spec(s, self.data_axes),
+        params, self.param_specs(params),
+    )
 
   def param_specs(self, params: PyTree) -> PyTree:
     """The `PartitionSpec` of every parameter, from the declared layout."""
@@ -107,6 +134,9 @@ class ShardedTrainStep(TrainStep):
         tree,
         self._update_specs(params),
     )
+    if self.explicit_sync:
+      return self._synced_replicas(params, batch, model_state, rng, step, residual,
+                                   config, replicas, vmap_axes)
     if self.grad_stats_decay is None:
       # No statistics: differentiate the mean of the replicas' losses, so
       # the compiler sums each gradient inside the backward pass.
@@ -137,6 +167,44 @@ class ShardedTrainStep(TrainStep):
         jnp.mean(sq) / config.microbatches,
     )
 
+  def _synced_replicas(self, params, batch, model_state, rng, step, residual, config,
+                       replicas, vmap_axes) -> ReplicaResult:
+    """One gradient per replica, reduced by `grad_sync` over the data axes.
+
+    The replicas' gradients stay stacked (laid out as their parameters behind
+    the replica axis) and `sharded_sync.reduce_stacked` reduces them in a
+    `shard_map` island, each device its own model shard.
+    """
+    with_stats = self.grad_stats_decay is not None
+
+    def one(batch, replica):
+      return lg.replica_grads(
+          self.loss_fn, has_aux=config.has_aux, compute_dtype=config.compute_dtype,
+          microbatches=config.microbatches, params=params, batch=batch,
+          model_state=model_state, rng=rng, step=step, replica=replica,
+          with_sq_norms=with_stats,
+      )
+
+    loss, aux, grads, model_state, *sq = jax.vmap(one, **vmap_axes)(batch, replicas)
+    specs = self.param_specs(params)
+    grads = jax.tree.map(
+        lambda g, s: lax.with_sharding_constraint(
+            g, NamedSharding(self.mesh, sharded_sync.stacked_spec(s, self.data_axes))),
+        grads, specs,
+    )
+    grads, residual = sharded_sync.reduce_stacked(
+        grads, residual if self.error_feedback else None, mesh=self.mesh,
+        data_axes=self.data_axes, param_specs=specs,
+        update_specs=self._update_specs(params), grad_sync=self.grad_sync,
+        key=self.grad_sync.rounding_key(rng, step), scatter=self.shard_update,
+    )
+    return ReplicaResult(
+        jnp.mean(loss), lg.mean_stacked_aux(aux), grads,
+        lg.replicate_stacked_model_state(model_state),
+        jnp.mean(sq[0]) / config.microbatches if with_stats else None,
+        residual,
+    )
+
 
 
 def make_sharded_train_step(
@@ -145,6 +213,7 @@ def make_sharded_train_step(
     mesh: jax.sharding.Mesh,
     *,
     param_sharding: Any,
+    grad_sync: GradSync | None = None,
     step_config: StepConfig | None = None,
     shard_update: bool = False,
     data_axes: Sequence[Hashable] | None = None,
@@ -162,8 +231,28 @@ def make_sharded_train_step(
   the state's shardings as in/out shardings: the replicas are a `vmap` over
   the data axes, and the compiler inserts the reductions (the gradients are
   summed inside the backward pass; trust-ratio norms over sharded layers
-  are exact). There is no reduction option: the compiler's `psum` is the
-  only one.
+  are exact).
+
+  *Low-bit gradient reduction* (`grad_sync`, ZeRO++'s qgZ in JAX). With a
+  `GradSync` other than the default float32 "psum" (a low-bit `comm_dtype`
+  with its block scales, APS or measured shift, stochastic rounding, error
+  feedback, or an explicit "ring"/"torus") the step keeps one gradient per
+  replica and reduces them over the data axes only, inside a `shard_map`
+  island in which every device holds its replica's gradient of its own
+  model shard: each device sends its shard, not the whole layer, in the
+  payload format, and no gradient crosses the model axes. The rest of the
+  step (forward, backward, optimizer, the exact cross-shard trust-ratio
+  norms) stays in GSPMD. With `shard_update=True` the island
+  reduce-scatters: replica k keeps block k of its model shard (the layout of
+  the sharded optimizer state), and only the new parameters are
+  all-gathered, in float32. Scales are measured on each device's shard, so a
+  sharded layer rounds as the replicated layer does up to which elements
+  share a block: within the format's error bound of it
+  (`docs/guide/low_precision_communication.md`). With error feedback the
+  residuals live in `state.grad_residual`, float32, one per replica, laid
+  out as the parameters behind a leading replica axis split over the data
+  axes (`P("data", *param_spec)`), checkpointed with the state and kept by
+  a skipped step.
 
   Args:
     loss_fn: as for `make_train_step`.
@@ -172,6 +261,11 @@ def make_sharded_train_step(
     param_sharding: a sequence of `(regex, PartitionSpec)` rules (or a
       pytree of `PartitionSpec` shaped like the parameters). Specs may name
       only non-data axes; a rule that matches no parameter warns at `init`.
+    grad_sync: how the gradients are reduced over the data axes, a
+      `GradSync` (algorithm, payload format, block scales, rounding, error
+      feedback; see above). None or `GradSync()`: the compiler's float32
+      `psum` inside the backward pass. A torus needs two data axes, or
+      `grid=(X, Y)` multiplying to the replicas.
     step_config: a `StepConfig` (default: `StepConfig()`).
     shard_update: also split the optimizer state and update over the data
       axes.
@@ -186,8 +280,10 @@ def make_sharded_train_step(
 
   Raises:
     ValueError: a spec that names a data axis or an unknown axis, a pattern
-      that is not a regex, or other arguments out of range.
-    TypeError: arguments of the wrong kind.
+      that is not a regex, a `grad_sync` torus that does not fit the data
+      axes, or other arguments out of range.
+    TypeError: arguments of the wrong kind (a `grad_sync` that is not a
+      `GradSync`).
 
   Examples:
     >>> import jax, jax.numpy as jnp, numpy as np
@@ -208,10 +304,26 @@ def make_sharded_train_step(
     >>> float(metrics["loss"])
     1.0
 
+    The same step with the gradients reduced over "data" in int4 with block
+    scales and error feedback; the residuals keep the kernel's layout:
+
+    >>> sync = dp.GradSync("ring", comm_dtype="int4", error_feedback=True)
+    >>> step = dp.make_sharded_train_step(
+    ...     loss_fn, date_optax.lamb(1e-2), mesh,
+    ...     param_sharding=[("w", P("model", None))], grad_sync=sync)
+    >>> state, metrics = step(step.init({"w": np.zeros((4, 1), np.float32)}), batch)
+    >>> state.grad_residual["w"].sharding.spec == P("data", "model", None)
+    True
+    >>> float(metrics["loss"])
+    1.0
+
   References:
     Xu et al., "GSPMD: General and Scalable Parallelization for ML
     Computation Graphs", 2021; Beyer, Zhai and Kolesnikov, "Big Vision",
-    2022, https://github.com/google-research/big_vision (sharding rules).
+    2022, https://github.com/google-research/big_vision (sharding rules);
+    Wang et al., "ZeRO++: Extremely Efficient Collective Communication for
+    Giant Model Training", 2023, https://arxiv.org/abs/2306.10209 (qgZ, the
+    quantised gradient reduce-scatter).
   """
   if param_sharding is None:
     raise TypeError(
@@ -230,11 +342,14 @@ def make_sharded_train_step(
   )
   layout = ps.check_param_sharding(param_sharding, mesh, axes)
   n = compat.mesh_axis_sizes(mesh, axes)
+  sync = grad_sync_from(grad_sync)
+  sync.check_replicas(axes, n)
   decay = gs_lib.check_options(grad_stats, grad_stats_decay, n, config.microbatches)
   schedule = bs_lib.check_for_step(batch_schedule, decay is not None, n,
                                    config.microbatches)
   return ShardedTrainStep(
-      loss_fn, optimizer, mesh, layout=layout, config=config, data_axes=axes,
+      loss_fn, optimizer, mesh, layout=layout, grad_sync=sync, config=config,
+      data_axes=axes,
       shard_update=bool(shard_update), grad_stats_decay=decay,
       batch_schedule=schedule,
   )

@@ -157,12 +157,18 @@ class TrainStep:
         model_state=jax.tree.map(lambda _: self.replicated, state.model_state),
         rng=None if state.rng is None else self.replicated,
         grad_stats=jax.tree.map(lambda _: self.replicated, state.grad_stats),
-        grad_residual=jax.tree.map(lambda _: named(self.residual_spec), state.grad_residual),
+        grad_residual=None if state.grad_residual is None else jax.tree.map(
+            lambda _, s: named(s), state.grad_residual, self.residual_specs(state.params)),
         batch_schedule=jax.tree.map(lambda _: self.replicated, state.batch_schedule),
     )
 
   #: Whether the state carries error-feedback residuals (set by the builders).
   error_feedback = False
+
+  def residual_specs(self, params: PyTree) -> PyTree:
+    """The `PartitionSpec` of every error-feedback residual (a leading replica
+    axis split over the data axes)."""
+    return jax.tree.map(lambda _: self.residual_spec, params)
 
   def _check_layout(self, params: PyTree) -> None:
     """Hook run once per parameter structure at `init`."""

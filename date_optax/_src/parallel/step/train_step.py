@@ -10,7 +10,9 @@ the two builders, each with one program:
   reduce-scatter / all-gather.
 * `make_sharded_train_step` (`sharded_step`): parameters sharded over
   non-data axes by `(regex, PartitionSpec)` rules; one GSPMD program whose
-  reductions the compiler places.
+  reductions the compiler places, or, with any other `GradSync`, whose
+  gradients `sync_gradients` reduces over the data axes in a `shard_map`
+  island (`sharded_sync`).
 """
 
 from __future__ import annotations
@@ -101,7 +103,10 @@ def make_train_step(
   step is then one GSPMD program (`jax.jit` with the state's shardings as
   in/out shardings): the replicas are a `vmap` over the data axes, and the
   compiler inserts the reductions, so trust-ratio norms over sharded layers
-  are exact. Only `grad_reduce="psum"` applies there.
+  are exact. Any other reduction (`grad_reduce`, `comm_dtype`, error
+  feedback, ...) applies there too: each device reduces its replica's
+  gradient of its own model shard over the data axes in that payload
+  (`make_sharded_train_step`).
 
   *Low-precision gradient communication.* With `comm_dtype` the gradient
   payload of the all-reduce travels in bfloat16, float8_e4m3fn, float8_e5m2,
@@ -203,8 +208,8 @@ def make_train_step(
       rule that matches no parameter warns at `init`.
     comm_dtype: the gradient payload format: None or "float32" (exact,
       float32 accumulation), "bfloat16", "float8_e4m3fn", "float8_e5m2",
-      "int8", "int4" or "float4_e2m1fn" (names or dtypes). Not with
-      `param_sharding` (the compiler places those reductions).
+      "int8", "int4" or "float4_e2m1fn" (names or dtypes). With
+      `param_sharding` each device sends its model shard in the format.
     aps: Auto-Precision Scaling of each layer before the cast. None (with
       `block_size` and `measured_shift` unset) gives a format of at most 8
       bits its default scaling: block scales of 32 over "ring" and "torus"
@@ -350,17 +355,6 @@ def make_train_step(
                  batch_schedule=batch_schedule)
   if param_sharding is None:
     return make_replicated_train_step(loss_fn, optimizer, mesh, grad_sync=sync, **options)
-  if sync.algorithm != "psum":
-    raise ValueError(
-        f'param_sharding needs grad_reduce="psum" (the compiler places the '
-        f"reductions of a sharded step), got grad_sync={sync!r}."
-    )
-  if sync.comm_dtype is not None:
-    raise ValueError(
-        f"comm_dtype={sync.comm_dtype!r} needs replicated parameters: with "
-        "param_sharding the compiler places the gradient reductions; pass "
-        "comm_dtype=None."
-    )
   return make_sharded_train_step(
-      loss_fn, optimizer, mesh, param_sharding=param_sharding, **options
+      loss_fn, optimizer, mesh, param_sharding=param_sharding, grad_sync=sync, **options
   )

@@ -1,0 +1,96 @@
+"""The explicit gradient reduction of the sharded (GSPMD) step: a `shard_map` island.
+
+With a `GradSync` other than the compiler's float32 `psum`, the sharded step
+keeps one gradient per replica (stacked on a leading axis laid out over the
+data axes, every other axis laid out as its parameter) and reduces the stack
+here, inside a `shard_map` over the whole mesh: each device holds its replica's
+gradient *of its own model shard* and calls `grad_sync.sync_gradients` over
+the data axes only, so every device sends its shard, not the layer, in the
+payload format (the FSDP/TP reduce-scatter quantised, as ZeRO++'s qgZ does
+in CUDA). The rest of the step (forward, backward, optimizer and the exact
+cross-shard norms of trust ratios) stays in GSPMD.
+
+The scales of a low-bit payload (block scales, the measured shift, APS) are
+then measured on each device's shard: a layer sharded over the model axes
+rounds like the same layer replicated up to which elements share a block,
+hence within the format's error bound of it, not bit for bit.
+
+With weight-update sharding the island reduce-scatters: the leaf's split axis
+is chosen on the model shard (`update_sharding.update_shard_axis` of the
+local shape), and replica k keeps the k-th block of it, which is the layout
+`param_sharding.with_data_axes` declares (model axes major, data axes minor),
+so the optimizer state needs no resharding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+import jax
+from jax.sharding import PartitionSpec as P
+
+from date_optax._src.parallel import compat
+from date_optax._src.parallel.comm import update_sharding as us
+from date_optax._src.parallel.comm.grad_sync import GradSync, sync_gradients
+from date_optax._src.types import PyTree
+
+
+def stacked_spec(spec: P, data_axes: tuple[Hashable, ...]) -> P:
+  """The spec of a per-replica stack of a leaf laid out as `spec`."""
+  return P(us.axes_entry(data_axes), *spec)
+
+
+def reduce_stacked(
+    grads: PyTree,
+    residual: PyTree | None,
+    *,
+    mesh: jax.sharding.Mesh,
+    data_axes: tuple[Hashable, ...],
+    param_specs: PyTree,
+    update_specs: PyTree,
+    grad_sync: GradSync,
+    key: Any,
+    scatter: bool,
+) -> tuple[PyTree, PyTree | None]:
+  """The mean over replicas of per-replica gradients, reduced by `grad_sync`.
+
+  Args:
+    grads: per-replica gradients, each leaf `(n, *shape)` laid out as
+      `stacked_spec(param_spec)`.
+    residual: with `grad_sync.error_feedback`, the residuals (float32, laid
+      out as `grads`); None otherwise.
+    mesh: the step's mesh (every axis becomes manual inside the island).
+    data_axes: the axes that carry replicas; the reduction runs over them.
+    param_specs: the parameters' `PartitionSpec`s (a pytree like `grads`).
+    update_specs: the specs of the reduced gradient (the parameters', or
+      with `scatter` those with the data axes added).
+    grad_sync: the `GradSync`.
+    key: the step's stochastic-rounding key (the same on every device), or
+      None.
+    scatter: reduce-scatter the leaves that split over the replicas.
+
+  Returns:
+    `(mean, new_residual)`: the mean gradient laid out by `update_specs`, and
+    the new residuals laid out as `residual` (None without error feedback).
+  """
+  is_spec = lambda x: isinstance(x, P)
+  stacked = jax.tree.map(lambda s: stacked_spec(s, data_axes), param_specs,
+                         is_leaf=is_spec)
+  feedback = grad_sync.error_feedback
+
+  def body(g, e):
+    own = lambda tree: jax.tree.map(lambda x: x[0], tree)
+    out = sync_gradients(own(g), data_axes, grad_sync, key=key, scatter=scatter,
+                         residual=own(e) if feedback else None)
+    if not feedback:
+      return out, None
+    mean, new = out
+    return mean, jax.tree.map(lambda x: x[None], new)
+
+  res_spec = stacked if feedback else None
+  fn = compat.shard_map(
+      body, mesh=mesh, in_specs=(stacked, res_spec),
+      out_specs=(update_specs, res_spec),
+  )
+  return fn(grads, residual if feedback else None)
