@@ -162,14 +162,14 @@ def test_error_feedback_matches_numpy_over_several_steps(grad_reduce, shard_upda
   step = _step(grad_reduce=grad_reduce, comm_dtype="int8", aps=True, error_feedback=True,
                shard_update=shard_update)
   state = step.init(_params())
-  assert state.grad_residual["w"].shape == (N, 16, 8)
-  assert state.grad_residual["w"].sharding.spec == jax.sharding.PartitionSpec("data")
+  assert state.grad_residual.worker["w"].shape == (N, 16, 8)
+  assert state.grad_residual.worker["w"].sharding.spec == jax.sharding.PartitionSpec("data")
   for t in range(1, len(BATCHES) + 1):
     state, metrics = step(state, BATCHES[t - 1])
     params, e, _ = _int8_ef_reference(_params(), BATCHES[:t])
     for k in ("w", "b"):
       np.testing.assert_allclose(np.asarray(state.params[k]), params[k], rtol=0, atol=0)
-      np.testing.assert_allclose(np.asarray(state.grad_residual[k]), e[k], rtol=0, atol=0)
+      np.testing.assert_allclose(np.asarray(state.grad_residual.worker[k]), e[k], rtol=0, atol=0)
     assert not bool(metrics["skipped"])
   # The residual is not trivial, and it changes the result: without feedback
   # the parameters differ (the reference without it matches the plain step).
@@ -212,7 +212,7 @@ def test_first_step_with_error_feedback_is_the_plain_step():
                BATCHES[:1])
   plain, _ = _run(_step(grad_reduce="ring", comm_dtype="int4", aps=True), BATCHES[:1])
   _bit_equal(ef.params, plain.params)
-  assert np.abs(np.asarray(ef.grad_residual["w"])).max() > 0
+  assert np.abs(np.asarray(ef.grad_residual.worker["w"])).max() > 0
 
 
 def test_error_feedback_changes_nothing_when_the_payload_is_exact():
@@ -225,7 +225,7 @@ def test_error_feedback_changes_nothing_when_the_payload_is_exact():
     plain, _ = _run(_step(grad_reduce=grad_reduce, comm_dtype="bfloat16"), batches)
     _bit_equal(ef.params, plain.params)
     for k in ("w", "b"):
-      np.testing.assert_array_equal(np.asarray(ef.grad_residual[k]), 0.0)
+      np.testing.assert_array_equal(np.asarray(ef.grad_residual.worker[k]), 0.0)
 
 
 def _block_ef_reference(batches, block, fmt_max=127.0):
@@ -268,7 +268,7 @@ def test_block_scaled_error_feedback_matches_numpy(shard_update):
       mean = sent[t][k].astype(np.float64).sum(0).reshape(expected[k].shape)
       expected[k] = expected[k] - LR * mean
   for k in ("w", "b"):
-    np.testing.assert_allclose(np.asarray(state.grad_residual[k]).reshape(N, -1), e[k],
+    np.testing.assert_allclose(np.asarray(state.grad_residual.worker[k]).reshape(N, -1), e[k],
                                rtol=0, atol=0)
     # 7 hops and the final sum round partial sums of at most Σ_r |C(p_r)|, each
     # by half a step of 2 · max / 127, at every one of the steps.
@@ -305,7 +305,7 @@ def test_residual_survives_a_checkpoint_bit_for_bit(tmp_path):
     mngr.save(2, state)
     restored, _ = mngr.restore(step.init(_params()))
   _bit_equal(restored.grad_residual, state.grad_residual)
-  assert restored.grad_residual["w"].sharding == state.grad_residual["w"].sharding
+  assert restored.grad_residual.worker["w"].sharding == state.grad_residual.worker["w"].sharding
   a, _ = _run(step, BATCHES[2:], state=restored)
   b, _ = _run(step, BATCHES[2:], state=state)
   _bit_equal(a.params, b.params)
@@ -329,9 +329,10 @@ def test_pmap_and_jit_error_feedback_bit_for_bit(sync):
   _bit_equal(state.params, first.params)
   _bit_equal(state.opt_state, first.opt_state)
   _bit_equal(state.grad_residual, p_state.grad_residual)  # (N, ...) both
-  assert p_state.grad_residual["w"].shape == (N, 16, 8)
+  assert p_state.grad_residual.worker["w"].shape == (N, 16, 8)
   # ... and the feedback did something.
   plain = dp.make_pmap_train_step(_loss, date_optax.lamb(1e-2), step_config=config,
                                   grad_sync=dataclasses.replace(sync, error_feedback=False))
   n_state, _ = _run(plain, BATCHES[:3])
   assert not np.array_equal(np.asarray(n_state.params["w"][0]), np.asarray(first.params["w"]))
+
