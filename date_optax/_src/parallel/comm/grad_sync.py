@@ -307,14 +307,17 @@ def _sum(
   whole = [i for i, d in enumerate(dims) if d is None]
   if whole:
     parts = [xs[i] for i in whole]
+    fb = None
     if fmt is None:
-      reduced, fb = _exact_sum(parts, axes, sync), None
+      reduced = _exact_sum(parts, axes, sync)
     else:
-      reduced, fb = low_bit_sum.low_precision_sum(
+      reduced = low_bit_sum.low_precision_sum(
           parts, axes, sync.algorithm, sync.grid, fmt,
           block_size=sync.block_size, measured_shift=sync.measured_shift,
           feedback=None if hop is None else [hop[i] for i in whole],
       )
+      if hop is not None:
+        reduced, fb = reduced
     for j, i in enumerate(whole):
       out[i] = reduced[j]
       if fb is not None:
@@ -333,11 +336,13 @@ def _sum(
       widths = np.cumsum([0] + [b.shape[1] for b in blocks])
       chunks = [chunk[a:b] for a, b in zip(widths[:-1], widths[1:], strict=True)]
     else:  # the shards are final sums: rounded as they would travel
-      chunks, fb = low_bit_sum.low_precision_reduce_scatter(
+      chunks = low_bit_sum.low_precision_reduce_scatter(
           blocks, axes, sync.algorithm, sync.grid, fmt,
           block_size=sync.block_size, measured_shift=sync.measured_shift,
           feedback=None if hop is None else [us.to_blocks(hop[i], dims[i], n) for i in idxs],
       )
+      if hop is not None:
+        chunks, fb = chunks
     for j, i in enumerate(idxs):
       out[i] = us.shard_from_chunk(chunks[j], xs[i].shape, dims[i], n)
       if fb is not None:

@@ -164,7 +164,7 @@ def low_precision_reduce_scatter(
     block_size: int | None = None,
     measured_shift: bool = False,
     feedback: list[jax.Array] | None = None,
-) -> tuple[list[jax.Array], list[jax.Array] | None]:
+) -> Any:
   """Reduce-scatters float32 `(n, c_i)` arrays with the payload in `fmt`.
 
   Device k (row-major over `axes`) gets row k of the sum of each array,
@@ -175,8 +175,8 @@ def low_precision_reduce_scatter(
 
   `feedback`, `(n, c_i)` arrays like `blocks` ("ring"/"torus"), are this
   device's hop residuals: row j != k those of the partial sums it forwards,
-  row k that of its final rounding. Returns the rows and the new feedback
-  (None without).
+  row k that of its final rounding; with them the result is `(rows, new
+  feedback)`.
   """
   widths = [b.shape[1] for b in blocks]
   n = blocks[0].shape[0]
@@ -211,7 +211,7 @@ def low_precision_reduce_scatter(
     if fb is not None:
       fb_out.append(fb[:, offset : offset + w])
     offset += pw
-  return out, (fb_out if fb is not None else None)
+  return out if fb is None else (out, fb_out)
 
 
 def low_precision_sum(
@@ -224,7 +224,7 @@ def low_precision_sum(
     block_size: int | None = None,
     measured_shift: bool = False,
     feedback: list[jax.Array] | None = None,
-) -> tuple[list[jax.Array], list[jax.Array] | None]:
+) -> Any:
   """Sums float32 arrays (already shifted) with the payload in `fmt`.
 
   One packed buffer for "ring"/"torus" (rounded at every hop), one
@@ -236,22 +236,23 @@ def low_precision_sum(
   `feedback`, arrays shaped like `xs` ("ring"/"torus" only), are this
   device's residuals of every rounding it applies to a message: each hop's
   partial sum and the payload of the gather, laid out like the packed
-  buffer (`reduce_scatter_blocks`). Returns the sums and the new feedback
-  (None without).
+  buffer (`reduce_scatter_blocks`); with them the result is `(sums, new
+  feedback)`.
   """
   if block_size is not None or measured_shift:
-    return _scaled_sum(xs, axes, algorithm, grid, fmt, block_size, feedback)
+    out, fb = _scaled_sum(xs, axes, algorithm, grid, fmt, block_size, feedback)
+    return out if feedback is None else (out, fb)
   if algorithm == "psum":
     if feedback is not None:
       raise ValueError("lax.psum has no hops whose rounding could be fed back.")
-    return [fmt.decode(lax.psum(fmt.encode(x), compat.as_tuple(axes))) for x in xs], None
+    return [fmt.decode(lax.psum(fmt.encode(x), compat.as_tuple(axes))) for x in xs]
   shapes = [x.shape for x in xs]
   sizes = [x.size for x in xs]
   if feedback is None:
     flat = blockwise_all_reduce(algorithm, axes, grid, fmt)(
         jnp.concatenate([x.reshape(-1) for x in xs])
     )
-    return _split(flat, shapes, sizes), None
+    return _split(flat, shapes, sizes)
   n = compat.axis_size(axes)
   rows = lambda ys: pad_to(jnp.concatenate([y.reshape(-1) for y in ys]), n).reshape(n, -1)
   chunk, fb = reduce_scatter_blocks(rows(xs), axes, algorithm, grid=grid, fmt=fmt,
