@@ -218,14 +218,17 @@ def _ring_reduce_scatter(
 
   With `feedback` (n, c), this device's hop residuals (row j the residual of
   the partial sum of row j it forwards; each row j != i is forwarded by this
-  device at exactly one hop), every partial sum `p` of row j is sent as
-  `C(p + f_j)` and `f_j' = p + f_j - C(p + f_j)` is returned in its place;
-  row i, which this device does not forward, comes back unchanged. Without
-  it the second result is None.
+  device at exactly one hop), the rows are not rounded first, every partial
+  sum `p` of row j is sent as `C(p + f_j)` and `f_j' = p + f_j - C(p + f_j)`
+  is returned in its place; row i, which this device does not forward,
+  comes back unchanged. Without it the second result is None.
   """
   n, idx = ring.size, ring.position
   scaled = isinstance(fmt, lp.ScaledFormat)
-  if fmt is not None and not scaled:
+  if fmt is not None and not scaled and feedback is None:
+    # With feedback the rows are not rounded here, where no residual could be
+    # kept (the second torus phase starts from float32 partial sums): every
+    # message is rounded as it is sent, with its residual.
     blocks = fmt.round(blocks)
   if n == 1:
     return blocks[0], feedback
