@@ -288,6 +288,14 @@ def _ring_all_gather(chunk: jax.Array, ring: _Ring) -> Generator:
 # ---------------------------------------------------------------------------
 
 
+def most_square_grid(n: int) -> tuple[int, int]:
+  """The X×Y grid of n devices closest to square, X <= Y."""
+  rows = int(np.floor(np.sqrt(n)))
+  while n % rows:
+    rows -= 1
+  return rows, n // rows
+
+
 def _torus_rings(axes: Any, grid: tuple[int, int] | None) -> tuple[_Ring, _Ring]:
   axes = compat.as_tuple(axes)
   if grid is not None:

@@ -235,14 +235,6 @@ class GradSync:
       )
 
 
-def most_square_grid(n: int) -> tuple[int, int]:
-  """The X×Y grid of n devices closest to square, X <= Y."""
-  rows = int(np.floor(np.sqrt(n)))
-  while n % rows:
-    rows -= 1
-  return rows, n // rows
-
-
 def grad_sync_from(
     grad_sync: GradSync | None,
     *,

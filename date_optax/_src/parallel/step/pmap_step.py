@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from date_optax._src.parallel.comm.grad_sync import GradSync, grad_sync_from, most_square_grid
+from date_optax._src.parallel.comm.collectives import most_square_grid
+from date_optax._src.parallel.comm.grad_sync import GradSync, grad_sync_from
 from date_optax._src.parallel.step import grad_stats as gs_lib
 from date_optax._src.parallel.step import local_grads as lg
 from date_optax._src.parallel.step.replica_step import apply_update, replica_step
