@@ -428,9 +428,9 @@ def _torus_reduce_scatter(rows, fb):
   for half, cols in ((0, slice(0, h)), (1, slice(h, 2 * h))):
     # Each half's rows as (first ring's coordinate, second ring's, h).
     if half == 0:
-      view, n1, n2 = (lambda a: a[:, cols].reshape(X, Y, h)), X, Y
+      view, n1, n2 = (lambda a, cols=cols: a[:, cols].reshape(X, Y, h)), X, Y
     else:
-      view, n1, n2 = (lambda a: a[:, cols].reshape(X, Y, h).transpose(1, 0, 2)), Y, X
+      view, n1, n2 = (lambda a, cols=cols: a[:, cols].reshape(X, Y, h).transpose(1, 0, 2)), Y, X
     vals = {d: view(rows[d]).copy() for d in range(N)}
     res = {d: view(fb[d]).copy() for d in range(N)}
     # Phase 1: the rings of devices that share their second coordinate.
@@ -507,7 +507,7 @@ def _two_stage_reference(batches, algorithm, shard_update):
         hop[k][d] = f
     # Stage 2, the split leaves: device d's shard is row d of (N, rest) blocks.
     for k, axis in split.items():
-      blocks = lambda a: np.moveaxis(a, axis, 0).reshape(N, -1)
+      blocks = lambda a, axis=axis: np.moveaxis(a, axis, 0).reshape(N, -1)
       rows = [np.pad(blocks(sent[k][d]), ((0, 0), (0, (-blocks(sent[k][d]).shape[1]) % unit)))
               for d in range(N)]
       width = blocks(sent[k][0]).shape[1]
