@@ -662,3 +662,35 @@ def test_every_rounding_is_fed_back(algorithm, options):
     np.testing.assert_allclose(gap, held, rtol=0, atol=1e-5 * np.abs(exact[k]).max())
   if options["comm_dtype"] != "bfloat16":
     assert np.abs(np.asarray(res.hop["w"])).max() > 0
+
+
+def test_bfloat16_residuals_halve_the_memory_and_keep_the_accuracy(tmp_path):
+  """residual_dtype="bfloat16" stores both residuals in bfloat16 (the sums stay
+  float32): the 24-step constant-gradient int4 ring still ends within 2% of
+  float32, and the state survives a checkpoint bit for bit."""
+  with pytest.raises(ValueError, match=r"residual_dtype='bfloat16' is the storage of "
+                                       r"error-feedback residuals: it needs error_feedback"):
+    dp.GradSync("ring", comm_dtype="int8", residual_dtype="bfloat16")
+  with pytest.raises(ValueError, match=r"residual_dtype must be one of \('float32', "
+                                       r"'bfloat16'\)"):
+    dp.GradSync("ring", comm_dtype="int8", error_feedback=True, residual_dtype="float16")
+  sync = dp.GradSync("ring", comm_dtype="int4", error_feedback=True,
+                     residual_dtype=jnp.bfloat16)
+  assert sync.residual_dtype == "bfloat16" and dp.GradSync().residual_dtype == "float32"
+  steps, batch = 24, _constant_batch()
+  g = _local_grads(batch)
+  exact = {k: -steps * g[k].astype(np.float64).mean(0) for k in g}
+  step = dp.make_train_step(_loss, optax.sgd(1.0), dp.data_mesh(), donate=False,
+                            grad_sync=sync)
+  state = step.init(jax.tree.map(np.zeros_like, _params()))
+  for t in range(steps):
+    state, _ = step(state, batch)
+    if t == 1:
+      with CheckpointManager(tmp_path, async_save=False) as mngr:
+        mngr.save(2, state)
+        restored, _ = mngr.restore(step.init(jax.tree.map(np.zeros_like, _params())))
+      _bit_equal(restored.grad_residual, state.grad_residual)
+  assert {x.dtype for x in jax.tree.leaves(state.grad_residual)} == {jnp.dtype(jnp.bfloat16)}
+  errors = _relative_errors(state.params, exact)
+  print(f"ring int4, bfloat16 residuals, 24 steps: {errors}")
+  assert max(errors.values()) < 0.02, errors

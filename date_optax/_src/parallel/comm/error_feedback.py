@@ -22,6 +22,27 @@ from date_optax._src.types import PyTree
 
 #: The algorithms whose hops this library performs (and can feed back).
 HOP_ALGORITHMS = ("ring", "torus")
+#: The dtypes the residuals may be stored in (`GradSync.residual_dtype`).
+RESIDUAL_DTYPES = ("float32", "bfloat16")
+
+
+def check_residual_dtype(sync: Any) -> str:
+  """`sync.residual_dtype` as a name of `RESIDUAL_DTYPES`; refused without EF."""
+  try:
+    name = jnp.dtype(sync.residual_dtype).name
+  except (TypeError, ValueError):
+    name = None
+  if name not in RESIDUAL_DTYPES:
+    raise ValueError(
+        f"residual_dtype must be one of {RESIDUAL_DTYPES} (a name or the dtype), got "
+        f"{sync.residual_dtype!r}."
+    )
+  if name != "float32" and not sync.error_feedback:
+    raise ValueError(
+        f"residual_dtype={name!r} is the storage of error-feedback residuals: it "
+        "needs error_feedback=True; pass error_feedback=True or leave residual_dtype."
+    )
+  return name
 
 
 class ErrorFeedbackState(NamedTuple):
@@ -57,16 +78,17 @@ class ErrorFeedbackState(NamedTuple):
   Memory: two float32 copies of the gradient per device, 8 bytes per
   gradient element (2 bytes per byte of a float32 gradient, 4 per byte of
   a bfloat16 one); with "psum" (no hops to feed back: `hop` is None) one
-  copy, 4 bytes per element. Padding of the packed buffer is never stored.
-  Both are kept in float32, in the units of the gradient (APS shifts and
-  block scales are undone), so they survive a change of scale between
-  steps.
+  copy, 4 bytes per element. `GradSync(residual_dtype="bfloat16")` stores
+  them in bfloat16 and halves that (4 bytes per element, 2 with "psum");
+  the arithmetic stays float32. Padding of the packed buffer is never
+  stored. Both are kept in the units of the gradient (APS shifts and block
+  scales are undone), so they survive a change of scale between steps.
 
   Attributes:
     worker: the residual of this replica's own compressed contribution,
-      float32, shaped like the gradients.
+      float32 (or `residual_dtype`), shaped like the gradients.
     hop: the residuals of the messages this device rounds on the way,
-      float32, shaped like the gradients; None for "psum".
+      like `worker`; None for "psum".
 
   Examples:
     >>> import jax.numpy as jnp
@@ -106,10 +128,12 @@ class ErrorFeedbackState(NamedTuple):
         that length (the layout of a step over a mesh).
 
     Returns:
-      float32 zeros: `worker` shaped like `tree`, `hop` too or None.
+      Zeros of `grad_sync.residual_dtype` (float32 by default): `worker`
+      shaped like `tree`, `hop` too or None.
     """
     lead = () if replicas is None else (replicas,)
-    zeros = lambda: jax.tree.map(lambda x: jnp.zeros(lead + jnp.shape(x), jnp.float32), tree)
+    dtype = jnp.dtype(getattr(grad_sync, "residual_dtype", "float32"))
+    zeros = lambda: jax.tree.map(lambda x: jnp.zeros(lead + jnp.shape(x), dtype), tree)
     return cls(zeros(), zeros() if grad_sync.algorithm in HOP_ALGORITHMS else None)
 
 

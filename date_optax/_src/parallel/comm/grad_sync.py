@@ -83,6 +83,9 @@ class GradSync:
       `sync_gradients(..., residual=)` describes; the steps carry an
       `ErrorFeedbackState` in `TrainState.grad_residual`. Needs a
       low-precision `comm_dtype`.
+    residual_dtype: how the residuals are stored, "float32" (default) or
+      "bfloat16" (half the memory, measured as accurate; the arithmetic
+      stays float32). Only with `error_feedback=True`.
 
   An integer payload ("int8", "int4") with no scaling at all (`aps=False`,
   no `block_size`, no `measured_shift`), rounded to nearest and without
@@ -97,7 +100,8 @@ class GradSync:
       `rounding="stochastic"` without a low-precision `comm_dtype`;
       `block_size` outside [1, 65536]; `block_size` or `measured_shift`
       without a low-precision `comm_dtype`, with "psum", or both at once;
-      `error_feedback=True` without a low-precision `comm_dtype`.
+      `error_feedback=True` without a low-precision `comm_dtype`; another
+      `residual_dtype`, or one without error feedback.
     TypeError: `aps` not None or a bool, `block_size` not an integer,
       `measured_shift` or `error_feedback` not a bool.
 
@@ -137,6 +141,7 @@ class GradSync:
   block_size: int | None = None
   measured_shift: bool = False
   error_feedback: bool = False
+  residual_dtype: Any = "float32"
 
   def __post_init__(self) -> None:
     if not isinstance(self.algorithm, str) or self.algorithm not in ALGORITHMS:
@@ -175,6 +180,7 @@ class GradSync:
           "or error_feedback=False."
       )
     object.__setattr__(self, "error_feedback", error_feedback)
+    object.__setattr__(self, "residual_dtype", ef.check_residual_dtype(self))
     if (fmt is not None and fmt.integer and not aps and block_size is None
         and not measured_shift and self.rounding == "nearest" and not error_feedback):
       # Legitimate in studies of the unscaled grid (so not refused), but in
