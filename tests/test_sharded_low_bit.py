@@ -213,19 +213,23 @@ def test_error_feedback_residual_is_sharded_checkpointed_and_kept_on_a_skip(tmp_
   sync = dp.GradSync("ring", comm_dtype="int4", rounding="stochastic", error_feedback=True)
   step = _step(grad_sync=sync, shard_update=True)
   state = step.init(_params())
-  assert state.grad_residual["w1"].shape == (N, 16, 64)
-  assert state.grad_residual["w1"].sharding.spec == P("data", None, "model")
-  assert state.grad_residual["w2"].sharding.spec == P("data", "model", None)
+  assert isinstance(state.grad_residual, dp.ErrorFeedbackState)
+  for stage in state.grad_residual:  # the worker and the hop residuals
+    assert stage["w1"].shape == (N, 16, 64)
+    assert stage["w1"].sharding.spec == P("data", None, "model")
+    assert stage["w2"].sharding.spec == P("data", "model", None)
   for t in range(2):
     state, metrics = step(state, _batch(t))
     assert not bool(metrics["skipped"])
   res = _host(state.grad_residual)
-  assert all(np.abs(v).max() > 0 for v in res.values())
+  assert all(np.abs(v).max() > 0 for v in res.worker.values())
+  assert all(np.abs(v).max() > 0 for v in res.hop.values())
   with CheckpointManager(tmp_path, async_save=False) as mngr:
     mngr.save(2, state)
     restored, _ = mngr.restore(step.init(_params()))
   _bit_equal(restored.grad_residual, state.grad_residual)
-  assert restored.grad_residual["w1"].sharding == state.grad_residual["w1"].sharding
+  assert (restored.grad_residual.hop["w1"].sharding
+          == state.grad_residual.hop["w1"].sharding)
   a, _ = step(restored, _batch(2))
   b, _ = step(state, _batch(2))
   _bit_equal(a.params, b.params)
@@ -248,10 +252,11 @@ def test_error_feedback_on_the_sharded_step_matches_the_replicated_one_where_exa
     a, _ = a_step(a, _batch(t))
     b, _ = b_step(b, _batch(t))
   for k in a.params:
-    np.testing.assert_allclose(_host(a.grad_residual)[k], _host(b.grad_residual)[k],
-                               rtol=0, atol=1e-6)
+    np.testing.assert_allclose(_host(a.grad_residual).worker[k],
+                               _host(b.grad_residual).worker[k], rtol=0, atol=1e-6)
     np.testing.assert_allclose(_host(a.params)[k], _host(b.params)[k], rtol=0, atol=1e-6)
-  assert np.abs(_host(a.grad_residual)["w1"]).max() > 0
+  assert np.abs(_host(a.grad_residual).worker["w1"]).max() > 0
+  assert a.grad_residual.hop is None and b.grad_residual.hop is None  # psum: no hops
 
 
 # ---------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from date_optax._src.parallel.comm.collectives import (
     torus_all_reduce,
 )
 from date_optax._src.parallel.comm.cost_model import AllReduceCost, allreduce_cost
+from date_optax._src.parallel.comm.error_feedback import ErrorFeedbackState
 from date_optax._src.parallel.comm.grad_sync import GradSync, all_reduce, sync_gradients
 from date_optax._src.parallel.comm.hlo import collective_permute_rounds
 from date_optax._src.parallel.comm.low_precision import COMM_DTYPES, ROUNDINGS
@@ -58,6 +59,7 @@ __all__ = [
     "AllReduceCost",
     "ArraySource",
     "DevicePrefetch",
+    "ErrorFeedbackState",
     "GradStatsState",
     "GradSync",
     "GrowingBatches",

@@ -110,7 +110,7 @@ def get_config() -> ml_collections.ConfigDict:
   # "bfloat16", "float8_e4m3fn", "int8", "int4", "float4_e2m1fn", ...),
   # APS ("auto", "on", "off"), the rounding ("nearest", "stochastic"),
   # MX-style block scales (0: off, 32: MX) and error feedback (each
-  # replica's compression residual in the state).
+  # replica's and, over ring/torus, each hop's residual in the state).
   config.grad_sync = ml_collections.ConfigDict(dict(
       algorithm="psum", comm_dtype="float32", aps="auto", rounding="nearest",
       block_size=0, error_feedback=False))

@@ -5,7 +5,8 @@ Open `grad_sync.py` first: `GradSync` (which all-reduce, which payload) and
 all-reduces over named mesh axes, and the reduce-scatter that weight-update
 sharding uses), `low_bit_sum.py` (the same sums with a low-bit payload),
 `low_precision.py` (payload formats, Auto-Precision Scaling, block scales,
-stochastic rounding), `update_sharding.py` (which replica owns which slice
+stochastic rounding), `error_feedback.py` (the worker and hop residuals of
+two-stage error feedback), `update_sharding.py` (which replica owns which slice
 of each leaf), `cost_model.py` (bytes and rounds of each algorithm) and
 `hlo.py` (collective rounds read back from compiled HLO).
 

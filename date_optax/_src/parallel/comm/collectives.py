@@ -182,10 +182,28 @@ def _rotate(rows: jax.Array, start: jax.Array) -> jax.Array:
   return lax.dynamic_slice_in_dim(jnp.concatenate([rows, rows]), start % n, n, 0)
 
 
+def send_with_feedback(fmt: Any, t: jax.Array, gid: Any = None) -> tuple[jax.Array, jax.Array]:
+  """`(wire, residual)`: `t` sent as `C(t)` in `fmt`, keeping `t - C(t)`.
+
+  The error feedback of one rounding place (a hop of a reduce-scatter, or
+  the payload of a compressed all-gather): the caller has already added the
+  place's old residual to `t`. A plain format is clipped to `±fmt.max`
+  before it is encoded (a float format may lack an infinity); the clipped
+  part stays in the residual. The barrier keeps XLA from eliding the
+  encode/decode pair the residual is measured on.
+  """
+  if isinstance(fmt, lp.ScaledFormat):
+    wire = lax.optimization_barrier(fmt.encode(t, gid))
+    return wire, t - fmt.decode(wire, gid)
+  wire = lax.optimization_barrier(fmt.encode(jnp.clip(t, -fmt.max, fmt.max)))
+  return wire, t - fmt.decode(wire)
+
+
 def _ring_reduce_scatter(
-    blocks: jax.Array, ring: _Ring, fmt: CommFormat | None = None, gids: Any = None
+    blocks: jax.Array, ring: _Ring, fmt: CommFormat | None = None, gids: Any = None,
+    feedback: Any = None,
 ) -> Generator:
-  """(n, c) per device -> (c,): the sum over the ring of row `position`.
+  """(n, c) per device -> `((c,), feedback)`: the sum over the ring of row `position`.
 
   `blocks` has one row per device on the ring; the device at ring position i
   ends up owning row i (for a ring over mesh axes, the order that
@@ -197,13 +215,23 @@ def _ring_reduce_scatter(
   float32 row to the decoded partial sum) and each partial sum is sent with
   scales measured on it; `gids` (n, c) are the rows' segment ids for the
   measured per-layer shift.
+
+  With `feedback` (n, c), this device's hop residuals (row j the residual of
+  the partial sum of row j it forwards; each row j != i is forwarded by this
+  device at exactly one hop), the rows are not rounded first, every partial
+  sum `p` of row j is sent as `C(p + f_j)` and `f_j' = p + f_j - C(p + f_j)`
+  is returned in its place; row i, which this device does not forward,
+  comes back unchanged. Without it the second result is None.
   """
   n, idx = ring.size, ring.position
   scaled = isinstance(fmt, lp.ScaledFormat)
-  if fmt is not None and not scaled:
+  if fmt is not None and not scaled and feedback is None:
+    # With feedback the rows are not rounded here, where no residual could be
+    # kept (the second torus phase starts from float32 partial sums): every
+    # message is rounded as it is sent, with its residual.
     blocks = fmt.round(blocks)
   if n == 1:
-    return blocks[0]
+    return blocks[0], feedback
   # Step s passes the partial sum of row (i - s - 1) to the right neighbour and
   # adds the one arriving from the left, which is row (i - s - 2); after n - 1
   # steps row i has visited every device and lands, complete, on position i.
@@ -211,18 +239,29 @@ def _ring_reduce_scatter(
   # step a static slice (no copy of the whole buffer per step).
   rows = _rotate(blocks[::-1], n - idx)  # rows[j] = blocks[(i - 1 - j) % n]
   grows = None if gids is None else _rotate(gids[::-1], n - idx)
+  frows = None if feedback is None or fmt is None else _rotate(feedback[::-1], n - idx)
+  sent_residuals = []
   acc = rows[0]
   for s in range(n - 1):
+    g_out = None if grows is None else grows[s]
+    g_in = None if grows is None else grows[s + 1]
     if fmt is None:
       got = yield acc, ring
+    elif frows is not None:
+      wire, f = send_with_feedback(fmt, acc + frows[s], g_out)
+      sent_residuals.append(f)
+      got = yield wire, ring
+      got = fmt.decode(got, g_in) if scaled else fmt.decode(got)
     elif scaled:
-      g_out = None if grows is None else grows[s]
-      g_in = None if grows is None else grows[s + 1]
       got = fmt.decode((yield fmt.encode(acc, g_out), ring), g_in)
     else:
       got = fmt.decode((yield fmt.encode(acc), ring))
     acc = rows[s + 1] + got
-  return acc
+  if frows is None:
+    return acc, None
+  # j -> (i - 1 - j) % n is its own inverse: the same rotation puts rows back.
+  frows = jnp.concatenate([jnp.stack(sent_residuals), frows[n - 1 :]])
+  return acc, _rotate(frows[::-1], n - idx)
 
 
 def _ring_all_gather(chunk: jax.Array, ring: _Ring) -> Generator:
@@ -249,6 +288,14 @@ def _ring_all_gather(chunk: jax.Array, ring: _Ring) -> Generator:
 # ---------------------------------------------------------------------------
 
 
+def most_square_grid(n: int) -> tuple[int, int]:
+  """The X×Y grid of n devices closest to square, X <= Y."""
+  rows = int(np.floor(np.sqrt(n)))
+  while n % rows:
+    rows -= 1
+  return rows, n // rows
+
+
 def _torus_rings(axes: Any, grid: tuple[int, int] | None) -> tuple[_Ring, _Ring]:
   axes = compat.as_tuple(axes)
   if grid is not None:
@@ -265,31 +312,57 @@ def _torus_rings(axes: Any, grid: tuple[int, int] | None) -> tuple[_Ring, _Ring]
 
 def _torus_reduce_scatter(
     blocks: jax.Array, rx: _Ring, ry: _Ring, fmt: CommFormat | None = None,
-    gids: Any = None,
-) -> jax.Array:
+    gids: Any = None, feedback: Any = None,
+) -> tuple[jax.Array, Any]:
+  """The two-phase reduce-scatter; `feedback` (n, c) as for one ring.
+
+  In half A a device at (x, y) forwards, on the x-ring, the rows of other x
+  and then, on the y-ring, the pieces of its own x-row with other y; half B
+  the other way round. So every element of `feedback` outside row
+  `x·Y + y` is written by exactly one hop, and that row (the device's own
+  chunk, which the gather sends) comes back unchanged.
+  """
   nx, ny = rx.size, ry.size
   c = blocks.shape[1]
   blocks = pad_to(blocks, 2)
   h = blocks.shape[1] // 2
   if gids is not None:  # padding repeats the last id, so ids stay sorted
     gids = jnp.pad(gids, ((0, 0), (0, blocks.shape[1] - c)), mode="edge")
+  if feedback is not None:
+    feedback = pad_to(feedback, 2)
 
-  def half_a(a, g):  # rows ordered (x, y): x-rings first, then y-rings
-    g = None if g is None else g.reshape(nx, ny * h)
-    a = yield from _ring_reduce_scatter(a.reshape(nx, ny * h), rx, fmt, g)
-    g = None if g is None else g[rx.position].reshape(ny, h)
-    return (yield from _ring_reduce_scatter(a.reshape(ny, h), ry, fmt, g))
+  def two_rings(x, g, f, first, second, n_first, n_second):
+    """Reduce-scatter (n_first, n_second·h) over `first`, then own row over `second`."""
+    x, f = yield from _ring_reduce_scatter(x, first, fmt, g, f)
+    own = first.position
+    g = None if g is None else g[own].reshape(n_second, h)
+    row = None if f is None else f[own].reshape(n_second, h)
+    x, row = yield from _ring_reduce_scatter(x.reshape(n_second, h), second, fmt, g, row)
+    if f is not None:
+      f = lax.dynamic_update_slice_in_dim(f, row.reshape(1, -1), own, 0)
+    return x, f
 
-  def half_b(b, g):  # rows reordered to (y, x) so that the y-phase comes first
-    b = b.reshape(nx, ny, h).transpose(1, 0, 2).reshape(ny, nx * h)
-    g = None if g is None else g.reshape(nx, ny, h).transpose(1, 0, 2).reshape(ny, nx * h)
-    b = yield from _ring_reduce_scatter(b, ry, fmt, g)
-    g = None if g is None else g[ry.position].reshape(nx, h)
-    return (yield from _ring_reduce_scatter(b.reshape(nx, h), rx, fmt, g))
+  def to_yx(z):  # rows (x, y) -> (y, x), each of h columns
+    return z.reshape(nx, ny, h).transpose(1, 0, 2).reshape(ny, nx * h)
 
-  ga, gb = (None, None) if gids is None else (gids[:, :h], gids[:, h:])
-  a, b = _run_in_rounds(half_a(blocks[:, :h], ga), half_b(blocks[:, h:], gb))
-  return jnp.concatenate([a, b])[:c]
+  def half_a(a, g, f):  # rows ordered (x, y): x-rings first, then y-rings
+    shape = lambda z: None if z is None else z.reshape(nx, ny * h)
+    a, f = yield from two_rings(shape(a), shape(g), shape(f), rx, ry, nx, ny)
+    return a, None if f is None else f.reshape(nx * ny, h)
+
+  def half_b(b, g, f):  # rows reordered to (y, x) so that the y-phase comes first
+    shape = lambda z: None if z is None else to_yx(z)
+    b, f = yield from two_rings(shape(b), shape(g), shape(f), ry, rx, ny, nx)
+    if f is not None:  # back to rows (x, y)
+      f = f.reshape(ny, nx, h).transpose(1, 0, 2).reshape(nx * ny, h)
+    return b, f
+
+  halves = lambda z: (None, None) if z is None else (z[:, :h], z[:, h:])
+  (ga, gb), (fa, fb) = halves(gids), halves(feedback)
+  (a, fa), (b, fb) = _run_in_rounds(half_a(blocks[:, :h], ga, fa),
+                                    half_b(blocks[:, h:], gb, fb))
+  feedback = None if fa is None else jnp.concatenate([fa, fb], axis=1)[:, :c]
+  return jnp.concatenate([a, b])[:c], feedback
 
 
 def _torus_all_gather(chunk: jax.Array, rx: _Ring, ry: _Ring) -> jax.Array:
@@ -319,7 +392,8 @@ def _torus_all_gather(chunk: jax.Array, rx: _Ring, ry: _Ring) -> jax.Array:
 
 
 class _Algorithm(NamedTuple):
-  # reduce_scatter(blocks, axes, grid, fmt): float32 sums, not yet rounded.
+  # reduce_scatter(blocks, axes, grid, fmt, gids, feedback): (float32 sums,
+  # not yet rounded; the new feedback or None).
   reduce_scatter: Callable[..., jax.Array]
   # all_gather(chunk, axes, grid): any dtype, moved exactly.
   all_gather: Callable[..., jax.Array]
@@ -334,12 +408,15 @@ def _on_torus(phase: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
 
 
 def _psum_scatter(
-    x: jax.Array, axes: Any, grid: Any, fmt: CommFormat | None = None
-) -> jax.Array:
+    x: jax.Array, axes: Any, grid: Any, fmt: CommFormat | None = None, gids: Any = None,
+    feedback: Any = None,
+) -> tuple[jax.Array, None]:
   axes = compat.as_tuple(axes)
+  if feedback is not None:
+    raise ValueError("lax.psum_scatter has no hops whose rounding could be fed back.")
   if fmt is None:
-    return lax.psum_scatter(x, axes, scatter_dimension=0)
-  return fmt.decode(lax.psum_scatter(fmt.encode(x), axes, scatter_dimension=0))
+    return lax.psum_scatter(x, axes, scatter_dimension=0), None
+  return fmt.decode(lax.psum_scatter(fmt.encode(x), axes, scatter_dimension=0)), None
 
 
 _ALGORITHMS: dict[str, _Algorithm] = {
@@ -369,7 +446,8 @@ def reduce_scatter_blocks(
     grid: tuple[int, int] | None = None,
     fmt: CommFormat | None = None,
     gids: Any = None,
-) -> jax.Array:
+    feedback: Any = None,
+) -> Any:
   """Sums `blocks` (n, c) over the devices; device k keeps row k, shape (c,).
 
   `k` is the linear index over `axes` in row-major order, the order that
@@ -379,17 +457,26 @@ def reduce_scatter_blocks(
   With a `lp.ScaledFormat` of `block_size` B, `c` must be a multiple of B
   ("ring") or 2B ("torus") so that every message holds whole blocks; with
   one of segment ids, `gids` (n, c) gives each element's sorted id.
+
+  With `feedback` (n, c) float32, this device's hop residuals laid out like
+  `blocks` ("ring"/"torus" with a format only), every partial sum this
+  device forwards is sent as `C(p + f)` and the result is `(row k, new
+  feedback)`: each element outside row k is forwarded by this device at
+  exactly one hop and gets `p + f - C(p + f)`; row k comes back unchanged
+  (it is the payload of the gather, `all_gather_blocks(..., feedback=)`).
   """
+  if feedback is not None and (fmt is None or algorithm == "psum"):
+    raise ValueError("feedback needs a format and algorithm 'ring' or 'torus'.")
   if fmt is None:
-    return _algorithm(algorithm).reduce_scatter(blocks, axes, grid)
+    return _algorithm(algorithm).reduce_scatter(blocks, axes, grid)[0]
   if isinstance(fmt, lp.ScaledFormat):
     if algorithm == "psum":
       raise ValueError("scales measured at every hop need algorithm 'ring' or 'torus'.")
     gids = None if gids is None else jnp.asarray(gids, jnp.int32)
-    return _algorithm(algorithm).reduce_scatter(
-        blocks.astype(jnp.float32), axes, grid, fmt, gids
-    )
-  return _algorithm(algorithm).reduce_scatter(blocks.astype(jnp.float32), axes, grid, fmt)
+  chunk, feedback_out = _algorithm(algorithm).reduce_scatter(
+      blocks.astype(jnp.float32), axes, grid, fmt, gids, feedback
+  )
+  return chunk if feedback is None else (chunk, feedback_out)
 
 
 def all_gather_blocks(
@@ -400,26 +487,41 @@ def all_gather_blocks(
     grid: tuple[int, int] | None = None,
     fmt: CommFormat | None = None,
     gids: Any = None,
-) -> jax.Array:
+    feedback: Any = None,
+) -> Any:
   """Inverse layout of `reduce_scatter_blocks`: (c,) per device -> (n, c).
 
   With `fmt` the chunk is rounded to the format once and travels in it, so
   every device ends with the same (rounded) values, float32. With a
   `lp.ScaledFormat` the chunk travels as one packed message (payload and
-  scales) and `gids` (n, c) are the segment ids of all rows.
+  scales) and `gids` (n, c) are the segment ids of all rows. With
+  `feedback` (c,), this device's residual of its gathered payload, the
+  chunk travels as `C(chunk + feedback)` and the result is `(rows,
+  chunk + feedback - C(chunk + feedback))`.
   """
   if fmt is None:
+    if feedback is not None:
+      raise ValueError("feedback needs a format: an exact gather rounds nothing.")
     return _algorithm(algorithm).all_gather(chunk, axes, grid)
-  if isinstance(fmt, lp.ScaledFormat):
+  scaled = isinstance(fmt, lp.ScaledFormat)
+  own = None
+  if scaled:
     axes_t = compat.as_tuple(axes)
     k = lax.axis_index(axes_t if len(axes_t) > 1 else axes_t[0])
     gids = None if gids is None else jnp.asarray(gids, jnp.int32)
     own = None if gids is None else gids[k]
-    rows = _algorithm(algorithm).all_gather(fmt.encode(chunk, own), axes, grid)
-    if gids is None:
-      return jax.vmap(fmt.decode)(rows)
-    return jax.vmap(fmt.decode)(rows, gids)
-  return fmt.decode(_algorithm(algorithm).all_gather(fmt.encode(chunk), axes, grid))
+  if feedback is None:
+    wire = fmt.encode(chunk, own) if scaled else fmt.encode(chunk)
+  else:
+    wire, feedback = send_with_feedback(fmt, chunk + feedback, own)
+  rows = _algorithm(algorithm).all_gather(wire, axes, grid)
+  if not scaled:
+    rows = fmt.decode(rows)
+  elif gids is None:
+    rows = jax.vmap(fmt.decode)(rows)
+  else:
+    rows = jax.vmap(fmt.decode)(rows, gids)
+  return rows if feedback is None else (rows, feedback)
 
 
 def blockwise_all_reduce(

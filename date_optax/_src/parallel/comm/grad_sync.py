@@ -8,8 +8,8 @@ frozen `GradSync`, validated when it is built: the algorithm ("psum", "ring",
 "torus"), the torus layout (`grid`), the payload format (`comm_dtype`),
 Auto-Precision Scaling (`aps`), the rounding, the scales measured at every
 hop (`block_size`, `measured_shift`) and error feedback (`error_feedback`:
-each replica's compression residual, carried in the train state, is added
-to its next gradient before it is compressed).
+the residual of every rounding, each replica's and each hop's, carried in
+the train state, is added the next time the same place is sent).
 
 The algorithms themselves (neighbour exchanges, packing) live in
 `collectives`; the formats and APS in `low_precision`. This module wires them
@@ -29,6 +29,7 @@ import numpy as np
 from date_optax._src import validation
 from date_optax._src.parallel import compat
 from date_optax._src.parallel.comm import collectives, low_bit_sum
+from date_optax._src.parallel.comm import error_feedback as ef
 from date_optax._src.parallel.comm import low_precision as lp
 from date_optax._src.parallel.comm import update_sharding as us
 from date_optax._src.parallel.comm.collectives import ALGORITHMS, acc_dtype
@@ -75,10 +76,16 @@ class GradSync:
       message, measured at every hop instead of APS's worst case `N · M`.
       Needs a low-precision `comm_dtype` and "ring" or "torus"; excludes
       `block_size`.
-    error_feedback: keep each replica's compression residual and add it to
-      its next contribution before compressing (EF-SGD, Karimireddy et al.
-      2019), as `sync_gradients(..., residual=)` describes; the steps carry
-      it in `TrainState.grad_residual`. Needs a low-precision `comm_dtype`.
+    error_feedback: keep the residual of every rounding and add it the next
+      time the same place is sent: each replica's contribution (EF-SGD,
+      Karimireddy et al. 2019) and, over "ring"/"torus", every hop's partial
+      sum and the gather's payload (1-bit Adam's server error), as
+      `sync_gradients(..., residual=)` describes; the steps carry an
+      `ErrorFeedbackState` in `TrainState.grad_residual`. Needs a
+      low-precision `comm_dtype`.
+    residual_dtype: how the residuals are stored, "float32" (default) or
+      "bfloat16" (half the memory, measured as accurate; the arithmetic
+      stays float32). Only with `error_feedback=True`.
 
   An integer payload ("int8", "int4") with no scaling at all (`aps=False`,
   no `block_size`, no `measured_shift`), rounded to nearest and without
@@ -93,7 +100,8 @@ class GradSync:
       `rounding="stochastic"` without a low-precision `comm_dtype`;
       `block_size` outside [1, 65536]; `block_size` or `measured_shift`
       without a low-precision `comm_dtype`, with "psum", or both at once;
-      `error_feedback=True` without a low-precision `comm_dtype`.
+      `error_feedback=True` without a low-precision `comm_dtype`; another
+      `residual_dtype`, or one without error feedback.
     TypeError: `aps` not None or a bool, `block_size` not an integer,
       `measured_shift` or `error_feedback` not a bool.
 
@@ -133,6 +141,7 @@ class GradSync:
   block_size: int | None = None
   measured_shift: bool = False
   error_feedback: bool = False
+  residual_dtype: Any = "float32"
 
   def __post_init__(self) -> None:
     if not isinstance(self.algorithm, str) or self.algorithm not in ALGORITHMS:
@@ -171,6 +180,7 @@ class GradSync:
           "or error_feedback=False."
       )
     object.__setattr__(self, "error_feedback", error_feedback)
+    object.__setattr__(self, "residual_dtype", ef.check_residual_dtype(self))
     if (fmt is not None and fmt.integer and not aps and block_size is None
         and not measured_shift and self.rounding == "nearest" and not error_feedback):
       # Legitimate in studies of the unscaled grid (so not refused), but in
@@ -231,14 +241,6 @@ class GradSync:
       )
 
 
-def most_square_grid(n: int) -> tuple[int, int]:
-  """The X×Y grid of n devices closest to square, X <= Y."""
-  rows = int(np.floor(np.sqrt(n)))
-  while n % rows:
-    rows -= 1
-  return rows, n // rows
-
-
 def grad_sync_from(
     grad_sync: GradSync | None,
     *,
@@ -289,29 +291,42 @@ def _exact_sum(xs: list[jax.Array], axes: Any, sync: GradSync) -> list[jax.Array
 
 def _sum(
     xs: list[jax.Array], dims: list[int | None], axes: Any, sync: GradSync, n: int,
-    fmt: Any,
-) -> list[jax.Array]:
+    fmt: Any, hop: list[jax.Array] | None = None,
+) -> tuple[list[jax.Array], list[jax.Array] | None]:
   """Sums over the replicas: whole leaves all-reduced, split ones scattered.
 
   With a format `fmt` (already carrying the device's rounding key) the
-  payload travels in it; `xs` are then float32 and already APS-shifted.
+  payload travels in it; `xs` are then float32 and already APS-shifted, and
+  `hop` (arrays like `xs`, or None) this device's hop residuals in the same
+  units. Returns the sums and the new hop residuals (None without).
   """
   out: list[Any] = [None] * len(xs)
+  new_hop: list[Any] | None = None if hop is None else [None] * len(xs)
   whole = [i for i, d in enumerate(dims) if d is None]
   if whole:
     parts = [xs[i] for i in whole]
-    reduced = _exact_sum(parts, axes, sync) if fmt is None else low_bit_sum.low_precision_sum(
-        parts, axes, sync.algorithm, sync.grid, fmt,
-        block_size=sync.block_size, measured_shift=sync.measured_shift,
-    )
-    for i, r in zip(whole, reduced, strict=True):
-      out[i] = r
+    fb = None
+    if fmt is None:
+      reduced = _exact_sum(parts, axes, sync)
+    else:
+      reduced = low_bit_sum.low_precision_sum(
+          parts, axes, sync.algorithm, sync.grid, fmt,
+          block_size=sync.block_size, measured_shift=sync.measured_shift,
+          feedback=None if hop is None else [hop[i] for i in whole],
+      )
+      if hop is not None:
+        reduced, fb = reduced
+    for j, i in enumerate(whole):
+      out[i] = reduced[j]
+      if fb is not None:
+        new_hop[i] = fb[j]
   groups: dict[Any, list[int]] = {}
   for i, d in enumerate(dims):
     if d is not None:
       groups.setdefault(xs[i].dtype, []).append(i)
   for idxs in groups.values():
     blocks = [us.to_blocks(xs[i], dims[i], n) for i in idxs]
+    fb = None
     if fmt is None:
       chunk = collectives.reduce_scatter_blocks(
           jnp.concatenate(blocks, axis=1), axes, sync.algorithm, grid=sync.grid
@@ -322,44 +337,31 @@ def _sum(
       chunks = low_bit_sum.low_precision_reduce_scatter(
           blocks, axes, sync.algorithm, sync.grid, fmt,
           block_size=sync.block_size, measured_shift=sync.measured_shift,
+          feedback=None if hop is None else [us.to_blocks(hop[i], dims[i], n) for i in idxs],
       )
-    for i, c in zip(idxs, chunks, strict=True):
-      out[i] = us.shard_from_chunk(c, xs[i].shape, dims[i], n)
-  return out
-
-
-def compress(x: jax.Array, fmt: Any, sync: GradSync) -> jax.Array:
-  """C(x): one replica's own contribution as the payload format carries it.
-
-  `x` is float32 and already APS-shifted. Without measured scales C rounds
-  every element to `fmt` (the first rounding the reduction applies to each
-  replica's rows anyway, so a contribution already on the grid travels
-  unchanged); with `block_size` B it is `ScaledFormat`'s rounding of the
-  leaf, flattened row-major and zero-padded to whole blocks, one scale per
-  block measured on this replica's values; with `measured_shift` one scale
-  for the whole leaf.
-  """
-  if not sync.measures_scales:
-    return fmt.round(x)
-  flat = x.reshape(-1)
-  if sync.block_size is not None:
-    pad = (-flat.size) % sync.block_size
-    codec = lp.ScaledFormat(fmt, block_size=sync.block_size)
-    return codec.round(jnp.pad(flat, (0, pad)))[: flat.size].reshape(x.shape)
-  codec = lp.ScaledFormat(fmt, groups=1)
-  return codec.round(flat, jnp.zeros(flat.size, jnp.int32)).reshape(x.shape)
+      if hop is not None:
+        chunks, fb = chunks
+    for j, i in enumerate(idxs):
+      out[i] = us.shard_from_chunk(chunks[j], xs[i].shape, dims[i], n)
+      if fb is not None:
+        new_hop[i] = us.from_blocks(fb[j], xs[i].shape, dims[i])
+  return out, new_hop
 
 
 def _reduce(
-    tree: PyTree, axes: Any, sync: GradSync, key: Any, scatter: bool, residual: Any = None
-) -> tuple[PyTree, Any]:
+    tree: PyTree, axes: Any, sync: GradSync, key: Any, scatter: bool, residual: Any = None,
+    hop: Any = None,
+) -> tuple[PyTree, Any, Any]:
   """Sum of `tree` over `axes` with `sync`'s algorithm and payload.
 
-  With `residual` (a pytree like `tree`, float32) each low-precision leaf
-  sends `C(x + e)` instead of `x`; returns the sum and the new residuals
-  `x + e - C(x + e)` (the others' residuals unchanged), else the sum and None.
+  With `residual` (the worker residual, a pytree like `tree`, float32) each
+  low-precision leaf sends `C(x + e)` instead of `x`; with `hop` (like
+  `tree`, float32) every message rounded on a ring/torus hop or in the
+  gather carries its residual too (`ErrorFeedbackState`). Returns the sum
+  and the new residuals (the others' unchanged; None where not given).
   """
   res_leaves = None if residual is None else jax.tree.leaves(residual)
+  hop_leaves = None if hop is None else jax.tree.leaves(hop)
   leaves, treedef = jax.tree.flatten(tree)
   leaves = [jnp.asarray(x) for x in leaves]
   n = compat.axis_size(axes)
@@ -368,10 +370,12 @@ def _reduce(
   low, exact = lp.split_floats(leaves) if fmt is not None else ([], list(range(len(leaves))))
   out: list[Any] = list(leaves)
   if exact:
-    reduced = _sum([leaves[i] for i in exact], [dims[i] for i in exact], axes, sync, n, None)
+    reduced, _ = _sum([leaves[i] for i in exact], [dims[i] for i in exact], axes, sync, n,
+                      None)
     for i, r in zip(exact, reduced, strict=True):
       out[i] = r
   new_res = None if res_leaves is None else list(res_leaves)
+  new_hop = None if hop_leaves is None else list(hop_leaves)
   if low:
     xs = [leaves[i].astype(jnp.float32) for i in low]
     if res_leaves is not None:  # p = x + e: the residual rides with the contribution
@@ -381,23 +385,28 @@ def _reduce(
     # as its NaN code); APS beside them shifts first.
     if sync.uses_aps or not sync.measures_scales:
       xs, scaling = lp.prepare(xs, compat.as_tuple(axes), n, fmt, sync.uses_aps)
+    # The residuals are kept in the gradient's units: shifted with it here,
+    # back after.
+    shift = lambda d, j, sign: d if scaling is None else jnp.ldexp(
+        d, sign * scaling.exponents[j])
     dev_fmt = lp.device_format(fmt, axes, key)
-    if new_res is not None:  # send C(p), keep p - C(p) (in the unshifted units)
-      sent = [compress(x, dev_fmt, sync) for x in xs]
+    if new_res is not None:  # send C(p), keep p - C(p)
+      sent = [ef.compress(x, dev_fmt, sync) for x in xs]
       for j, i in enumerate(low):
-        d = xs[j] - sent[j]
-        new_res[i] = (d if scaling is None else jnp.ldexp(d, -scaling.exponents[j])).astype(
-            res_leaves[i].dtype
-        )
+        new_res[i] = shift(xs[j] - sent[j], j, -1).astype(res_leaves[i].dtype)
       xs = sent
-    reduced = _sum(xs, [dims[i] for i in low], axes, sync, n, dev_fmt)
+    hops = None if new_hop is None else [
+        shift(hop_leaves[i].astype(jnp.float32), j, 1) for j, i in enumerate(low)]
+    reduced, hops = _sum(xs, [dims[i] for i in low], axes, sync, n, dev_fmt, hops)
     for j, i in enumerate(low):
       r = reduced[j] if scaling is None else scaling.undo(j, reduced[j])
       out[i] = r.astype(leaves[i].dtype)
-  residual_out = None if new_res is None else jax.tree.unflatten(
-      jax.tree.structure(residual), new_res
-  )
-  return jax.tree.unflatten(treedef, out), residual_out
+      if hops is not None:
+        new_hop[i] = shift(hops[j], j, -1).astype(hop_leaves[i].dtype)
+  unflatten = lambda like, new: None if new is None else jax.tree.unflatten(
+      jax.tree.structure(like), new)
+  return (jax.tree.unflatten(treedef, out), unflatten(residual, new_res),
+          unflatten(hop, new_hop))
 
 
 def sync_gradients(
@@ -423,25 +432,25 @@ def sync_gradients(
   back whole. With a low-precision `comm_dtype` the float leaves travel in
   the format, APS shifts from one `pmax` over all of them, whole and split.
 
-  *Error feedback* (`grad_sync.error_feedback`, EF-SGD of Karimireddy et
-  al. 2019, the error compensation of 1-bit Adam): this replica's share of
-  the mean, `x = g / N` in float32, is sent as `C(x + e)` instead of `x`,
-  and the new residual is `e' = x + e - C(x + e)`, where `e` is `residual`
-  (this replica's, float32, shaped like `grads`) and `C` the replica's own
-  quantisation of its contribution before the sum: rounding to `comm_dtype`
-  after the APS shift (the shift is chosen from `max|x + e|` over the
-  replicas, the `pmax` APS issues anyway, and undone on `e'`), or with
-  `block_size` / `measured_shift` the scaled rounding with scales measured
-  on this replica's own blocks / leaf (`compress`). The mean is then
-  `Σ_r C(x_r + e_r)` up to the roundings of partial sums on the hops of
-  "ring"/"torus", which belong to no replica and are not fed back (for
-  "psum", and for any algorithm where the partial sums stay on the grid,
-  as integer formats with APS do, the mean is exactly that sum). Leaves
-  that do not travel in the format (non-float) keep their residual. A
-  contribution already on the grid leaves `e' = 0`, so error feedback then
-  changes nothing. The sum over replicas of the residuals is what the
-  reduction still owes the optimizer: `Σ_r e'_r = Σ_r (x_r + e_r) - mean`
-  (with the hop roundings aside).
+  *Error feedback* (`grad_sync.error_feedback`), in two stages
+(`ErrorFeedbackState` has the rule and the memory it takes). The worker
+stage (EF-SGD, Karimireddy et al. 2019): this replica's share `x = g / N`
+(float32) is sent as `C(x + e)` and `e' = x + e - C(x + e)` is kept, `C`
+its own quantisation before the sum: rounding to `comm_dtype` after the
+APS shift (chosen from `max|x + e|` over the replicas and undone on
+`e'`), or with `block_size` / `measured_shift` the scaled rounding with
+scales measured on this replica's blocks / leaf. The hop stage (1-bit
+Adam's server error, Tang et al. 2021), "ring" and "torus" only: every
+partial sum `p` this device forwards, and the reduced chunk it sends in
+the gather (or rounds as its shard with `scatter`), is sent as
+`C(p + f)` and `f' = p + f - C(p + f)` is kept, one residual per element
+of the gradient. With both, the sum over steps of the means plus the
+residuals left equals the exact sum: nothing is lost, only delayed.
+`residual` is an `ErrorFeedbackState` (zeros at the start:
+`ErrorFeedbackState.zeros(grads, grad_sync)`); a bare pytree is the worker
+residual alone (the one-stage rule: the hops' roundings are not fed back)
+and comes back bare. Leaves that do not travel in the format keep their
+residuals; a contribution already on the grid leaves `e' = 0`.
 
   Args:
     grads: a pytree of gradients (the local gradient of this replica).
@@ -451,13 +460,14 @@ def sync_gradients(
     key: the PRNG key for `rounding="stochastic"` (the same on every
       replica: the device index is folded in); None otherwise.
     scatter: reduce-scatter the leaves that split over the replicas.
-    residual: with `grad_sync.error_feedback`, this replica's residual (a
-      float32 pytree shaped like `grads`; zeros at the start); None
-      otherwise.
+    residual: with `grad_sync.error_feedback`, this device's residuals, an
+      `ErrorFeedbackState` (or a bare float32 pytree shaped like `grads`:
+      the worker residual alone); None otherwise.
 
   Returns:
     The mean gradient (or, with `scatter`, its shards), each leaf in its
-    own dtype; with error feedback, `(mean, new_residual)`.
+    own dtype; with error feedback, `(mean, new_residual)`, the residual
+    of the kind given.
 
   Raises:
     ValueError: a stochastic rounding without a key, or a key without it;
@@ -486,12 +496,12 @@ def sync_gradients(
     ...     mesh=mesh, in_specs=P("data"), out_specs=(P(), P("data")),
     ...     check_vma=False))
     >>> g = jnp.full(mesh.size, 2.0)  # each replica's share: 2 / 8 = 0.25
-    >>> e, means = jnp.zeros(mesh.size), []
+    >>> e, means = dp.ErrorFeedbackState.zeros(g, ef), []  # split like g
     >>> for _ in range(8):
     ...   m, e = h(g, e)
     ...   means.append(float(m[0]))
-    >>> means, float(e[0])
-    ([0.0, 0.0, 8.0, 0.0, 0.0, 0.0, 8.0, 0.0], 0.0)
+    >>> means, float(e.worker[0]), float(e.hop[0])
+    ([0.0, 0.0, 8.0, 0.0, 0.0, 0.0, 8.0, 0.0], 0.0, 0.0)
 
   References:
     Goyal et al., "Accurate, Large Minibatch SGD", 2017; Xu et al.,
@@ -501,22 +511,32 @@ def sync_gradients(
     et al., "Error Feedback Fixes SignSGD and other Gradient Compression
     Schemes", ICML 2019, https://arxiv.org/abs/1901.09847; Tang et al.,
     "1-bit Adam: Communication Efficient Large-Scale Training with Adam's
-    Convergence Speed", ICML 2021, https://arxiv.org/abs/2102.02888.
+    Convergence Speed", ICML 2021, https://arxiv.org/abs/2102.02888; Li et
+    al., "1-bit LAMB", 2021, https://arxiv.org/abs/2104.06069.
   """
   sync = GradSync() if grad_sync is None else grad_sync
   _check_key(sync, key)
   if sync.error_feedback and residual is None:
     raise ValueError(
         "grad_sync.error_feedback=True needs this replica's residual: pass "
-        "residual= (float32 zeros shaped like grads at the start)."
+        "residual= (ErrorFeedbackState.zeros(grads, grad_sync) at the start)."
     )
   if residual is not None and not sync.error_feedback:
     raise ValueError("residual is only used with error_feedback=True; pass residual=None.")
+  worker, hop, two_stage = ef.split_residual(residual)
+  if two_stage and (hop is None) != (sync.algorithm not in ef.HOP_ALGORITHMS):
+    raise ValueError(
+        f"residual.hop must be None exactly for algorithm 'psum' (no hops), got "
+        f"{'None' if hop is None else 'residuals'} with {sync.algorithm!r}; build it "
+        "with ErrorFeedbackState.zeros(grads, grad_sync)."
+    )
   n = compat.axis_size(axis_name)
   scaled = jax.tree.map(lambda g: g.astype(acc_dtype(g.dtype)) / n, grads)
-  total, new_residual = _reduce(scaled, axis_name, sync, key, scatter, residual)
+  total, worker, hop = _reduce(scaled, axis_name, sync, key, scatter, worker, hop)
   mean = jax.tree.map(lambda t, g: t.astype(g.dtype), total, grads)
-  return mean if residual is None else (mean, new_residual)
+  if residual is None:
+    return mean
+  return mean, (ef.ErrorFeedbackState(worker, hop) if two_stage else worker)
 
 
 def all_reduce(

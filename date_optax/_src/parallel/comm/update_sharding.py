@@ -117,6 +117,12 @@ def to_blocks(x: jax.Array, d: int, n: int) -> jax.Array:
   return jnp.moveaxis(x, d, 0).reshape(n, -1)
 
 
+def from_blocks(blocks: jax.Array, shape: Sequence[int], d: int) -> jax.Array:
+  """Inverse of `to_blocks`: (n, rest) blocks back as the whole array of `shape`."""
+  moved = (shape[d],) + tuple(s for i, s in enumerate(shape) if i != d)
+  return jnp.moveaxis(blocks.reshape(moved), 0, d)
+
+
 def shard_from_chunk(
     chunk: jax.Array, shape: Sequence[int], d: int, n: int
 ) -> jax.Array:

@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from date_optax._src.parallel.comm.grad_sync import GradSync, grad_sync_from, most_square_grid
+from date_optax._src.parallel.comm.collectives import most_square_grid
+from date_optax._src.parallel.comm.grad_sync import GradSync, grad_sync_from
 from date_optax._src.parallel.step import grad_stats as gs_lib
 from date_optax._src.parallel.step import local_grads as lg
 from date_optax._src.parallel.step.replica_step import apply_update, replica_step
@@ -121,7 +122,7 @@ class PmapTrainStep:
     if self.grad_stats_decay is not None:
       state = state.replace(grad_stats=gs_lib.GradStatsState.zeros())
     if self.error_feedback:
-      state = state.replace(grad_residual=zero_residuals(state.params))
+      state = state.replace(grad_residual=zero_residuals(state.params, self.grad_sync))
     n = self.num_replicas
     stacked = jax.tree.map(
         lambda x: jnp.broadcast_to(x, (n,) + jnp.shape(x)), state
@@ -200,8 +201,8 @@ def make_pmap_train_step(
     block_size: MX-style block scales, as in `make_train_step`.
     measured_shift: the measured per-layer shift, as in `make_train_step`.
     error_feedback: error feedback, as in `make_train_step`; the residuals
-      are in `state.grad_residual`, one per device along the state's device
-      axis.
+      (an `ErrorFeedbackState`) are in `state.grad_residual`, one per device
+      along the state's device axis.
     grad_stats: measure gradient-noise statistics, as in `make_train_step`
       (same estimates, state, metrics and `grad_stats=` to the optimizer).
     grad_stats_decay: their moving-average factor, as in `make_train_step`.

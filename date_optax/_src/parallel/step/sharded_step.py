@@ -312,7 +312,7 @@ def make_sharded_train_step(
     ...     loss_fn, date_optax.lamb(1e-2), mesh,
     ...     param_sharding=[("w", P("model", None))], grad_sync=sync)
     >>> state, metrics = step(step.init({"w": np.zeros((4, 1), np.float32)}), batch)
-    >>> state.grad_residual["w"].sharding.spec == P("data", "model", None)
+    >>> state.grad_residual.worker["w"].sharding.spec == P("data", "model", None)
     True
     >>> float(metrics["loss"])
     1.0

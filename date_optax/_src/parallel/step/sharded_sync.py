@@ -32,6 +32,7 @@ from jax.sharding import PartitionSpec as P
 
 from date_optax._src.parallel import compat
 from date_optax._src.parallel.comm import update_sharding as us
+from date_optax._src.parallel.comm.error_feedback import ErrorFeedbackState
 from date_optax._src.parallel.comm.grad_sync import GradSync, sync_gradients
 from date_optax._src.types import PyTree
 
@@ -88,7 +89,13 @@ def reduce_stacked(
     mean, new = out
     return mean, jax.tree.map(lambda x: x[None], new)
 
-  res_spec = stacked if feedback else None
+  if not feedback:
+    res_spec = None
+  elif isinstance(residual, ErrorFeedbackState):  # worker and hop residuals
+    res_spec = ErrorFeedbackState(worker=stacked,
+                                  hop=None if residual.hop is None else stacked)
+  else:  # a bare pytree: the worker residual alone
+    res_spec = stacked
   fn = compat.shard_map(
       body, mesh=mesh, in_specs=(stacked, res_spec),
       out_specs=(update_specs, res_spec),

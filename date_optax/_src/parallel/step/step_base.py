@@ -27,6 +27,7 @@ from date_optax._src import validation
 from date_optax._src.gain import noise_scale
 from date_optax._src.parallel import compat
 from date_optax._src.parallel.comm import update_sharding as us
+from date_optax._src.parallel.comm.error_feedback import ErrorFeedbackState
 from date_optax._src.parallel.layout import param_sharding as ps
 from date_optax._src.parallel.layout.distributed import host_local_to_global, replicate_to_mesh
 from date_optax._src.parallel.layout.mesh import auto_axes_mesh
@@ -97,7 +98,8 @@ class TrainStep:
     self.grad_stats_decay = grad_stats_decay
     self.num_replicas = compat.mesh_axis_sizes(mesh, data_axes)
     self.batch_spec = P(us.axes_entry(data_axes))
-    # Error-feedback residuals: a leading replica axis split over the data axes.
+    # Error-feedback residuals (worker and hop): a leading replica axis split
+    # over the data axes.
     self.residual_spec = self.batch_spec
     self.batch_sharding = NamedSharding(mesh, self.batch_spec)
     self.replicated = NamedSharding(mesh, P())
@@ -157,13 +159,23 @@ class TrainStep:
         model_state=jax.tree.map(lambda _: self.replicated, state.model_state),
         rng=None if state.rng is None else self.replicated,
         grad_stats=jax.tree.map(lambda _: self.replicated, state.grad_stats),
-        grad_residual=None if state.grad_residual is None else jax.tree.map(
-            lambda _, s: named(s), state.grad_residual, self.residual_specs(state.params)),
+        grad_residual=self._residual_shardings(state.grad_residual, state.params, named),
         batch_schedule=jax.tree.map(lambda _: self.replicated, state.batch_schedule),
     )
 
   #: Whether the state carries error-feedback residuals (set by the builders).
   error_feedback = False
+
+  def _residual_shardings(self, residual: Any, params: PyTree, named: Any) -> Any:
+    """The shardings of `state.grad_residual`: each stage laid out as
+    `residual_specs` (an `ErrorFeedbackState`, or a bare pytree of residuals)."""
+    if residual is None:
+      return None
+    specs = self.residual_specs(params)
+    tree = lambda r: None if r is None else jax.tree.map(lambda _, s: named(s), r, specs)
+    if isinstance(residual, ErrorFeedbackState):
+      return ErrorFeedbackState(worker=tree(residual.worker), hop=tree(residual.hop))
+    return tree(residual)
 
   def residual_specs(self, params: PyTree) -> PyTree:
     """The `PartitionSpec` of every error-feedback residual (a leading replica
@@ -222,7 +234,8 @@ class TrainStep:
         if self.grad_stats_decay is not None:
           state = state.replace(grad_stats=gs_lib.GradStatsState.zeros())
         if self.error_feedback:
-          state = state.replace(grad_residual=zero_residuals(p, self.num_replicas))
+          state = state.replace(
+              grad_residual=zero_residuals(p, self.grad_sync, self.num_replicas))
         if self.batch_schedule is not None:
           state = state.replace(batch_schedule=self.batch_schedule.init())
         return state
@@ -396,6 +409,14 @@ def check_state(state: Any, *, error_feedback: bool, grad_stats: bool) -> None:
         "state.grad_residual, the residuals; build the state with this step's "
         "init (TrainState.create leaves it None)."
     )
+  if error_feedback and not isinstance(state.grad_residual, ErrorFeedbackState):
+    raise TypeError(
+        "state.grad_residual must be an ErrorFeedbackState (worker and hop "
+        f"residuals), got {type(state.grad_residual).__name__}: build the state "
+        "with this step's init; a bare pytree of worker residuals (the layout "
+        "before two-stage error feedback) goes in as "
+        "ErrorFeedbackState.zeros(params, grad_sync, replicas)._replace(worker=old)."
+    )
   if grad_stats and state.grad_stats is None:
     raise ValueError(
         "this step was built with grad_stats=True: it needs state.grad_stats, "
@@ -404,13 +425,12 @@ def check_state(state: Any, *, error_feedback: bool, grad_stats: bool) -> None:
     )
 
 
-def zero_residuals(params: PyTree, replicas: int | None = None) -> PyTree:
-  """Fresh error-feedback residuals: float32 zeros shaped like `params`.
+def zero_residuals(params: PyTree, grad_sync: Any, replicas: int | None = None) -> Any:
+  """Fresh error-feedback residuals for `params` (`ErrorFeedbackState.zeros`).
 
-  With `replicas` they get a leading replica axis of that length.
+  With `replicas` every leaf gets a leading replica axis of that length.
   """
-  lead = () if replicas is None else (replicas,)
-  return jax.tree.map(lambda x: jnp.zeros(lead + jnp.shape(x), jnp.float32), params)
+  return ErrorFeedbackState.zeros(params, grad_sync, replicas)
 
 
 def check_fn_and_optimizer(loss_fn: Any, optimizer: Any) -> None:

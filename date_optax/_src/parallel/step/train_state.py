@@ -49,13 +49,15 @@ class TrainState(flax.struct.PyTreeNode):
       `grad_stats=True` (a `GradStatsState`), or None. Checkpointed with
       the rest of the state.
     grad_residual: the error-feedback residuals of a step built with
-      `error_feedback=True`, or None: per replica, what its compressed
-      gradient contributions have not yet delivered (float32, shaped like
-      the parameters; `sync_gradients` defines it). A step over a mesh
-      keeps a leading replica axis sharded over the data axes, so each
-      device holds its own; the `pmap` step's state has the device axis
-      already. Checkpointed with the rest of the state, and kept unchanged
-      by a skipped step.
+      `error_feedback=True`, or None: an `ErrorFeedbackState`, per replica
+      what its compressed contributions (`worker`) and the messages it
+      rounded on ring/torus hops (`hop`, None for "psum") have not yet
+      delivered (float32, each shaped like the parameters;
+      `sync_gradients` defines them). A step over a mesh keeps a leading
+      replica axis sharded over the data axes, so each device holds its
+      own; the `pmap` step's state has the device axis already.
+      Checkpointed with the rest of the state, and kept unchanged by a
+      skipped step.
     batch_schedule: the progress of the step's `date_optax.BatchSchedule`
       (a `date_optax.BatchScheduleState`: batch, examples consumed, last
       change, pending growth), or None for a step without one.

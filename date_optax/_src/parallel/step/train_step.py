@@ -231,15 +231,20 @@ def make_train_step(
       every hop (allows for cancellation, unlike APS's worst case). Needs a
       low-precision `comm_dtype` and "ring" or "torus"; excludes
       `block_size`.
-    error_feedback: error feedback (EF-SGD, Karimireddy et al. 2019; the
-      error compensation of 1-bit Adam, Tang et al. 2021): each replica
-      adds the residual of its last compression to its next gradient
-      before compressing, so what the payload format drops is delivered
-      later instead of lost. The residuals live in
-      `state.grad_residual` (float32, one copy of the parameters per
-      replica, a leading replica axis split over the data axes), are
-      checkpointed with the state and kept unchanged by a skipped step.
-      Needs a low-precision `comm_dtype`. See `sync_gradients`.
+    error_feedback: two-stage error feedback (EF-SGD, Karimireddy et al.
+      2019; the worker and server error compensation of 1-bit Adam, Tang et
+      al. 2021): each replica adds the residual of its last compression to
+      its next gradient before compressing, and over "ring"/"torus" each
+      device adds the residual of every partial sum it forwarded, and of
+      its gathered payload, the next time it sends the same place, so what
+      the payload format drops is delivered later instead of lost. The
+      residuals live in `state.grad_residual`, an `ErrorFeedbackState`
+      (`worker` and `hop`, float32, each one copy of the parameters per
+      replica with a leading replica axis split over the data axes; `hop`
+      is None for "psum"; bfloat16 with `GradSync(residual_dtype=
+      "bfloat16")`), are checkpointed with the state and kept unchanged by
+      a skipped step. Needs a low-precision `comm_dtype`. See
+      `sync_gradients`.
     grad_stats: measure gradient-noise statistics (see above); needs more
       than one replica or `microbatches >= 2`.
     grad_stats_decay: the moving-average factor per step, in [0, 1); None
@@ -318,13 +323,14 @@ def make_train_step(
     (1, 1.0)
 
     A 4-bit payload with block scales and error feedback; the state holds
-    each replica's residual:
+    each replica's residuals, its contribution's and its hops':
 
     >>> step = dp.make_train_step(loss_fn, date_optax.lamb(1e-2), mesh,
     ...                           grad_reduce="ring", comm_dtype="int4",
     ...                           block_size=32, error_feedback=True)
     >>> state, metrics = step(step.init({"w": np.zeros((3, 1), np.float32)}), batch)
-    >>> state.grad_residual["w"].shape == (mesh.size, 3, 1)
+    >>> residual = state.grad_residual
+    >>> residual.worker["w"].shape == residual.hop["w"].shape == (mesh.size, 3, 1)
     True
 
   References:
