@@ -433,24 +433,24 @@ def sync_gradients(
   the format, APS shifts from one `pmax` over all of them, whole and split.
 
   *Error feedback* (`grad_sync.error_feedback`), in two stages
-(`ErrorFeedbackState` has the rule and the memory it takes). The worker
-stage (EF-SGD, Karimireddy et al. 2019): this replica's share `x = g / N`
-(float32) is sent as `C(x + e)` and `e' = x + e - C(x + e)` is kept, `C`
-its own quantisation before the sum: rounding to `comm_dtype` after the
-APS shift (chosen from `max|x + e|` over the replicas and undone on
-`e'`), or with `block_size` / `measured_shift` the scaled rounding with
-scales measured on this replica's blocks / leaf. The hop stage (1-bit
-Adam's server error, Tang et al. 2021), "ring" and "torus" only: every
-partial sum `p` this device forwards, and the reduced chunk it sends in
-the gather (or rounds as its shard with `scatter`), is sent as
-`C(p + f)` and `f' = p + f - C(p + f)` is kept, one residual per element
-of the gradient. With both, the sum over steps of the means plus the
-residuals left equals the exact sum: nothing is lost, only delayed.
-`residual` is an `ErrorFeedbackState` (zeros at the start:
-`ErrorFeedbackState.zeros(grads, grad_sync)`); a bare pytree is the worker
-residual alone (the one-stage rule: the hops' roundings are not fed back)
-and comes back bare. Leaves that do not travel in the format keep their
-residuals; a contribution already on the grid leaves `e' = 0`.
+  (`ErrorFeedbackState` has the rule and the memory it takes). The worker
+  stage (EF-SGD, Karimireddy et al. 2019): this replica's share `x = g / N`
+  (float32) is sent as `C(x + e)` and `e' = x + e - C(x + e)` is kept, `C`
+  its own quantisation before the sum: rounding to `comm_dtype` after the
+  APS shift (chosen from `max|x + e|` over the replicas and undone on
+  `e'`), or with `block_size` / `measured_shift` the scaled rounding with
+  scales measured on this replica's blocks / leaf. The hop stage (1-bit
+  Adam's server error, Tang et al. 2021), "ring" and "torus" only: every
+  partial sum `p` this device forwards, and the reduced chunk it sends in
+  the gather (or rounds as its shard with `scatter`), is sent as
+  `C(p + f)` and `f' = p + f - C(p + f)` is kept, one residual per element
+  of the gradient. With both, the sum over steps of the means plus the
+  residuals left equals the exact sum: nothing is lost, only delayed.
+  `residual` is an `ErrorFeedbackState` (zeros at the start:
+  `ErrorFeedbackState.zeros(grads, grad_sync)`); a bare pytree is the worker
+  residual alone (the one-stage rule: the hops' roundings are not fed back)
+  and comes back bare. Leaves that do not travel in the format keep their
+  residuals; a contribution already on the grid leaves `e' = 0`.
 
   Args:
     grads: a pytree of gradients (the local gradient of this replica).
