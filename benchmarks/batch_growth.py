@@ -157,35 +157,15 @@ def train_growing(task, data: dict, base: date_optax.Baseline, sched, seed: int,
   variables = model.init(jax.random.key(seed), jnp.asarray(x_train[:2]), train=True)
   params, bstats = variables["params"], variables.get("batch_stats")
 
-  def loss_fn(p, b, model_state=None):
-    if model_state is None:
-      logits, new = model.apply({"params": p}, b["x"], train=True), None
-    else:
-      logits, upd = model.apply({"params": p, "batch_stats": model_state}, b["x"],
-                                train=True, mutable=["batch_stats"])
-      new = upd["batch_stats"]
-    loss = optax.softmax_cross_entropy_with_integer_labels(
-        logits.astype(jnp.float32), b["y"]).mean()
-    return loss if model_state is None else (loss, new)
-
+  loss_fn = oracle.classifier_loss(model)
   mesh = dp.data_mesh(devices)
   step = dp.make_train_step(loss_fn, tx, mesh, grad_stats=True, batch_schedule=sched)
   state = step.init(params, model_state=bstats)
   src = dp.ArraySource({"x": x_train, "y": y_train.astype(np.int32)})
   batches = dp.GrowingBatches(iter(dp.data_loader(src, sched.chunk_size, seed=seed)),
                               sched.chunk_size)
-  total = data["epochs"] * len(x_train)
-  examples, curve, m = 0, [], None
-  while True:
-    b = step.next_batch_size(state)
-    if examples + b > total:
-      break
-    state, m = step(state, batches.take(b))
-    examples += b
-    curve.append(m)
-  curve = [dict(batch=int(c["batch_size"]), lr=float(c["learning_rate"]),
-                loss=float(c["loss"]), noise_scale=float(c["grad_noise_scale"]))
-           for c in jax.device_get(curve)]
+  state, curve, examples = bert.run_growing(step, state, batches,
+                                            data["epochs"] * len(x_train))
   wall = time.perf_counter() - start
 
   @jax.jit
@@ -204,14 +184,10 @@ def train_growing(task, data: dict, base: date_optax.Baseline, sched, seed: int,
   diverged = not np.isfinite(loss) or int(state.total_skips) > 0
   if diverged:
     acc = min(acc, 100.0 * np.mean(data["y_test"] == 0))
-  stride = max(1, len(curve) // 200)
-  changes = [i for i in range(1, len(curve)) if curve[i]["batch"] != curve[i - 1]["batch"]]
-  keep = sorted({*range(0, len(curve), stride), *changes, *(i - 1 for i in changes),
-                 len(curve) - 1})
   return dict(accuracy=acc, loss=loss, steps=len(curve), examples=examples, wall=wall,
               diverged=bool(diverged), programs=step.traces,
               devices=int(mesh.devices.size),
-              curve=[dict(step=i, **curve[i]) for i in keep])
+              curve=bert.thin(curve))
 
 
 def run_study(args) -> int:

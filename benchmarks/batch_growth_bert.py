@@ -52,6 +52,37 @@ def baseline_of(cfg) -> date_optax.Baseline:
       ratio_bounds=(0.0, 1e30))
 
 
+def run_growing(step, state, batches, total: int):
+  """Steps until the next batch would pass `total` examples.
+
+  Returns the state, every step's batch, learning rate, loss and noise
+  scale (read once, at the end: no host read per step), and the examples.
+  """
+  examples, metrics = 0, []
+  while True:
+    b = step.next_batch_size(state)
+    if examples + b > total:
+      break
+    state, m = step(state, batches.take(b))
+    examples += b
+    metrics.append({k: m[k] for k in ("batch_size", "learning_rate", "loss",
+                                      "grad_noise_scale")})
+  curve = [dict(batch=int(c["batch_size"]), lr=float(c["learning_rate"]),
+                loss=float(c["loss"]), noise_scale=float(c["grad_noise_scale"]))
+           for c in jax.device_get(metrics)]
+  return state, curve, examples
+
+
+def thin(curve: list[dict], points: int = 200) -> list[dict]:
+  """About `points` of the curve, with every step where the batch changes
+  and the one before it (so the examples between kept points are exact)."""
+  stride = max(1, len(curve) // points)
+  changes = [i for i in range(1, len(curve)) if curve[i]["batch"] != curve[i - 1]["batch"]]
+  keep = sorted({*range(0, len(curve), stride), *changes, *(i - 1 for i in changes),
+                 len(curve) - 1})
+  return [dict(step=i, **curve[i]) for i in keep]
+
+
 def read_rows(path: str, scale: int) -> list[dict]:
   """The B0 / fixed / gain runs of the batch-scaling study, as batch-growth rows."""
   import json  # noqa: PLC0415
@@ -113,19 +144,8 @@ def train_growing(sched: date_optax.BatchSchedule, seed: int, rule: str = "sqrt"
   loader = input_pipeline.train_loader(vocab, sched.chunk_size, cfg.seq_len, seed=seed + 1000,
                                        mask_rate=cfg.mask_rate)
   batches = dp.GrowingBatches(iter(loader), sched.chunk_size)
-  total = cfg.num_train_tokens // cfg.seq_len
-  examples, curve = 0, []
-  while True:
-    b = step.next_batch_size(state)
-    if examples + b > total:
-      break
-    state, m = step(state, batches.take(b))
-    examples += b
-    curve.append({k: m[k] for k in ("batch_size", "learning_rate", "loss",
-                                    "grad_noise_scale")})
-  curve = [dict(batch=int(c["batch_size"]), lr=float(c["learning_rate"]),
-                loss=float(c["loss"]), noise_scale=float(c["grad_noise_scale"]))
-           for c in jax.device_get(curve)]
+  state, curve, examples = run_growing(step, state, batches,
+                                       cfg.num_train_tokens // cfg.seq_len)
   wall = time.perf_counter() - start
   eval_data = input_pipeline.eval_set(
       cfg.seq_len, seed=cfg.eval_seed, mask_rate=cfg.mask_rate,
@@ -137,10 +157,6 @@ def train_growing(sched: date_optax.BatchSchedule, seed: int, rule: str = "sqrt"
   loss = float(out["nll"] / out["count"])
   acc = float(out["correct"] / out["count"])
   diverged = not np.isfinite(loss) or int(state.total_skips) > 0
-  stride = max(1, len(curve) // 200)
-  changes = [i for i in range(1, len(curve)) if curve[i]["batch"] != curve[i - 1]["batch"]]
-  keep = sorted({*range(0, len(curve), stride), *changes, *(i - 1 for i in changes),
-                 len(curve) - 1})
   return dict(loss=loss, accuracy=acc, steps=len(curve), examples=examples, wall=wall,
               diverged=bool(diverged), programs=step.traces, devices=int(mesh.devices.size),
-              eval_sequences=n, curve=[dict(step=i, **curve[i]) for i in keep])
+              eval_sequences=n, curve=thin(curve))

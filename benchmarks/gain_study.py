@@ -46,7 +46,6 @@ os.environ.setdefault(
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-import optax  # noqa: E402
 
 import date_optax  # noqa: E402
 import date_optax.parallel as dp  # noqa: E402
@@ -92,17 +91,7 @@ def train_with_step(task, data: dict, tx, batch: int, seed: int) -> dict:
   variables = model.init(jax.random.key(seed), jnp.asarray(x_train[:2]), train=True)
   params, bstats = variables["params"], variables.get("batch_stats")
 
-  def loss_fn(p, b, model_state=None):
-    if model_state is None:
-      logits, new = model.apply({"params": p}, b["x"], train=True), None
-    else:
-      logits, upd = model.apply({"params": p, "batch_stats": model_state}, b["x"],
-                                train=True, mutable=["batch_stats"])
-      new = upd["batch_stats"]
-    loss = optax.softmax_cross_entropy_with_integer_labels(
-        logits.astype(jnp.float32), b["y"]).mean()
-    return loss if model_state is None else (loss, new)
-
+  loss_fn = oracle.classifier_loss(model)
   devices = jax.device_count()
   if "cnn" in task.name:  # ghost batch norm: B0 examples per ghost batch
     while devices > 2 and (batch // devices) % task.batch_size:

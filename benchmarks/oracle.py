@@ -53,6 +53,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 import date_optax
 from date_optax import schedules
@@ -149,6 +150,25 @@ TASKS = (
          "momentum 0.9", "mnist1d", lambda b0: GhostBNCNN(b0), "momentum", 16, None,
          steps_per_call=16),
 )
+
+
+def classifier_loss(model: nn.Module) -> Callable:
+  """`loss_fn(params, batch, model_state=None)` for the data-parallel step:
+  softmax cross-entropy of `model` on `batch["x"]`, `batch["y"]`; with
+  `model_state` (batch norm's statistics) it returns `(loss, new_state)`."""
+
+  def loss_fn(p, b, model_state=None):
+    if model_state is None:
+      logits, new = model.apply({"params": p}, b["x"], train=True), None
+    else:
+      logits, upd = model.apply({"params": p, "batch_stats": model_state}, b["x"],
+                                train=True, mutable=["batch_stats"])
+      new = upd["batch_stats"]
+    loss = optax.softmax_cross_entropy_with_integer_labels(
+        logits.astype(jnp.float32), b["y"]).mean()
+    return loss if model_state is None else (loss, new)
+
+  return loss_fn
 
 
 def load_data(kind: str, cfg: dict) -> dict[str, np.ndarray]:
