@@ -148,8 +148,9 @@ class BatchSchedule:
   smoothed ``|G|²`` estimate not yet positive: the statistics have not
   separated the gradient from its noise, as in the first steps) grows
   nothing: measured, growing on it doubled the batch every ``min_steps``
-  steps from the start and cost up to 2.8 points. The decision is made on the device from replicated statistics,
-  so every process takes it identically.
+  steps from the start and cost up to 2.8 points. The decision is made on
+  the device from replicated statistics, so every process takes it
+  identically.
 
   Args:
     kind: one of :data:`KINDS`; use the constructors instead.
