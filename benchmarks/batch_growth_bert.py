@@ -73,14 +73,16 @@ def run_growing(step, state, batches, total: int):
   return state, curve, examples
 
 
-def thin(curve: list[dict], points: int = 200) -> list[dict]:
+def thin(curve: list[dict], points: int = 100) -> list[dict]:
   """About `points` of the curve, with every step where the batch changes
-  and the one before it (so the examples between kept points are exact)."""
+  and the one before it (so the examples between kept points are exact),
+  floats to 5 significant digits (the log stays small)."""
   stride = max(1, len(curve) // points)
   changes = [i for i in range(1, len(curve)) if curve[i]["batch"] != curve[i - 1]["batch"]]
   keep = sorted({*range(0, len(curve), stride), *changes, *(i - 1 for i in changes),
                  len(curve) - 1})
-  return [dict(step=i, **curve[i]) for i in keep]
+  return [dict(step=i, **{k: float(f"{v:.5g}") if isinstance(v, float) else v
+                          for k, v in curve[i].items()}) for i in keep]
 
 
 def read_rows(path: str, scale: int) -> list[dict]:
