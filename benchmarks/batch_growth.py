@@ -168,22 +168,8 @@ def train_growing(task, data: dict, base: date_optax.Baseline, sched, seed: int,
                                             data["epochs"] * len(x_train))
   wall = time.perf_counter() - start
 
-  @jax.jit
-  def predict(p, st, x):
-    v = {"params": p} if st is None else {"params": p, "batch_stats": st}
-    return jnp.argmax(model.apply(v, x, train=False), axis=-1)
-
-  params = jax.device_get(state.params)
-  st = None if state.model_state is None else jax.device_get(state.model_state)
-  correct = 0
-  for i in range(0, len(data["x_test"]), 2048):
-    pred = predict(params, st, data["x_test"][i:i + 2048])
-    correct += int(np.sum(np.asarray(pred) == data["y_test"][i:i + 2048]))
-  acc = 100.0 * correct / len(data["x_test"])
   loss = curve[-1]["loss"]
-  diverged = not np.isfinite(loss) or int(state.total_skips) > 0
-  if diverged:
-    acc = min(acc, 100.0 * np.mean(data["y_test"] == 0))
+  acc, diverged = oracle.step_accuracy(model, state, data, loss)
   return dict(accuracy=acc, loss=loss, steps=len(curve), examples=examples, wall=wall,
               diverged=bool(diverged), programs=step.traces,
               devices=int(mesh.devices.size),

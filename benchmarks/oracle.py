@@ -171,6 +171,31 @@ def classifier_loss(model: nn.Module) -> Callable:
   return loss_fn
 
 
+def step_accuracy(model: nn.Module, state, data: dict, loss: float) -> tuple[float, bool]:
+  """(test accuracy in %, diverged) of a data-parallel step's final `state`.
+
+  A run whose last loss is not finite or that skipped a step counts as
+  diverged, and its accuracy as at most chance (the share of label 0).
+  """
+
+  @jax.jit
+  def predict(p, st, x):
+    v = {"params": p} if st is None else {"params": p, "batch_stats": st}
+    return jnp.argmax(model.apply(v, x, train=False), axis=-1)
+
+  params = jax.device_get(state.params)
+  st = None if state.model_state is None else jax.device_get(state.model_state)
+  correct = 0
+  for i in range(0, len(data["x_test"]), 2048):
+    pred = predict(params, st, data["x_test"][i:i + 2048])
+    correct += int(np.sum(np.asarray(pred) == data["y_test"][i:i + 2048]))
+  acc = 100.0 * correct / len(data["x_test"])
+  diverged = not np.isfinite(loss) or int(state.total_skips) > 0
+  if diverged:
+    acc = min(acc, 100.0 * np.mean(data["y_test"] == 0))
+  return acc, bool(diverged)
+
+
 def load_data(kind: str, cfg: dict) -> dict[str, np.ndarray]:
   if kind == "mnist1d":
     d = input_pipeline.load_mnist1d(
