@@ -279,6 +279,7 @@ def test_grad_sync_config_builds_the_step_reduction_and_refuses_bad_values():
     train.make_grad_sync(config)
 
 
+@pytest.mark.slow  # ~40 s; the sharded 4-bit test below runs by default
 def test_bert_one_step_with_a_4_bit_ring_and_error_feedback(tmp_path):
   """The study's step: a data-only mesh, the ring with an int4 payload, block
   scales and error feedback (`config.grad_sync`), LAMB, microbatches."""

@@ -74,8 +74,10 @@ EXAMPLES = {
     "bert_lamb": ("examples.bert_lamb.train", "examples.bert_lamb.configs.smoke", 12,
                   "examples._loop"),
 }
-# Three smoke runs of bert_lamb take minutes (8-device compiles of two stages).
-SLOW_IN_PROCESS = {"bert_lamb"}
+# Three smoke runs of bert_lamb take minutes (8-device compiles of two stages);
+# resnet50_imagenet's take about a minute, and the loop they share is resumed
+# by the other examples in the default run.
+SLOW_IN_PROCESS = {"bert_lamb", "resnet50_imagenet"}
 
 
 @pytest.mark.parametrize("name", [

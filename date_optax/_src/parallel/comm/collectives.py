@@ -557,8 +557,8 @@ def psum_all_reduce(tree: PyTree, axis_name: Any) -> PyTree:
     >>> import date_optax.parallel as dp
     >>> mesh = dp.data_mesh()
     >>> n = mesh.size
-    >>> f = jax.shard_map(lambda t: dp.psum_all_reduce(t, "data"), mesh=mesh,
-    ...                   in_specs=P("data"), out_specs=P())
+    >>> f = jax.jit(jax.shard_map(lambda t: dp.psum_all_reduce(t, "data"), mesh=mesh,
+    ...                   in_specs=P("data"), out_specs=P()))
     >>> float(f(jnp.ones(n, jnp.bfloat16))[0]) == n
     True
 
@@ -600,9 +600,9 @@ def ring_all_reduce(tree: PyTree, axis_name: Any) -> PyTree:
     >>> import date_optax.parallel as dp
     >>> mesh = dp.data_mesh()
     >>> n = mesh.size
-    >>> f = jax.shard_map(lambda t: dp.ring_all_reduce(t, "data"), mesh=mesh,
+    >>> f = jax.jit(jax.shard_map(lambda t: dp.ring_all_reduce(t, "data"), mesh=mesh,
     ...                   in_specs=P("data"), out_specs=P("data"),
-    ...                   check_vma=False)
+    ...                   check_vma=False))
     >>> bool((f(jnp.arange(3.0 * n)) == jnp.tile(jnp.arange(3.0 * n)
     ...       .reshape(n, 3).sum(0), n)).all())
     True
@@ -649,9 +649,9 @@ def torus_all_reduce(
     >>> from jax.sharding import PartitionSpec as P
     >>> import date_optax.parallel as dp
     >>> mesh = dp.torus_mesh(1, jax.device_count())
-    >>> f = jax.shard_map(lambda t: dp.torus_all_reduce(t, ("x", "y")),
+    >>> f = jax.jit(jax.shard_map(lambda t: dp.torus_all_reduce(t, ("x", "y")),
     ...                   mesh=mesh, in_specs=P(("x", "y")),
-    ...                   out_specs=P(("x", "y")), check_vma=False)
+    ...                   out_specs=P(("x", "y")), check_vma=False))
     >>> out = f(jnp.ones(5 * mesh.size))
     >>> bool((out == mesh.size).all())
     True

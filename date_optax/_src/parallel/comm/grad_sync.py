@@ -479,8 +479,8 @@ def sync_gradients(
     >>> import date_optax.parallel as dp
     >>> mesh = dp.data_mesh()
     >>> sync = dp.GradSync("ring", comm_dtype="bfloat16")
-    >>> f = jax.shard_map(lambda g: dp.sync_gradients(g, "data", sync), mesh=mesh,
-    ...                   in_specs=P("data"), out_specs=P("data"), check_vma=False)
+    >>> f = jax.jit(jax.shard_map(lambda g: dp.sync_gradients(g, "data", sync), mesh=mesh,
+    ...                   in_specs=P("data"), out_specs=P("data"), check_vma=False))
     >>> g = jnp.arange(mesh.size, dtype=jnp.float32)
     >>> bool(jnp.allclose(f(g), g.mean()))
     True
@@ -643,15 +643,15 @@ def all_reduce(
     >>> from jax.sharding import PartitionSpec as P
     >>> import date_optax.parallel as dp
     >>> mesh = dp.data_mesh()
-    >>> f = jax.shard_map(
+    >>> f = jax.jit(jax.shard_map(
     ...     lambda t: dp.all_reduce(t, "data", algorithm="ring"), mesh=mesh,
-    ...     in_specs=P("data"), out_specs=P("data"), check_vma=False)
+    ...     in_specs=P("data"), out_specs=P("data"), check_vma=False))
     >>> bool((f(jnp.ones(mesh.size)) == mesh.size).all())
     True
-    >>> g = jax.shard_map(
+    >>> g = jax.jit(jax.shard_map(
     ...     lambda t: dp.all_reduce(t, "data", algorithm="ring",
     ...                             comm_dtype="int8"),
-    ...     mesh=mesh, in_specs=P("data"), out_specs=P("data"), check_vma=False)
+    ...     mesh=mesh, in_specs=P("data"), out_specs=P("data"), check_vma=False))
     >>> out = g(jnp.full(mesh.size, 1e-6))  # plain int8 rounding would give 0
     >>> bool(jnp.allclose(out, mesh.size * 1e-6, rtol=0.1))
     True
@@ -675,10 +675,10 @@ def all_reduce(
     the same layer keeps its precision (APS would scale both by the large
     one's worst case).
 
-    >>> b = jax.shard_map(
+    >>> b = jax.jit(jax.shard_map(
     ...     lambda t: dp.all_reduce(t, "data", algorithm="ring",
     ...                             comm_dtype="int8", block_size=32),
-    ...     mesh=mesh, in_specs=P("data"), out_specs=P("data"), check_vma=False)
+    ...     mesh=mesh, in_specs=P("data"), out_specs=P("data"), check_vma=False))
     >>> v = jnp.tile(jnp.concatenate([jnp.full(32, 1e-3), jnp.full(32, 1e3)]),
     ...              mesh.size)
     >>> out = b(v).reshape(mesh.size, 64)[0]
