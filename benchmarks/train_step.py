@@ -231,7 +231,7 @@ def compare(mesh_name: str, args) -> dict:
           "ratio": t_lib / t_plain}
 
 
-PIECES = ("vmap", "skip", "skip_params_only", "norm", "summary")
+PIECES = ("vmap", "skip", "skip_params_only", "skip_fused", "skip_cond", "norm", "summary")
 
 
 def piece_step(mesh, opt, p_sh, s_sh, b_sh, pieces: tuple[str, ...]):
@@ -243,6 +243,9 @@ def piece_step(mesh, opt, p_sh, s_sh, b_sh, pieces: tuple[str, ...]):
   optimizer state selected); "skip_params_only": the same check selecting the
   parameters only (to price the optimizer-state select); "norm": the
   gradient norm's reduction; "summary": the trust-ratio summary.
+  "skip_fused": the skip decided from the loss and the gradients' sum of
+  squares before the update, its selects left for XLA to fuse into the
+  update; "skip_cond": the same decision as one `lax.cond` around the update.
   """
   from jax import lax
 
@@ -259,9 +262,26 @@ def piece_step(mesh, opt, p_sh, s_sh, b_sh, pieces: tuple[str, ...]):
       loss = loss.mean()
     else:
       loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+    metrics = {"loss": loss}
+    if "skip_fused" in pieces or "skip_cond" in pieces:
+      sq = sum(jnp.sum(g * g + g * 0) for g in jax.tree.leaves(grads))
+      finite = lax.optimization_barrier(jnp.isfinite(loss) & jnp.isfinite(sq))
+      metrics["skipped"] = ~finite
+
+      def apply(params, opt_state):
+        updates, new_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), new_state
+
+      if "skip_cond" in pieces:
+        new_params, new_state = lax.cond(finite, apply, lambda p, s: (p, s),
+                                         params, opt_state)
+      else:
+        new_params, new_state = apply(params, opt_state)
+        pick = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+        new_params, new_state = pick(new_params, params), pick(new_state, opt_state)
+      return new_params, new_state, metrics
     updates, new_state = opt.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)
-    metrics = {"loss": loss}
     if "norm" in pieces:
       metrics["grad_norm"] = optax.global_norm(grads)
     if "skip" in pieces or "skip_params_only" in pieces:

@@ -76,7 +76,8 @@ def make_train_step(
   computes each slice's gradient, averages the gradients over the replicas
   once, and applies `optimizer`. The step is skipped (parameters, optimizer
   and model state unchanged, `consecutive_skips`/`total_skips` counted) when
-  the loss, a gradient or an update is NaN/Inf.
+  the loss or a gradient is NaN/Inf (`apply_gradients` says why the update
+  itself is not checked).
 
   *Model state and keys.* Give `step.init` a `model_state` (flax's
   `batch_stats`) and the step calls `loss_fn(params, batch,
