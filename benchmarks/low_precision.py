@@ -20,6 +20,11 @@ all-reduce and APS"), at 64·B0 = 1024 with no retuning:
               2.5e-3 at B0 = 2, LR x sqrt(k), warmup ratio x k), ring
               all-reduce over 8 replicas; "accuracy" is the masked-byte
               accuracy over the held-out set (`--long` only by default)
+  bert_sharded the same BERT run on the sharded builder: 8 devices as a
+              ("data", "model") = (4, 2) mesh, the attention and MLP kernels
+              split over "model" (the example's `PARAM_SHARDING`), the
+              low-bit reduce-scatter over the 4 data replicas in the
+              `shard_map` island of `make_sharded_train_step`, ring
 
 For each: float32 (exact), bfloat16, float8_e4m3fn, int8 and the 4-bit
 float4_e2m1fn (`--formats` adds int4, float8_e5m2), each with APS (Han, Demmel and You 2020,
@@ -32,7 +37,15 @@ test accuracy, the gap to float32, the number of skipped (non-finite) steps.
 per-block scaling (`block_size=32`, no APS), the same with error feedback,
 and APS with error feedback (`docs/guide/low_precision_communication.md`).
 `--long` trains 64 epochs (512 steps) toward float32's plateau on a chosen
-set of rows and writes `low_precision_long.{jsonl,md,png}`.
+set of rows and writes `low_precision_long.{jsonl,md,png}`. Error feedback
+is the complete two-stage rule (every replica's own residual and every
+rounded hop's, `dp.ErrorFeedbackState`); the long log also keeps the rows
+measured with the earlier rule that fed back only each replica's own
+residual, shown as "worker (earlier)" and no longer run.
+`--step-time` measures, for each task and payload, the step's time
+(alternating payloads, median of rounds) and the bytes the busiest link
+carries per step (`date_optax.parallel.allreduce_cost` on the step's
+per-device gradient bytes), and writes `low_precision_step_time.md`.
 Finished runs go to a JSON-lines log and are reused when the script is run
 again with the same log (a run's key names its rounding only when it is
 stochastic, so the round-to-nearest runs logged before stay valid).
@@ -42,11 +55,13 @@ Usage:
   python benchmarks/low_precision.py --quick --out /tmp/lp   # a smoke run
   python benchmarks/low_precision.py --long --tasks lstm_date --seeds 0
   python benchmarks/low_precision.py --long --no-train   # table + plot from the log
+  python benchmarks/low_precision.py --step-time --tasks lstm_lamb,bert_sharded
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import platform
@@ -64,14 +79,20 @@ FORMATS = ("float32", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8", "int4"
 SHORT = {"float32": "fp32", "bfloat16": "bf16", "float8_e4m3fn": "fp8 e4m3",
          "float8_e5m2": "fp8 e5m2",
          "int8": "int8", "int4": "int4", "float4_e2m1fn": "fp4 e2m1"}
-TASKS = ("lstm_date", "lstm_lamb", "cnn_gbn", "bert_lamb")
+TASKS = ("lstm_date", "lstm_lamb", "cnn_gbn", "bert_lamb", "bert_sharded")
+BERT_TASKS = ("bert_lamb", "bert_sharded")
 MNIST_TASKS = TASKS[:3]
 TASK_LABELS = {
     "lstm_date": "MNIST-1D LSTM, date() of momentum B0=16 lr 0.05, ring",
     "lstm_lamb": "MNIST-1D LSTM, LAMB peak 0.03, ring",
     "cnn_gbn": "MNIST-1D CNN + GhostBatchNorm (ghost 16), date() of momentum, 2x4 torus",
     "bert_lamb": "BERT-style MLM (bytes), LAMB sqrt rule, batch 128, ring",
+    "bert_sharded": "BERT-style MLM (bytes), LAMB sqrt rule, batch 128, sharded builder "
+                    "(4 data x 2 model), ring over the data axis",
 }
+#: Error feedback: off, the earlier rule (each replica's own residual only;
+#: logged, no longer run) or the complete rule (also every rounded hop's).
+EF_LABELS = {False: "off", "worker": "worker (earlier)", True: "worker + hop"}
 # The BERT task: B0 = 2 sequences of 32 bytes, LAMB's base learning rate
 # there (the best of docs/studies/bert_scaling/bert_scaling.md's B0 grid), batch 128 = 64·B0.
 BERT = dict(base_batch_size=2, base_learning_rate=2.5e-3, batch_size=128, seq_len=32)
@@ -84,18 +105,22 @@ QUICK = dict(num_train=1024, num_test=512, epochs=8, seeds=(0,),
 # Long runs toward float32's plateau: 64 epochs of 8 steps = 512 steps, on the
 # rows of the error-feedback study (float32; int8 APS, APS + EF, block 32,
 # block 32 + EF; int4 and fp4 e2m1 block 32, block 32 + EF). Variants are
-# (format, APS, rounding, block size, EF).
+# (format, APS, rounding, block size, EF); EF "worker" rows are the earlier
+# rule's, read from the log.
 LONG = dict(num_train=8192, num_test=4096, epochs=64, seeds=(0, 1),
             formats=("float32", "int8", "int4", "float4_e2m1fn"), roundings=("nearest",),
             extras=(),
             variants=(("float32", False, "nearest", None, False),
                       ("int8", True, "nearest", None, False),
-                      ("int8", True, "nearest", None, True),
+                      ("int8", True, "nearest", None, "worker"),
                       ("int8", False, "nearest", 32, False),
+                      ("int8", False, "nearest", 32, "worker"),
                       ("int8", False, "nearest", 32, True),
                       ("int4", False, "nearest", 32, False),
+                      ("int4", False, "nearest", 32, "worker"),
                       ("int4", False, "nearest", 32, True),
                       ("float4_e2m1fn", False, "nearest", 32, False),
+                      ("float4_e2m1fn", False, "nearest", 32, "worker"),
                       ("float4_e2m1fn", False, "nearest", 32, True)))
 EXTRAS = {"block": (False, 32, False), "block_ef": (False, 32, True),
           "aps_ef": (True, None, True)}  # name -> (APS, block size, EF)
@@ -137,10 +162,11 @@ def _variants(formats, roundings=("nearest",), extras=(),
 
 def _ident(task, fmt, aps, rounding, block, ef, seed, cfg) -> str:
   # The key names rounding, block size and error feedback only when they are
-  # not the defaults, so the runs logged before these options stay valid.
+  # not the defaults, so the runs logged before these options stay valid;
+  # "ef=1" is the earlier one-stage rule, "ef=2" the complete one.
   sr = "|rounding=stochastic" if rounding == "stochastic" else ""
   sr += f"|block={block}" if block else ""
-  sr += "|ef=1" if ef else ""
+  sr += "|ef=1" if ef == "worker" else "|ef=2" if ef else ""
   return (f"{task}|{fmt}|aps={int(aps)}{sr}|seed={seed}|n={cfg['num_train']}"
           f"|E={cfg['epochs']}")
 
@@ -149,10 +175,17 @@ def _rounding(rec: dict) -> str:
   return rec.get("rounding", "nearest")
 
 
+def _ef(rec: dict):
+  """A record's error feedback: False, "worker" (logged before `ef_stages`) or True."""
+  if not rec.get("error_feedback", False):
+    return False
+  return True if rec.get("ef_stages", 1) == 2 else "worker"
+
+
 def _match(rec: dict, task, fmt, aps, rounding, block, ef) -> bool:
   return (rec["task"] == task and rec["fmt"] == fmt and rec["aps"] == aps
           and _rounding(rec) == rounding and rec.get("block_size") == block
-          and rec.get("error_feedback", False) == ef)
+          and _ef(rec) == ef)
 
 
 def _optimizer(task: str, cfg: dict, batch: int):
@@ -185,9 +218,23 @@ def _model(task: str):
   return models.LSTMClassifier()
 
 
+def _sharded_flags() -> list[str]:
+  """Command-line flags that put the BERT run on the sharded builder."""
+  if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+  from examples.bert_lamb.configs import default
+
+  rules = tuple((regex, tuple(spec)) for regex, spec in default.PARAM_SHARDING)
+  return ["--config.model_parallel=2", f"--config.param_sharding={rules!r}"]
+
+
 def train_bert(fmt: str, aps: bool, rounding: str, block: int | None, ef: bool,
-               seed: int, cfg: dict) -> dict:
-  """One run of examples/bert_lamb's command line, as many steps as the MNIST tasks."""
+               seed: int, cfg: dict, sharded: bool = False) -> dict:
+  """One run of examples/bert_lamb's command line, as many steps as the MNIST tasks.
+
+  `sharded`: on the (4, 2) ("data", "model") mesh with the kernels split
+  over "model" (the sharded builder).
+  """
   if HERE not in sys.path:
     sys.path.insert(0, HERE)
   import bert_scaling
@@ -203,32 +250,27 @@ def train_bert(fmt: str, aps: bool, rounding: str, block: int | None, ef: bool,
          "grad_sync.rounding": rounding,
          "grad_sync.block_size": block or 0, "grad_sync.error_feedback": ef})
   start = time.perf_counter()
-  r = bert_scaling.run_example([f"--config.{k}={v}" for k, v in fields.items()], 8)
+  flags = [f"--config.{k}={v}" for k, v in fields.items()]
+  r = bert_scaling.run_example(flags + (_sharded_flags() if sharded else []), 8)
   return dict(accuracy=100.0 * r["eval_accuracy"], eval_loss=r["eval_loss"],
               final_loss=r["loss"], skipped=int(r["total_skips"]), steps=r["steps"],
               wall=time.perf_counter() - start, finite=math.isfinite(r["loss"]))
 
 
-def train_one(task: str, fmt: str, aps: bool, rounding: str, block: int | None, ef: bool,
-              seed: int, data, cfg: dict) -> dict:
-  """One training run through make_train_step; final test accuracy etc."""
-  if task == "bert_lamb":
-    return train_bert(fmt, aps, rounding, block, ef, seed, cfg)
+def _mnist_step(task: str, fmt: str, aps: bool, rounding: str, block: int | None, ef,
+                seed: int, data, cfg: dict):
+  """(model, step, initial state) of an MNIST-1D task through make_train_step."""
   import jax
   import jax.numpy as jnp
-  import numpy as np
   import optax
 
   import date_optax.parallel as dp
 
-  batch = B0 * SCALE
   model = _model(task)
   cnn = task == "cnn_gbn"
   x0 = jnp.asarray(data.x_train[:2])
   variables = model.init(jax.random.key(seed), x0, train=True) if cnn else model.init(
       jax.random.key(seed), x0)
-  params = variables["params"]
-  stats = variables.get("batch_stats")
 
   def loss_fn(p, b, model_state=None):
     if cnn:
@@ -242,13 +284,27 @@ def train_one(task: str, fmt: str, aps: bool, rounding: str, block: int | None, 
 
   mesh = dp.torus_mesh(2, 4) if cnn else dp.data_mesh()
   step = dp.make_train_step(
-      loss_fn, _optimizer(task, cfg, batch), mesh,
+      loss_fn, _optimizer(task, cfg, B0 * SCALE), mesh,
       grad_reduce="torus" if cnn else "ring",
       comm_dtype=None if fmt == "float32" else fmt,
       aps=None if fmt == "float32" else aps, rounding=rounding,
       block_size=None if fmt == "float32" else block,
-      error_feedback=fmt != "float32" and ef)
-  state = step.init(params, model_state=stats)
+      error_feedback=fmt != "float32" and bool(ef))
+  return model, step, step.init(variables["params"], model_state=variables.get("batch_stats"))
+
+
+def train_one(task: str, fmt: str, aps: bool, rounding: str, block: int | None, ef: bool,
+              seed: int, data, cfg: dict) -> dict:
+  """One training run through make_train_step; final test accuracy etc."""
+  if task in BERT_TASKS:
+    return train_bert(fmt, aps, rounding, block, ef, seed, cfg, task == "bert_sharded")
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  batch = B0 * SCALE
+  cnn = task == "cnn_gbn"
+  model, step, state = _mnist_step(task, fmt, aps, rounding, block, ef, seed, data, cfg)
 
   @jax.jit
   def predict(p, st, x):
@@ -281,6 +337,140 @@ def train_one(task: str, fmt: str, aps: bool, rounding: str, block: int | None, 
               finite=all(math.isfinite(v) for v in losses))
 
 
+def _bert_step(sharded: bool, fmt: str, aps: bool, rounding: str, block: int | None, ef):
+  """(step, initial state, one batch) of the BERT task, built as the example builds it."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jax.sharding import PartitionSpec as P
+
+  import date_optax.parallel as dp
+  from examples.bert_lamb import train
+  from examples.bert_lamb.configs import default, scaling
+
+  config = scaling.get_config()
+  low = fmt != "float32"
+  config.update(dict(
+      base_batch_size=BERT["base_batch_size"], base_learning_rate=BERT["base_learning_rate"],
+      batch_size=BERT["batch_size"], seq_len=BERT["seq_len"], optimizer="lamb",
+      lr_scaling="sqrt", warmup_scaling="linear", grad_stats=False,
+      num_train_tokens=512 * BERT["batch_size"] * BERT["seq_len"]))
+  config.grad_sync.update(dict(
+      algorithm="ring", comm_dtype=fmt, aps=("on" if aps else "off") if low else "auto",
+      rounding=rounding, block_size=block or 0, error_feedback=bool(ef)))
+  if sharded:
+    config.model_parallel = 2
+    config.param_sharding = default.PARAM_SHARDING
+  vocab = train.get_vocab(config)
+  mesh = train.make_mesh(config)
+  model = train.create_model(config, vocab)
+  tx, _ = train.make_optimizer(config)
+
+  def loss_fn(params, batch, rng):
+    logits = model.apply({"params": params}, batch["inputs"], train=True,
+                         rngs={"dropout": rng})
+    sums = train.mlm_sums(logits, batch)
+    count = jnp.maximum(sums["count"].sum(), 1.0)
+    return sums["nll"].sum() / count, {"accuracy": sums["correct"].sum() / count}
+
+  rules = [(regex, P(*spec)) for regex, spec in config.param_sharding]
+  step = dp.make_train_step(loss_fn, tx, mesh, has_aux=True, param_sharding=rules or None,
+                            grad_sync=train.make_grad_sync(config))
+  tokens = jnp.zeros((1, config.seq_len), jnp.int32)
+  params = model.init(jax.random.key(0), tokens, train=False)["params"]
+  rng = np.random.default_rng(0)
+  shape = (config.batch_size, config.seq_len)
+  batch = {"inputs": rng.integers(4, vocab.size, shape).astype(np.int32),
+           "targets": rng.integers(4, vocab.size, shape).astype(np.int32),
+           "weights": (rng.random(shape) < 0.15).astype(np.int32)}
+  return step, step.init(params, rng=jax.random.key(1)), batch
+
+
+def step_times(tasks, rows, data, cfg, rounds: int = 5, steps: int = 8) -> list[dict]:
+  """Median step time and the busiest link's bytes per step of every payload.
+
+  Every payload's step of a task is compiled and warmed first; then `rounds`
+  rounds each time `steps` steps of every payload in turn, so a slower
+  moment of a shared machine falls on all of them.
+  """
+  import jax
+  import numpy as np
+
+  import date_optax.parallel as dp
+
+  out = []
+  for task in tasks:
+    builds = {}
+    for fmt, aps, rounding, block, ef in rows:
+      if ef == "worker":
+        continue
+      if task in BERT_TASKS:
+        step, state, batch = _bert_step(task == "bert_sharded", fmt, aps, rounding, block, ef)
+      else:
+        _, step, state = _mnist_step(task, fmt, aps, rounding, block, ef, 0, data, cfg)
+        batch = {"x": data.x_train[: B0 * SCALE], "y": data.y_train[: B0 * SCALE]}
+      for _ in range(2):
+        state, m = step(state, batch)
+      jax.block_until_ready(m)
+      builds[(fmt, aps, rounding, block, ef)] = [step, state, batch, []]
+    for _ in range(rounds):
+      for entry in builds.values():
+        step, state, batch, times = entry
+        start = time.perf_counter()
+        for _ in range(steps):
+          state, m = step(state, batch)
+        jax.block_until_ready(m)
+        times.append(1e3 * (time.perf_counter() - start) / steps)
+        entry[1] = state
+    for (fmt, aps, rounding, block, ef), (step, state, _, times) in builds.items():
+      leaves = jax.tree.leaves(state.params)
+      # Gradient bytes per device: float32, one model shard of every leaf.
+      nbytes = 4 * sum(x.addressable_shards[0].data.size for x in leaves)
+      replicas = math.prod(step.mesh.shape[a] for a in step.data_axes)
+      alg = "torus" if task == "cnn_gbn" else "ring"
+      low = fmt != "float32"
+      cost = dp.allreduce_cost(
+          alg, (2, 4) if alg == "torus" else replicas, nbytes, alpha=0.0, beta=0.0,
+          comm_dtype=fmt if low else None, block_size=block if low else None,
+          aps=low and aps, layers=len(leaves))
+      out.append(dict(task=task, fmt=fmt, aps=aps, rounding=rounding, block_size=block,
+                      error_feedback=bool(ef), replicas=replicas, grad_bytes=nbytes,
+                      link_bytes=cost.bytes_per_link, step_ms=float(np.median(times)),
+                      step_ms_range=[min(times), max(times)]))
+  return out
+
+
+def step_time_markdown(recs: list[dict], argv) -> str:
+  import jax
+
+  lines = [
+      "`python benchmarks/low_precision.py " + " ".join(argv) + "` on "
+      f"{platform.machine()} ({os.cpu_count()} CPU cores, shared, no GPU), jax "
+      f"{jax.__version__}, 8 emulated CPU devices. Link bytes: the bytes the busiest "
+      "link carries per step (`date_optax.parallel.allreduce_cost`, payload plus block "
+      "scales, the APS `pmax` included) for the step's float32 gradient bytes per "
+      "device. Step time: median over rounds of alternating payloads (range in "
+      "brackets). On emulated CPU devices the collectives are memory copies: the "
+      "time measures the rounding and error-feedback arithmetic, not the wire.", "",
+      "| task | payload | APS | block | EF | gradient KiB / device | link KiB / step "
+      "| vs fp32 | step ms | vs fp32 |", "|---|---|---|---|---|---:|---:|---:|---:|---:|"]
+  for task in dict.fromkeys(r["task"] for r in recs):
+    sel = [r for r in recs if r["task"] == task]
+    ref = next(r for r in sel if r["fmt"] == "float32")
+    for r in sel:
+      low = r["fmt"] != "float32"
+      lines.append(
+          f"| {task} ({r['replicas']} replicas) | {SHORT[r['fmt']]} "
+          f"| {('on' if r['aps'] else 'off') if low else '—'} "
+          f"| {(r['block_size'] or 'off') if low else '—'} "
+          f"| {EF_LABELS[r['error_feedback']] if low else '—'} "
+          f"| {r['grad_bytes'] / 1024:.0f} | {r['link_bytes'] / 1024:.1f} "
+          f"| {r['link_bytes'] / ref['link_bytes']:.3f} "
+          f"| {r['step_ms']:.1f} ({r['step_ms_range'][0]:.1f}–{r['step_ms_range'][1]:.1f}) "
+          f"| {r['step_ms'] / ref['step_ms']:.2f} |")
+  return "\n".join(lines)
+
+
 def _rows(cfg):
   return _variants(cfg["formats"], cfg["roundings"], cfg.get("extras", ()),
                    cfg.get("variants"))
@@ -306,12 +496,12 @@ def run(cfg: dict, out: str, tasks, name: str = "low_precision",
 
   for task, fmt, aps, rounding, block, ef, seed in tqdm(todo, desc="runs"):
     ident = _ident(task, fmt, aps, rounding, block, ef, seed, cfg)
-    if ident in done or not train:
+    if ident in done or not train or ef == "worker":  # the earlier rule: logged only
       continue
     rec = dict(task=task, fmt=fmt, aps=aps, seed=seed,
                **({"rounding": rounding} if rounding != "nearest" else {}),
                **({"block_size": block} if block else {}),
-               **({"error_feedback": True} if ef else {}),
+               **({"error_feedback": True, "ef_stages": 2} if ef else {}),
                **train_one(task, fmt, aps, rounding, block, ef, seed, data, cfg))
     _runlog.log_run(log, done, ident, rec)
     tqdm.write(f"{task:10s} {fmt:14s} aps={int(aps)} {rounding} block={block} "
@@ -345,7 +535,7 @@ def markdown(done: dict, cfg: dict, tasks, elapsed: float, argv) -> str:
       "for non-finite gradients, summed over seeds.",
       "",
   ]
-  if "bert_lamb" in tasks:
+  if any(t in BERT_TASKS for t in tasks):
     lines += [
         f"BERT-style MLM: the same {cfg['epochs'] * (cfg['num_train'] // (B0 * SCALE))} "
         f"steps at batch {BERT['batch_size']} sequences of {BERT['seq_len']} bytes; "
@@ -368,7 +558,7 @@ def markdown(done: dict, cfg: dict, tasks, elapsed: float, argv) -> str:
       label = "—" if fmt == "float32" else ("on" if aps else "off")
       rlabel = "—" if fmt == "float32" else rounding
       blabel = "—" if fmt == "float32" else (str(block) if block else "off")
-      elabel = "—" if fmt == "float32" else ("on" if ef else "off")
+      elabel = "—" if fmt == "float32" else EF_LABELS[ef]
       lines.append(
           f"| {SHORT[fmt]} | {label} | {blabel} | {elabel} | {rlabel} | {mean:.2f} "
           f"({', '.join(f'{a:.2f}' for a in accs)})"
@@ -395,7 +585,9 @@ def plot(done: dict, cfg: dict, tasks, path: str) -> None:
         (True, "stochastic", None, False, "tab:green", "APS on, stochastic rounding"),
         (False, "nearest", None, False, "tab:red", "APS off"),
         (False, "nearest", BLOCK, False, "tab:orange", f"block {BLOCK}"),
+        (False, "nearest", BLOCK, "worker", "tab:brown", f"block {BLOCK} + EF, earlier rule"),
         (False, "nearest", BLOCK, True, "tab:purple", f"block {BLOCK} + EF"),
+        (True, "nearest", None, "worker", "tab:olive", "APS + EF, earlier rule"),
         (True, "nearest", None, True, "tab:cyan", "APS + EF"))
     rows = set(_rows(cfg))
     series = [v for v in series if any(r[1:] == v[:4] for r in rows if r[0] != "float32")]
@@ -453,6 +645,9 @@ def main(argv=None) -> int:
   parser.add_argument("--epochs", type=int, default=None)
   parser.add_argument("--formats", default=None,
                       help=f"comma-separated, from {FORMATS} (float32 first)")
+  parser.add_argument("--step-time", action="store_true",
+                      help="time each payload's step and price its bytes per link; "
+                           "low_precision_step_time.md")
   parser.add_argument("--rounding", default=None,
                       help=f"comma-separated, from {ROUNDINGS} (default nearest)")
   args = parser.parse_args(argv)
@@ -481,6 +676,23 @@ def main(argv=None) -> int:
   unknown = [t for t in tasks if t not in TASKS]
   if unknown:
     parser.error(f"--tasks must name some of {TASKS}, got {unknown}")
+  if args.step_time:
+    sys.path.insert(0, ROOT)
+    from benchmarks.tasks import data as input_pipeline
+
+    data = input_pipeline.load_mnist1d(cfg["num_train"], cfg["num_test"], seed=0,
+                                       cache_dir=_paths.MNIST1D_CACHE)
+    recs = step_times(tasks, _rows(cfg), data, cfg,
+                      **({"rounds": 2, "steps": 2} if args.quick else {}))
+    md = step_time_markdown(recs, argv)
+    os.makedirs(args.out, exist_ok=True)
+    suffix = "_quick" if args.quick else ""
+    with open(os.path.join(args.out, f"low_precision_step_time{suffix}.md"), "w") as f:
+      f.write(md + "\n")
+    with open(os.path.join(args.out, f"low_precision_step_time{suffix}.json"), "w") as f:
+      json.dump(recs, f, indent=1)
+    print(md)
+    return 0
   name = "low_precision_quick" if args.quick else (
       "low_precision_long" if args.long else "low_precision")
   done = run(cfg, args.out, tasks, "low_precision_long" if args.long else "low_precision",

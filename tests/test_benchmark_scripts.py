@@ -157,7 +157,7 @@ def test_low_precision_quick_and_resume(tmp_path):
     assert 0.0 <= r["accuracy"] <= 100.0 and r["steps"] == 8
   md = open(os.path.join(out, "low_precision_quick.md")).read()
   assert "| int8 | on |" in md and "| int8 | off |" in md
-  assert "| int8 | off | 32 | on |" in md
+  assert "| int8 | off | 32 | worker + hop |" in md
   assert os.path.exists(os.path.join(out, "low_precision_quick.png"))
   # A second call finds every run in the log and trains nothing.
   assert study.main(["--quick", "--out", out, "--tasks", "lstm_date,cnn_gbn"]) == 0
@@ -192,13 +192,14 @@ def test_low_precision_tables_the_bert_task_with_its_eval_loss(tmp_path):
       rec = dict(task="bert_lamb", fmt=fmt, aps=aps, seed=0, accuracy=acc, eval_loss=loss,
                  final_loss=loss, skipped=0, steps=8, wall=1.0, finite=True,
                  **({"block_size": block} if block else {}),
-                 **({"error_feedback": True} if ef else {}))
+                 **({"error_feedback": True, "ef_stages": 2} if ef else {}))
       f.write(json.dumps(dict(ident=ident, **rec)) + "\n")
   assert study.main(["--quick", "--no-train", "--tasks", "bert_lamb", "--out", out]) == 0
   md = open(os.path.join(out, "low_precision_quick.md")).read()
   assert "| payload | APS | block | EF | rounding | accuracy | Δ vs fp32 | eval loss | skip |" in md
   assert "| int8 | on | off | off | nearest | 29.50 (29.50) | -0.50 | 2.9500 | 0 |" in md
-  assert "| int8 | off | 32 | on | nearest | 30.20 (30.20) | +0.20 | 2.8900 | 0 |" in md
+  assert ("| int8 | off | 32 | worker + hop | nearest | 30.20 (30.20) | +0.20 | 2.8900 | 0 |"
+          in md)
   assert "masked-byte accuracy" in md
   assert os.path.exists(os.path.join(out, "low_precision_quick.png"))
 
