@@ -637,7 +637,7 @@ def main(argv=None) -> int:
   parser.add_argument("--seeds", default=None, help="comma-separated seeds")
   parser.add_argument("--no-train", action="store_true",
                       help="write the table and plot from the runs already logged")
-  parser.add_argument("--out", default=_paths.study("low_precision", ""),
+  parser.add_argument("--out", default=os.path.join(_paths.STUDIES, "low_precision"),
                       help="directory for the .jsonl log, .md table and .png plot")
   parser.add_argument("--tasks", default=None,
                       help=f"comma-separated, from {TASKS} (default: all with --long, "
