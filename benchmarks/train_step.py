@@ -16,10 +16,14 @@ that is part of what is measured. The two steps alternate, each timed as the
 median of `--reps` calls after a warm-up. Goal: ratio <= 1.05.
 
 With `--profile`, the 2-D mesh step is taken apart: the plain step plus one
-piece of the library step at a time (the per-replica `vmap`, the exact
-non-finite skip with and without the select over the optimizer state, the
-gradient-norm/finiteness reduction, the trust-ratio summary), so the cost of
-each piece shows as its ratio to the plain step, all timed in one run.
+piece at a time (the per-replica `vmap`; the exact non-finite skip as the
+library makes it, decided from the loss and the gradients before the update
+so its selects fuse into it ("skip_fused"), as one `lax.cond` around the
+update ("skip_cond"), and the earlier rule that also checked the update and
+selected the new state in a second pass, with and without the optimizer
+state ("skip", "skip_params_only"); the gradient-norm reduction; the
+trust-ratio summary), so the cost of each piece shows as its ratio to the
+plain step, all timed in one run.
 Part 3 (printed after part 1): the cost of `grad_stats=True` (gradient-noise
 statistics): the library step with and without it, alternating, on both
 meshes, and the number of all-reduce ops in each compiled program (the
@@ -240,7 +244,8 @@ def piece_step(mesh, opt, p_sh, s_sh, b_sh, pieces: tuple[str, ...]):
   "vmap": gradients per replica (a `vmap` laid out over "data") then their
   mean, as the library's GSPMD path computes them; "skip": the exact
   non-finite skip (loss, gradients and update checked; parameters and
-  optimizer state selected); "skip_params_only": the same check selecting the
+  optimizer state selected; the library's rule before issue 31);
+  "skip_params_only": the same check selecting the
   parameters only (to price the optimizer-state select); "norm": the
   gradient norm's reduction; "summary": the trust-ratio summary.
   "skip_fused": the skip decided from the loss and the gradients' sum of

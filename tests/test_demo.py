@@ -143,6 +143,7 @@ def test_demo_rejects_bad_arguments(tmp_path, capsys, monkeypatch, extra, messag
   assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow  # ~20 s: two seeds of the demo; test_demo_end_to_end_small runs one
 def test_demo_over_seeds_reports_mean_and_range(tmp_path, capsys, monkeypatch):
   monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
   argv = ["--workdir", str(tmp_path), "--num-train", "256", "--num-test", "64",

@@ -346,7 +346,8 @@ def test_residual_survives_a_checkpoint_bit_for_bit(tmp_path, kind):
 @pytest.mark.parametrize("sync", [
     dp.GradSync("torus", grid=(2, 4), comm_dtype="int4", rounding="stochastic",
                 error_feedback=True),
-    dp.GradSync("ring", comm_dtype="int8", block_size=16, error_feedback=True),
+    pytest.param(dp.GradSync("ring", comm_dtype="int8", block_size=16, error_feedback=True),
+                 marks=pytest.mark.slow),  # ~20 s; the torus case covers the path
 ])
 def test_pmap_and_jit_error_feedback_bit_for_bit(sync):
   config = dp.StepConfig(donate=False)

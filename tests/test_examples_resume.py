@@ -75,9 +75,9 @@ EXAMPLES = {
                   "examples._loop"),
 }
 # Three smoke runs of bert_lamb take minutes (8-device compiles of two stages);
-# resnet50_imagenet's take about a minute, and the loop they share is resumed
-# by the other examples in the default run.
-SLOW_IN_PROCESS = {"bert_lamb", "resnet50_imagenet"}
+# resnet50_imagenet's and mnist_lstm's take 30-60 s, and the loop they share is
+# resumed by the MNIST-1D examples in the default run.
+SLOW_IN_PROCESS = {"bert_lamb", "resnet50_imagenet", "mnist_lstm"}
 
 
 @pytest.mark.parametrize("name", [
