@@ -412,17 +412,21 @@ def step_times(tasks, rows, data, cfg, rounds: int = 5, steps: int = 8) -> list[
       for _ in range(2):
         state, m = step(state, batch)
       jax.block_until_ready(m)
-      builds[(fmt, aps, rounding, block, ef)] = [step, state, batch, []]
+      # Temporary memory of the compiled step (per device): what the payload's
+      # rounding, scales and residual updates add to the float32 step.
+      mem = step.lower(state, batch).compile().memory_analysis()
+      temp = getattr(mem, "temp_size_in_bytes", float("nan"))
+      builds[(fmt, aps, rounding, block, ef)] = [step, state, batch, [], temp]
     for _ in range(rounds):
       for entry in builds.values():
-        step, state, batch, times = entry
+        step, state, batch, times, _ = entry
         start = time.perf_counter()
         for _ in range(steps):
           state, m = step(state, batch)
         jax.block_until_ready(m)
         times.append(1e3 * (time.perf_counter() - start) / steps)
         entry[1] = state
-    for (fmt, aps, rounding, block, ef), (step, state, _, times) in builds.items():
+    for (fmt, aps, rounding, block, ef), (step, state, _, times, temp) in builds.items():
       leaves = jax.tree.leaves(state.params)
       # Gradient bytes per device: float32, one model shard of every leaf.
       nbytes = 4 * sum(x.addressable_shards[0].data.size for x in leaves)
@@ -435,7 +439,10 @@ def step_times(tasks, rows, data, cfg, rounds: int = 5, steps: int = 8) -> list[
           aps=low and aps, layers=len(leaves))
       out.append(dict(task=task, fmt=fmt, aps=aps, rounding=rounding, block_size=block,
                       error_feedback=bool(ef), replicas=replicas, grad_bytes=nbytes,
-                      link_bytes=cost.bytes_per_link, step_ms=float(np.median(times)),
+                      link_bytes=cost.bytes_per_link, temp_bytes=temp,
+                      residual_bytes=sum(x.addressable_shards[0].data.nbytes for x in
+                                         jax.tree.leaves(state.grad_residual)),
+                      step_ms=float(np.median(times)),
                       step_ms_range=[min(times), max(times)]))
   return out
 
@@ -449,11 +456,14 @@ def step_time_markdown(recs: list[dict], argv) -> str:
       f"{jax.__version__}, 8 emulated CPU devices. Link bytes: the bytes the busiest "
       "link carries per step (`date_optax.parallel.allreduce_cost`, payload plus block "
       "scales, the APS `pmax` included) for the step's float32 gradient bytes per "
-      "device. Step time: median over rounds of alternating payloads (range in "
+      "device. Residual: the error-feedback state a device holds (worker + hop). "
+      "Step temp: the compiled step's temporary buffers per device "
+      "(`memory_analysis`). Step time: median over rounds of alternating payloads (range in "
       "brackets). On emulated CPU devices the collectives are memory copies: the "
       "time measures the rounding and error-feedback arithmetic, not the wire.", "",
       "| task | payload | APS | block | EF | gradient KiB / device | link KiB / step "
-      "| vs fp32 | step ms | vs fp32 |", "|---|---|---|---|---|---:|---:|---:|---:|---:|"]
+      "| vs fp32 | residual KiB / device | step temp MiB / device | step ms | vs fp32 |",
+      "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
   for task in dict.fromkeys(r["task"] for r in recs):
     sel = [r for r in recs if r["task"] == task]
     ref = next(r for r in sel if r["fmt"] == "float32")
@@ -466,6 +476,7 @@ def step_time_markdown(recs: list[dict], argv) -> str:
           f"| {EF_LABELS[r['error_feedback']] if low else '—'} "
           f"| {r['grad_bytes'] / 1024:.0f} | {r['link_bytes'] / 1024:.1f} "
           f"| {r['link_bytes'] / ref['link_bytes']:.3f} "
+          f"| {r['residual_bytes'] / 1024:.0f} | {r['temp_bytes'] / 2**20:.2f} "
           f"| {r['step_ms']:.1f} ({r['step_ms_range'][0]:.1f}–{r['step_ms_range'][1]:.1f}) "
           f"| {r['step_ms'] / ref['step_ms']:.2f} |")
   return "\n".join(lines)
