@@ -542,7 +542,8 @@ def markdown(done: dict, cfg: dict, tasks, elapsed: float, argv) -> str:
       f"{B0 * SCALE} = 64·B0, {cfg['epochs']} epochs "
       f"({cfg['epochs'] * (cfg['num_train'] // (B0 * SCALE))} steps), seeds "
       f"{', '.join(map(str, seeds))}. Final test accuracy (%), mean over seeds "
-      "(per seed in brackets); Δ = mean − float32 mean; `skip` = steps skipped "
+      "(per seed in brackets); Δ = the mean over seeds of the difference to "
+      "float32 on the same seed, ± its standard error; `skip` = steps skipped "
       "for non-finite gradients, summed over seeds.",
       "",
   ]
@@ -551,7 +552,8 @@ def markdown(done: dict, cfg: dict, tasks, elapsed: float, argv) -> str:
         f"BERT-style MLM: the same {cfg['epochs'] * (cfg['num_train'] // (B0 * SCALE))} "
         f"steps at batch {BERT['batch_size']} sequences of {BERT['seq_len']} bytes; "
         "accuracy is the masked-byte accuracy (%) over every held-out window, eval loss "
-        "the mean cross-entropy per masked byte (lower is better).", ""]
+        "the mean cross-entropy per masked byte (lower is better; in brackets its "
+        "change against float32 on the same seeds).", ""]
   for task in tasks:
     # The BERT task also reports its held-out MLM loss (lower is better).
     has_loss = any("eval_loss" in r for r in recs if r["task"] == task)
@@ -559,8 +561,7 @@ def markdown(done: dict, cfg: dict, tasks, elapsed: float, argv) -> str:
               "| payload | APS | block | EF | rounding | accuracy | Δ vs fp32 |"
               + (" eval loss |" if has_loss else "") + " skip |",
               "|---|---|---|---|---|---:|---:|" + ("---:|" if has_loss else "") + "---:|"]
-    base = [r for r in recs if r["task"] == task and r["fmt"] == "float32"]
-    ref = _cell(base)[0] if base else float("nan")
+    base = {r["seed"]: r for r in recs if r["task"] == task and r["fmt"] == "float32"}
     for fmt, aps, rounding, block, ef in _rows(cfg):
       sel = [r for r in recs if _match(r, task, fmt, aps, rounding, block, ef)]
       if not sel:
@@ -570,12 +571,26 @@ def markdown(done: dict, cfg: dict, tasks, elapsed: float, argv) -> str:
       rlabel = "—" if fmt == "float32" else rounding
       blabel = "—" if fmt == "float32" else (str(block) if block else "off")
       elabel = "—" if fmt == "float32" else EF_LABELS[ef]
+      # Δ against float32 on the same seeds, ± the standard error of the
+      # per-seed differences (paired by seed).
+      pairs = [(r, base[r["seed"]]) for r in sel if r["seed"] in base]
+      diffs = [r["accuracy"] - b["accuracy"] for r, b in pairs]
+      delta = f"{sum(diffs) / len(diffs):+.2f}" if diffs else "—"
+      if len(diffs) > 1 and fmt != "float32":
+        m = sum(diffs) / len(diffs)
+        sd = math.sqrt(sum((d - m) ** 2 for d in diffs) / (len(diffs) - 1))
+        delta += f" ± {sd / math.sqrt(len(diffs)):.2f}"
+      loss = ""
+      if has_loss:
+        loss = f" {sum(r['eval_loss'] for r in sel) / len(sel):.4f}"
+        if fmt != "float32" and pairs:
+          rel = [r["eval_loss"] / b["eval_loss"] - 1.0 for r, b in pairs]
+          loss += f" ({100 * sum(rel) / len(rel):+.2f} %)"
+        loss += " |"
       lines.append(
           f"| {SHORT[fmt]} | {label} | {blabel} | {elabel} | {rlabel} | {mean:.2f} "
-          f"({', '.join(f'{a:.2f}' for a in accs)})"
-          f" | {mean - ref:+.2f} |"
-          + (f" {sum(r['eval_loss'] for r in sel) / len(sel):.4f} |" if has_loss else "")
-          + f" {sum(r['skipped'] for r in sel)} |")
+          f"({', '.join(f'{a:.2f}' for a in accs)}) | {delta} |{loss}"
+          f" {sum(r['skipped'] for r in sel)} |")
     lines.append("")
   return "\n".join(lines)
 

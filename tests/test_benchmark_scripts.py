@@ -197,9 +197,9 @@ def test_low_precision_tables_the_bert_task_with_its_eval_loss(tmp_path):
   assert study.main(["--quick", "--no-train", "--tasks", "bert_lamb", "--out", out]) == 0
   md = open(os.path.join(out, "low_precision_quick.md")).read()
   assert "| payload | APS | block | EF | rounding | accuracy | Δ vs fp32 | eval loss | skip |" in md
-  assert "| int8 | on | off | off | nearest | 29.50 (29.50) | -0.50 | 2.9500 | 0 |" in md
-  assert ("| int8 | off | 32 | worker + hop | nearest | 30.20 (30.20) | +0.20 | 2.8900 | 0 |"
-          in md)
+  assert "| int8 | on | off | off | nearest | 29.50 (29.50) | -0.50 | 2.9500 (+1.72 %) | 0 |" in md
+  assert ("| int8 | off | 32 | worker + hop | nearest | 30.20 (30.20) | +0.20 | 2.8900 (-0.34 %) "
+          "| 0 |" in md)
   assert "masked-byte accuracy" in md
   assert os.path.exists(os.path.join(out, "low_precision_quick.png"))
 
@@ -261,3 +261,34 @@ def test_batch_growth_quick_and_resume(tmp_path):
   assert os.path.getsize(out + ".png") > 10_000
   assert bench.main(argv + ["--report-only"]) == 0
   assert len(open(out + ".jsonl").read().splitlines()) == len(recs)
+
+
+def test_low_precision_delta_is_paired_by_seed_with_its_standard_error(tmp_path):
+  """Δ compares each seed with float32's same seed; a row logged on fewer
+  seeds (the earlier error-feedback rule) is compared on those seeds only."""
+  study = load_benchmark("low_precision")
+  out = str(tmp_path / "lp")
+  os.makedirs(out)
+  cfg = dict(study.QUICK)
+  # (fmt, aps, block, ef, seed, accuracy); "worker": logged before ef_stages.
+  rows = [("float32", False, None, False, 0, 30.0), ("float32", False, None, False, 1, 31.0),
+          ("float32", False, None, False, 2, 40.0),
+          ("int8", True, None, False, 0, 29.5), ("int8", True, None, False, 1, 30.1),
+          ("int8", False, 32, "worker", 0, 29.0)]
+  with open(os.path.join(out, "low_precision.jsonl"), "w") as f:
+    for fmt, aps, block, ef, seed, acc in rows:
+      ident = study._ident("lstm_date", fmt, aps, "nearest", block, ef, seed, cfg)
+      rec = dict(task="lstm_date", fmt=fmt, aps=aps, seed=seed, accuracy=acc,
+                 final_loss=1.0, skipped=0, steps=8, wall=1.0, finite=True,
+                 **({"block_size": block} if block else {}),
+                 **({"error_feedback": True} if ef else {}))
+      f.write(json.dumps(dict(ident=ident, **rec)) + "\n")
+  cfg_rows = ["--quick", "--no-train", "--tasks", "lstm_date", "--out", out, "--seeds", "0,1,2"]
+  assert study.main(cfg_rows) == 0
+  md = open(os.path.join(out, "low_precision_quick.md")).read()
+  # Differences -0.5 and -0.9: mean -0.70, standard error 0.2828 / sqrt(2) = 0.20.
+  assert "| int8 | on | off | off | nearest | 29.80 (29.50, 30.10) | -0.70 ± 0.20 | 0 |" in md
+  assert "| fp32 | — | — | — | — | 33.67 (30.00, 31.00, 40.00) | +0.00 | 0 |" in md
+  rec = {"error_feedback": True}
+  assert study._ef(rec) == "worker" and study._ef({**rec, "ef_stages": 2}) is True
+  assert study._ef({}) is False
