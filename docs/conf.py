@@ -119,6 +119,7 @@ _STUDY_PAGES = {
     "gain_study": "Gain study",
     "low_precision": "Low-precision communication study",
     "low_precision_long": "Low-precision communication study, longer runs",
+    "low_precision_step_time": "Low-precision communication: bytes and step time per payload",
     "oracle": "Oracle study",
     "solver_ladder": "Solver ladder study",
 }
