@@ -126,12 +126,7 @@ def train_growing(sched: date_optax.BatchSchedule, seed: int, rule: str = "sqrt"
   tx = date_optax.date(baseline_of(cfg), sched.max_batch, batch_schedule=sched,
                        lr_scaling=rule, ratio_source="update")
 
-  def loss_fn(params, batch, rng):
-    logits = model.apply({"params": params}, batch["inputs"], train=True,
-                         rngs={"dropout": rng})
-    sums = train.mlm_sums(logits, batch)
-    count = jnp.maximum(sums["count"].sum(), 1.0)
-    return sums["nll"].sum() / count, {"accuracy": sums["correct"].sum() / count}
+  loss_fn = train.mlm_loss_fn(model)
 
   def metric_fn(params, batch):
     return train.mlm_sums(model.apply({"params": params}, batch["inputs"], train=False),

@@ -366,12 +366,7 @@ def _bert_step(sharded: bool, fmt: str, aps: bool, rounding: str, block: int | N
   model = train.create_model(config, vocab)
   tx, _ = train.make_optimizer(config)
 
-  def loss_fn(params, batch, rng):
-    logits = model.apply({"params": params}, batch["inputs"], train=True,
-                         rngs={"dropout": rng})
-    sums = train.mlm_sums(logits, batch)
-    count = jnp.maximum(sums["count"].sum(), 1.0)
-    return sums["nll"].sum() / count, {"accuracy": sums["correct"].sum() / count}
+  loss_fn = train.mlm_loss_fn(model)
 
   rules = [(regex, P(*spec)) for regex, spec in config.param_sharding]
   step = dp.make_train_step(loss_fn, tx, mesh, has_aux=True, param_sharding=rules or None,

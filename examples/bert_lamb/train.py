@@ -247,6 +247,28 @@ def mlm_sums(logits: jax.Array, batch: dict[str, jax.Array]) -> dict[str, jax.Ar
   return {"nll": (nll * w).sum(-1), "correct": (correct * w).sum(-1), "count": w.sum(-1)}
 
 
+def mlm_loss_fn(model: models.BertMLM):
+  """The step's loss: mean cross-entropy over the masked positions.
+
+  Args:
+    model: the encoder.
+
+  Returns:
+    ``loss_fn(params, batch, rng) -> (loss, {"accuracy": ...})`` for
+    `date_optax.parallel.make_train_step(..., has_aux=True)`; `rng` is the
+    step's dropout key.
+  """
+
+  def loss_fn(params, batch, rng):
+    logits = model.apply({"params": params}, batch["inputs"], train=True,
+                         rngs={"dropout": rng})
+    sums = mlm_sums(logits, batch)
+    count = jnp.maximum(sums["count"].sum(), 1.0)
+    return sums["nll"].sum() / count, {"accuracy": sums["correct"].sum() / count}
+
+  return loss_fn
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains both stages and evaluates; checkpoints to and resumes from `workdir`.
 
@@ -273,12 +295,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       config.num_train_steps, recipe.total_steps)
   compute_dtype = jnp.bfloat16 if config.half_precision else None
 
-  def loss_fn(params, batch, rng):
-    logits = model.apply({"params": params}, batch["inputs"], train=True,
-                         rngs={"dropout": rng})
-    sums = mlm_sums(logits, batch)
-    count = jnp.maximum(sums["count"].sum(), 1.0)
-    return sums["nll"].sum() / count, {"accuracy": sums["correct"].sum() / count}
+  loss_fn = mlm_loss_fn(model)
 
   def metric_fn(params, batch):
     return mlm_sums(model.apply({"params": params}, batch["inputs"], train=False), batch)
