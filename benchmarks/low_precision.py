@@ -66,6 +66,7 @@ import math
 import os
 import platform
 import sys
+import textwrap
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -631,7 +632,7 @@ def plot(done: dict, cfg: dict, tasks, path: str) -> None:
     if base:
       ax.axhline(sum(base) / len(base), color="gray", lw=0.8, ls="--")
     ax.set_xticks(range(len(fmts)), [SHORT[f] for f in fmts], rotation=30, fontsize=8)
-    ax.set_title(TASK_LABELS[task].replace(", ", "\n", 1), fontsize=8)
+    ax.set_title(textwrap.fill(TASK_LABELS[task], 48), fontsize=8)
     ax.set_ylabel("final test accuracy (%)")
     # Zoom in where no payload collapsed (every run within 20 % of float32).
     if base and shown and min(shown) > 0.8 * sum(base) / len(base):
