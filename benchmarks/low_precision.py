@@ -229,6 +229,19 @@ def _sharded_flags() -> list[str]:
   return ["--config.model_parallel=2", f"--config.param_sharding={rules!r}"]
 
 
+def _bert_fields(fmt: str, aps: bool, rounding: str, block: int | None, ef,
+                 steps: int) -> dict:
+  """The BERT run's config overrides (dotted names) for one payload and `steps`."""
+  low = fmt != "float32"
+  return dict(
+      **BERT, num_train_tokens=steps * BERT["batch_size"] * BERT["seq_len"],
+      optimizer="lamb", lr_scaling="sqrt", warmup_scaling="linear", grad_stats=False,
+      **{"grad_sync.algorithm": "ring", "grad_sync.comm_dtype": fmt,
+         "grad_sync.aps": ("on" if aps else "off") if low else "auto",
+         "grad_sync.rounding": rounding,
+         "grad_sync.block_size": block or 0, "grad_sync.error_feedback": bool(ef)})
+
+
 def train_bert(fmt: str, aps: bool, rounding: str, block: int | None, ef: bool,
                seed: int, cfg: dict, sharded: bool = False) -> dict:
   """One run of examples/bert_lamb's command line, as many steps as the MNIST tasks.
@@ -241,15 +254,8 @@ def train_bert(fmt: str, aps: bool, rounding: str, block: int | None, ef: bool,
   import bert_scaling
 
   steps = cfg["epochs"] * (cfg["num_train"] // (B0 * SCALE))
-  low = fmt != "float32"
-  fields = dict(
-      **BERT, num_train_tokens=steps * BERT["batch_size"] * BERT["seq_len"],
-      optimizer="lamb", lr_scaling="sqrt", warmup_scaling="linear", seed=seed,
-      grad_stats=False, log_every_steps=max(1, steps // 64),
-      **{"grad_sync.algorithm": "ring", "grad_sync.comm_dtype": fmt,
-         "grad_sync.aps": ("on" if aps else "off") if low else "auto",
-         "grad_sync.rounding": rounding,
-         "grad_sync.block_size": block or 0, "grad_sync.error_feedback": ef})
+  fields = dict(_bert_fields(fmt, aps, rounding, block, ef, steps), seed=seed,
+                log_every_steps=max(1, steps // 64))
   start = time.perf_counter()
   flags = [f"--config.{k}={v}" for k, v in fields.items()]
   r = bert_scaling.run_example(flags + (_sharded_flags() if sharded else []), 8)
@@ -350,15 +356,12 @@ def _bert_step(sharded: bool, fmt: str, aps: bool, rounding: str, block: int | N
   from examples.bert_lamb.configs import default, scaling
 
   config = scaling.get_config()
-  low = fmt != "float32"
-  config.update(dict(
-      base_batch_size=BERT["base_batch_size"], base_learning_rate=BERT["base_learning_rate"],
-      batch_size=BERT["batch_size"], seq_len=BERT["seq_len"], optimizer="lamb",
-      lr_scaling="sqrt", warmup_scaling="linear", grad_stats=False,
-      num_train_tokens=512 * BERT["batch_size"] * BERT["seq_len"]))
-  config.grad_sync.update(dict(
-      algorithm="ring", comm_dtype=fmt, aps=("on" if aps else "off") if low else "auto",
-      rounding=rounding, block_size=block or 0, error_feedback=bool(ef)))
+  for key, value in _bert_fields(fmt, aps, rounding, block, ef, 512).items():
+    *path, name = key.split(".")
+    node = config
+    for part in path:
+      node = node[part]
+    node[name] = value
   if sharded:
     config.model_parallel = 2
     config.param_sharding = default.PARAM_SHARDING
