@@ -254,8 +254,6 @@ def piece_step(mesh, opt, p_sh, s_sh, b_sh, pieces: tuple[str, ...]):
   """
   from jax import lax
 
-  from date_optax._src.parallel.step.train_state import sum_squares_or_nan
-
   def step(params, opt_state, batch):
     if "vmap" in pieces:
       n = mesh.shape["data"]
@@ -271,7 +269,8 @@ def piece_step(mesh, opt, p_sh, s_sh, b_sh, pieces: tuple[str, ...]):
       loss, grads = jax.value_and_grad(loss_fn)(params, batch)
     metrics = {"loss": loss}
     if "skip_fused" in pieces or "skip_cond" in pieces:
-      sq = sum_squares_or_nan(grads)  # the library step's reduction
+      # The library step's reduction (train_state.sum_squares_or_nan, not public).
+      sq = sum(jnp.sum(g * g + g * 0) for g in jax.tree.leaves(grads))
       finite = lax.optimization_barrier(jnp.isfinite(loss) & jnp.isfinite(sq))
       metrics["skipped"] = ~finite
 
