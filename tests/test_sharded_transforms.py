@@ -22,15 +22,18 @@ OPTS = {
     "lars": lambda: date_optax.lars(0.1, weight_decay=1e-2, trust_coefficient=0.02),
     "lars_norm_of_sum": lambda: date_optax.lars(
         0.1, weight_decay=1e-2, denominator="norm_of_sum", layer_axes={
-            "w": None, "stacked": 0, "b": None}),
+            "w": None, "stacked": 0, "b": None, "b_model": None,
+            "b_replicated": None}),
     "lamb": lambda: date_optax.lamb(1e-2, weight_decay=1e-2, layer_axes={
-        "w": None, "stacked": 0, "b": None}),
+        "w": None, "stacked": 0, "b": None, "b_model": None,
+        "b_replicated": None}),
     "bounded_lars": lambda: date_optax.bounded_lars(0.1, base="adam",
                                                     weight_decay=1e-3),
     "date": lambda: date_optax.date(BASELINE, 64),
 }
+# Three small leaves of one shape, sharded three ways: reduced together.
 SPECS = {"w": P("data", "model"), "stacked": P("model", "data", None),
-         "b": P("data")}
+         "b": P("data"), "b_model": P("model"), "b_replicated": P()}
 
 
 def spec_of(x):
@@ -41,10 +44,12 @@ def spec_of(x):
 
 
 def make():
-  k = jax.random.split(jax.random.key(0), 3)
+  k = jax.random.split(jax.random.key(0), 5)
   return {"w": jax.random.normal(k[0], (8, 6)),
           "stacked": jax.random.normal(k[1], (4, 8, 3)),
-          "b": 0.1 * jax.random.normal(k[2], (8,))}
+          "b": 0.1 * jax.random.normal(k[2], (8,)),
+          "b_model": 0.1 * jax.random.normal(k[3], (8,)),
+          "b_replicated": 0.1 * jax.random.normal(k[4], (8,))}
 
 
 def grads_of(p):

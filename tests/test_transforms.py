@@ -706,3 +706,80 @@ def test_update_without_params_raises():
   params = make_params()
   with pytest.raises(ValueError, match="params"):
     opt.update(params, opt.init(params))
+
+
+# --------------------------------------------------------------------------
+# Small leaves of one shape are reduced together (one stacked reduction per
+# shape); the ratios must still be each layer's own.
+
+
+def repeated_params():
+  """Three blocks of same-shaped small leaves, a zero bias, a bf16 twin, a large leaf."""
+  k = iter(jax.random.split(jax.random.key(3), 12))
+  blocks = {f"block{i}": {"kernel": jax.random.normal(next(k), (4, 3)) * (i + 1),
+                          "bias": 0.1 * jax.random.normal(next(k), (3,))}
+            for i in range(3)}
+  return {**blocks, "zero_bias": jnp.zeros((3,)),
+          "bf16_kernel": jax.random.normal(next(k), (4, 3)).astype(jnp.bfloat16),
+          "large": 0.1 * jax.random.normal(next(k), (130, 130))}
+
+
+def by_path(tree):
+  return {jax.tree_util.keystr(k): v for k, v in
+          jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+REPEATED_TRUST = {**{f"block{i}": {"kernel": True, "bias": i != 1} for i in range(3)},
+                  "zero_bias": True, "bf16_kernel": True, "large": True}
+REPEATED_DECAY = {**{f"block{i}": {"kernel": i != 2, "bias": False} for i in range(3)},
+                  "zero_bias": True, "bf16_kernel": True, "large": True}
+
+
+@pytest.mark.parametrize("denominator", ["sum_of_norms", "norm_of_sum"])
+def test_lars_on_repeated_small_leaves_matches_reference(denominator):
+  params = repeated_params()
+  opt = date_optax.lars(0.3, weight_decay=0.05, trust_coefficient=0.01,
+                        denominator=denominator, trust_ratio_mask=REPEATED_TRUST,
+                        weight_decay_mask=REPEATED_DECAY)
+  got, state = run(opt, params)
+  want = run_ref(ref.Lars(0.3, wd=0.05, c=0.01, trust=by_path(REPEATED_TRUST),
+                          decay=by_path(REPEATED_DECAY),
+                          sum_of_norms=denominator == "sum_of_norms"), params)
+  # Parameters of size up to 3 after 4 steps: a few float32 roundings.
+  assert_close({k: v for k, v in got.items() if k != "bf16_kernel"},
+               {k: v for k, v in want.items() if "bf16" not in k}, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(got["bf16_kernel"], np.float64),
+                             want["['bf16_kernel']"], rtol=2e-2, atol=1e-2)
+  ratios = date_optax.trust_ratios(state)
+  assert float(ratios["block1"]["bias"]) == 1.0  # outside the trust mask
+  # Same-shaped layers reduced together keep their own ratios.
+  kernels = [float(ratios[f"block{i}"]["kernel"]) for i in range(3)]
+  assert len(set(kernels)) == 3
+  # A zero layer in a group gets ratio 1 at the first step, its neighbours not.
+  first = date_optax.trust_ratios(run(opt, params, steps=1)[1])
+  assert float(first["zero_bias"]) == 1.0 and float(first["block0"]["bias"]) != 1.0
+
+
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_lamb_on_repeated_small_leaves_matches_reference(decoupled):
+  params = {k: v for k, v in repeated_params().items() if k != "bf16_kernel"}
+  trust = {k: v for k, v in REPEATED_TRUST.items() if k != "bf16_kernel"}
+  decay = {k: v for k, v in REPEATED_DECAY.items() if k != "bf16_kernel"}
+  opt = date_optax.lamb(0.05, weight_decay=0.01, decoupled_weight_decay=decoupled,
+                        trust_ratio_mask=trust, weight_decay_mask=decay,
+                        lower=0.0, upper=5.0)
+  got, _ = run(opt, params)
+  want = run_ref(ref.Lamb(0.05, wd=0.01, trust=by_path(trust), decay=by_path(decay),
+                          decoupled=decoupled, lower=0.0, upper=5.0), params)
+  assert_close(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("source", ["gradient", "update"])
+def test_bounded_lars_on_repeated_small_leaves_matches_reference(source):
+  params = {k: v for k, v in repeated_params().items() if k != "bf16_kernel"}
+  opt = date_optax.bounded_lars(0.05, base="adam", lower=0.05, upper=3.0,
+                                ratio_source=source, weight_decay=1e-3)
+  got, _ = run(opt, params)
+  want = run_ref(ref.BoundedLars(0.05, "adam", lower=0.05, upper=3.0,
+                                 source=source, wd=1e-3), params)
+  assert_close(got, want, rtol=5e-5, atol=1e-5)

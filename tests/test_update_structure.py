@@ -25,6 +25,7 @@ if ROOT not in sys.path:
 import date_optax  # noqa: E402
 from benchmarks import optimizer_step  # noqa: E402
 from date_optax._src import lars as lars_lib  # noqa: E402
+from date_optax._src import trust_ratio as trust_ratio_lib  # noqa: E402
 
 # ResNet-50 v1.5's 161 leaves (conv kernels, BN scale/bias, fc), widths / 16.
 SHAPES = optimizer_step.resnet50_shapes(width=4, num_classes=10)
@@ -100,3 +101,76 @@ def test_the_patterns_see_control_flow_and_dots():
   text = jax.jit(bad).lower(params, None, params).as_text()
   assert len(CONTROL_FLOW.findall(text)) >= 2
   assert len(DOT.findall(text)) >= 2
+
+
+# --------------------------------------------------------------------------
+# Kernel count (issue 31): small leaves of one shape share one stacked
+# reduction, so a layer-wise update costs its base optimizer's kernels per
+# leaf, one more per leaf for the ratio it records, and a fixed number per
+# distinct small shape, however many leaves share it.
+
+STRUCTURE = {
+    # name: (transform, base optax optimizer, extra kernels per leaf)
+    "lars": (lambda: date_optax.lars(0.1, weight_decay=1e-4, denominator="norm_of_sum"),
+             lambda: optax.sgd(0.1, momentum=0.9), 1),
+    "bounded_lars": (lambda: date_optax.bounded_lars(0.1),
+                     lambda: optax.sgd(0.1, momentum=0.9), 1),
+    "date(momentum)": (lambda: date_optax.date(BASELINE, 4096),
+                       lambda: optax.sgd(0.1, momentum=0.9), 1),
+    # Adam's direction is formed once for its norm and its update: +1.
+    "lamb": (lambda: date_optax.lamb(1e-3, weight_decay=1e-4),
+             lambda: optax.adamw(1e-3, weight_decay=1e-4), 2),
+    "date(adam)": (lambda: date_optax.date(ADAM_BASELINE, 4096),
+                   lambda: optax.adamw(1e-3, weight_decay=1e-4), 2),
+}
+
+
+def fusions(tx, shapes) -> int:
+  params = optimizer_step.make_tree(shapes, 0)
+  grads = optimizer_step.make_tree(shapes, 1)
+  return optimizer_step.compile_step(tx, params, grads)[3]["fusions"]
+
+
+def small_tree(n):
+  return optimizer_step.small_leaves_shapes(n, width=8)
+
+
+def growth(tx_fn, few, many) -> int:
+  """Kernels the compiled step gains from `few` small leaves to `many`."""
+  return fusions(tx_fn(), small_tree(many)) - fusions(tx_fn(), small_tree(few))
+
+
+@pytest.mark.parametrize("name", list(STRUCTURE))
+def test_kernel_count_per_leaf_is_the_base_optimizers_plus_one(name):
+  # 80 more leaves of the same two shapes cost the base optimizer's kernels
+  # per leaf plus the recorded ratio (plus, for Adam, its direction), and at
+  # most a few more for larger stacked reductions: no reduction per leaf.
+  make, base, per_leaf = STRUCTURE[name]
+  extra = growth(make, 40, 120) - growth(base, 40, 120) - per_leaf * 80
+  assert extra <= 4, f"{name}: {extra} kernels beyond the per-leaf cost for 80 leaves"
+
+
+@pytest.mark.parametrize("name", ["lars", "lamb"])
+def test_kernel_count_on_resnet50s_161_leaves(name):
+  # Beyond the per-leaf cost, a few kernels per distinct small shape.
+  make, base, per_leaf = STRUCTURE[name]
+  groups = len(set(SHAPES.values()))
+  extra = fusions(make(), SHAPES) - fusions(base(), SHAPES) - per_leaf * len(SHAPES)
+  assert extra <= 6 * groups, f"{name}: {extra} extra kernels, {groups} shapes"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["lars", "lamb"])
+def test_kernel_count_on_1000_leaves(name):
+  make, base, per_leaf = STRUCTURE[name]
+  shapes = optimizer_step.small_leaves_shapes(1000)
+  extra = fusions(make(), shapes) - fusions(base(), shapes) - per_leaf * len(shapes)
+  assert extra <= 16, f"{name}: {extra} extra kernels on 1,000 leaves of two shapes"
+
+
+def test_kernel_count_test_sees_per_leaf_reductions(monkeypatch):
+  # The check can fail: with grouping off (every leaf reduced on its own, the
+  # update before issue 31) LARS costs 3 kernels per leaf beyond the allowance.
+  monkeypatch.setattr(trust_ratio_lib, "GROUP_MAX_ELEMENTS", 0)
+  make, base, per_leaf = STRUCTURE["lars"]
+  assert growth(make, 40, 120) - growth(base, 40, 120) - per_leaf * 80 >= 160

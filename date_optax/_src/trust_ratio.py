@@ -195,10 +195,9 @@ def trust_ratio(
   return r.astype(jnp.float32)
 
 
-def layer_ratio(
-    w: jax.Array,
-    d: jax.Array,
-    red: tuple[int, ...],
+def ratio_from_sums(
+    w_sq: jax.Array,
+    d_sq: jax.Array,
     *,
     weight_decay: Any = None,
     denominator: str = "sum_of_norms",
@@ -206,31 +205,126 @@ def layer_ratio(
     eps: Any = 0.0,
     lower: Any = None,
     upper: Any = None,
-    decayed: jax.Array | None = None,
 ) -> jax.Array:
-  """One layer's ratio ``c‖w‖/(den + eps)`` with the package's zero-norm rules.
+  """One layer's ratio ``c‖w‖/(den + eps)`` from its sums of squares.
 
-  ``den`` is ``‖d‖`` without weight decay, ``‖d‖ + λ‖w‖`` for
-  ``'sum_of_norms'`` (ratio 1 when ``‖w‖ = 0`` or ``‖d‖ = 0``, as the MLPerf
-  reference and timm) and ``‖d + λw‖`` for ``'norm_of_sum'`` (ratio 1 when
-  ``‖w‖`` or ``‖d + λw‖`` is 0, as optax), computed without cancellation
-  (``decayed``, when given, is ``d + λw`` already formed by
-  :func:`add_decay`). Every norm is a float32 reduction of squares.
+  ``w_sq`` is ``‖w‖²``; ``d_sq`` is ``‖d‖²``, or ``‖d + λw‖²`` for
+  ``'norm_of_sum'`` with weight decay (see :func:`layer_sums`). ``den`` is
+  ``‖d‖`` without weight decay, ``‖d‖ + λ‖w‖`` for ``'sum_of_norms'`` (ratio
+  1 when ``‖w‖ = 0`` or ``‖d‖ = 0``, as the MLPerf reference and timm) and
+  ``‖d + λw‖`` for ``'norm_of_sum'`` (ratio 1 when ``‖w‖`` or ``‖d + λw‖``
+  is 0, as optax).
   """
-  w_norm = jnp.sqrt(sum_squares(w, red))
-  if weight_decay is None:
-    denom, zero = jnp.sqrt(sum_squares(d, red)), None
-  elif denominator == "sum_of_norms":
-    d_norm = jnp.sqrt(sum_squares(d, red))
+  w_norm = jnp.sqrt(w_sq)
+  zero = None
+  if weight_decay is not None and denominator == "sum_of_norms":
+    d_norm = jnp.sqrt(d_sq)
     denom = d_norm + weight_decay * w_norm
     zero = jnp.logical_or(w_norm == 0.0, d_norm == 0.0)
   else:
-    denom = jnp.sqrt(norm_of_sum_sq(d, w, weight_decay, red, v=decayed))
-    zero = None
+    denom = jnp.sqrt(d_sq)
   return trust_ratio(
       w_norm, denom, trust_coefficient=trust_coefficient, eps=eps,
       lower=lower, upper=upper, zero=zero,
   )
+
+
+# Leaves of at most this many elements have their sums of squares computed
+# together with the other leaves of the same shape and dtypes: one stacked
+# reduction per group instead of two per leaf. Below it a step is bound by
+# kernel launches (a bias, a norm scale, a small head), above it by memory
+# traffic, where stacking would add a copy (benchmarks/optimizer_step.py,
+# docs/RESULTS.md).
+GROUP_MAX_ELEMENTS = 1 << 14
+
+
+class SumRequest(NamedTuple):
+  """One layer-wise reduction :func:`layer_sums` is asked for.
+
+  ``d`` is the vector whose norm is the denominator's; with ``decay`` set
+  the norm is ``‖d + λw‖`` and ``decayed`` is ``d + λw`` already formed by
+  :func:`add_decay` (or ``None``, to have it formed here). ``coupled`` says
+  whether weight decay enters the layer's denominator (passed on to the
+  ratio function).
+  """
+
+  w: jax.Array
+  d: jax.Array
+  axes: tuple[int, ...]
+  decay: bool = False
+  decayed: jax.Array | None = None
+  coupled: bool = False
+
+
+def _sharding_key(x: jax.Array) -> Any:
+  """The array's sharding as its type carries it (explicit mesh axes), or None.
+
+  Leaves of one shape stack only with the same sharding: under explicit
+  axes a stack of differently sharded operands is an error, and under auto
+  axes it would make XLA move the small leaves between devices.
+  """
+  sharding = getattr(jax.typeof(x), "sharding", None)
+  try:
+    hash(sharding)
+  except TypeError:
+    return repr(sharding)
+  return sharding
+
+
+def _groupable(req: SumRequest) -> bool:
+  w, d = jnp.asarray(req.w), jnp.asarray(req.d)
+  return (len(req.axes) == w.ndim and w.size <= GROUP_MAX_ELEMENTS
+          and d.shape == w.shape
+          and not jnp.iscomplexobj(w) and not jnp.iscomplexobj(d))
+
+
+def layer_ratios(
+    requests: list[SumRequest], ratio_fn: Any, weight_decay: Any = None,
+) -> list[jax.Array]:
+  """``ratio_fn(‖w‖², ‖d‖²)`` per request, small leaves reduced together.
+
+  Requests for whole small real leaves (at most :data:`GROUP_MAX_ELEMENTS`
+  elements, no layer axes) of one shape and pair of dtypes are stacked and
+  reduced at once, as multi-tensor apply does, so the number of reductions
+  grows with the number of distinct small shapes, not of leaves; on a mesh
+  same-shaped leaves stack along a new axis and their partial sums are
+  combined in one collective. The others are reduced leaf by leaf. Each
+  result keeps the reduced dims (size 1) for broadcasting against its leaf;
+  with ``decay`` the second sum is ``‖d + λw‖²`` with ``λ = weight_decay``,
+  formed without cancellation (:func:`norm_of_sum_sq`). ``ratio_fn(w_sq,
+  d_sq, coupled)`` maps the two sums to the layer's ratio elementwise; a
+  group's ratios are made by one call on its stacked sums.
+  """
+  out: list = [None] * len(requests)
+  groups: dict = {}
+  for i, req in enumerate(requests):
+    if _groupable(req):
+      w, d = req.w, req.d
+      key = (w.shape, w.dtype, d.dtype, req.decay, req.coupled,
+             _sharding_key(w), _sharding_key(d))
+      groups.setdefault(key, []).append(i)
+    else:
+      groups[("leaf", i)] = [i]
+  for key, idx in groups.items():
+    if key[0] == "leaf" or len(idx) == 1:
+      for i in idx:
+        req = requests[i]
+        w_sq = sum_squares(req.w, req.axes)
+        if req.decay:
+          d_sq = norm_of_sum_sq(req.d, req.w, weight_decay, req.axes, v=req.decayed)
+        else:
+          d_sq = sum_squares(req.d, req.axes)
+        out[i] = ratio_fn(w_sq, d_sq, req.coupled)
+      continue
+    w = jnp.stack([requests[i].w for i in idx])
+    d = jnp.stack([requests[i].d for i in idx])
+    if key[3]:
+      d = add_decay(d, weight_decay, w)
+    axes = tuple(range(1, w.ndim))
+    r = ratio_fn(sum_squares(w, axes), sum_squares(d, axes), key[4])
+    for j, i in enumerate(idx):
+      out[i] = r[j]
+  return out
 
 
 def applied_bounds(lower: Any, upper: Any) -> tuple[jax.Array, jax.Array]:
@@ -484,7 +578,9 @@ def trust_ratio_kernel(
       )
       u_leaves = treedef.flatten_up_to(inner_updates)
 
-    outs, ratios = [], []
+    # The update of every layer, and the reductions its ratio needs; the
+    # reductions are made together (layer_sums), then each layer is scaled.
+    vs, requests = [], []
     for u, g, w, trust, dec, ax in zip(
         u_leaves, g_leaves, w_leaves, trust_flags, wd_flags, axes_list
     ):
@@ -492,16 +588,30 @@ def trust_ratio_kernel(
       v = u.astype(compute_dtype(u, w))
       if coupled:
         v = add_decay(v, wd, w)
+      vs.append(v)
       if trust:
-        red = reduce_axes(w.ndim, ax)
-        d = g if ratio_source == "gradient" else u
-        r = layer_ratio(
-            w, d, red, weight_decay=wd if coupled else None,
-            denominator=denominator, trust_coefficient=trust_coefficient,
-            eps=eps, lower=lo, upper=hi,
+        sum_form = coupled and denominator == "norm_of_sum"
+        requests.append(SumRequest(
+            w, g if ratio_source == "gradient" else u, reduce_axes(w.ndim, ax),
+            decay=sum_form,
             # The update u + λw is the vector whose norm is measured.
-            decayed=v if coupled and ratio_source == "update" else None,
-        )
+            decayed=v if sum_form and ratio_source == "update" else None,
+            coupled=coupled))
+    def ratio_fn(w_sq, d_sq, coupled):
+      return ratio_from_sums(
+          w_sq, d_sq, weight_decay=wd if coupled else None,
+          denominator=denominator, trust_coefficient=trust_coefficient,
+          eps=eps, lower=lo, upper=hi)
+
+    layer_r = iter(layer_ratios(requests, ratio_fn, wd))
+
+    outs, ratios = [], []
+    for v, g, w, trust, dec, ax in zip(
+        vs, g_leaves, w_leaves, trust_flags, wd_flags, axes_list
+    ):
+      coupled = dec and decay == "update"
+      if trust:
+        r = next(layer_r)
         v = r * v
         ratios.append(stored_ratio(r, w.shape, ax))
       else:
