@@ -402,6 +402,14 @@ def scale_by_trust_ratio(
   (complex leaves included); the output has dtype
   ``jnp.promote_types(param.dtype, update.dtype)``, as optax.
 
+  Small leaves (up to 16,384 elements) of one shape, dtype and sharding are
+  reduced together: one stacked reduction and one vectorised ratio per
+  group, as multi-tensor apply does, so the number of kernels beyond the
+  per-leaf update grows with the number of distinct small shapes, not with
+  the number of leaves (``lars``, ``lamb``, ``bounded_lars`` and ``date``
+  share this kernel). Larger leaves are reduced one by one, where a stacked
+  copy would cost more memory traffic than a launch.
+
   Masks follow the package's one rule (docs/guide/optimizers.md, "Masks"):
   ``trust_ratio_mask`` selects the layers that get the ratio,
   ``weight_decay_mask`` those that get :math:`\lambda w`; if only one is
