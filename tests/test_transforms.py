@@ -783,3 +783,19 @@ def test_bounded_lars_on_repeated_small_leaves_matches_reference(source):
   want = run_ref(ref.BoundedLars(0.05, "adam", lower=0.05, upper=3.0,
                                  source=source, wd=1e-3), params)
   assert_close(got, want, rtol=5e-5, atol=1e-5)
+
+
+def test_grouped_scalars_and_empty_leaves_keep_their_own_ratios():
+  # Scalars and empty leaves group too: c‖w‖/(‖g‖ + λ‖w‖) per leaf, 1 when empty.
+  params = {"a": np.ones(3, np.float32), "b": np.full(3, 2.0, np.float32),
+            "s": np.float32(3.0), "t": np.float32(4.0),
+            "e": np.zeros(0, np.float32), "e2": np.zeros(0, np.float32)}
+  grads = {k: np.full(np.shape(v), 0.5, np.float32) for k, v in params.items()}
+  tx = date_optax.scale_by_trust_ratio(weight_decay=0.1)
+  updates, state = jax.jit(tx.update)(grads, tx.init(params), params)
+  ratios = date_optax.trust_ratios(state)
+  want = {"a": 1 / 0.6, "b": 2 / 0.7, "s": 3 / 0.8, "t": 4 / 0.9, "e": 1.0, "e2": 1.0}
+  for k, r in want.items():
+    np.testing.assert_allclose(float(ratios[k]), r, rtol=1e-6, err_msg=k)
+  np.testing.assert_allclose(np.asarray(updates["s"]), 3.75 * (0.5 + 0.1 * 3.0), rtol=1e-6)
+  assert updates["e"].shape == (0,)
