@@ -6,6 +6,7 @@ from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from date_optax._src import masks as masks_lib
@@ -209,7 +210,7 @@ def ratio_from_sums(
   """One layer's ratio ``c‖w‖/(den + eps)`` from its sums of squares.
 
   ``w_sq`` is ``‖w‖²``; ``d_sq`` is ``‖d‖²``, or ``‖d + λw‖²`` for
-  ``'norm_of_sum'`` with weight decay (see :func:`layer_sums`). ``den`` is
+  ``'norm_of_sum'`` with weight decay (see :func:`layer_ratios`). ``den`` is
   ``‖d‖`` without weight decay, ``‖d‖ + λ‖w‖`` for ``'sum_of_norms'`` (ratio
   1 when ``‖w‖ = 0`` or ``‖d‖ = 0``, as the MLPerf reference and timm) and
   ``‖d + λw‖`` for ``'norm_of_sum'`` (ratio 1 when ``‖w‖`` or ``‖d + λw‖``
@@ -239,7 +240,7 @@ GROUP_MAX_ELEMENTS = 1 << 14
 
 
 class SumRequest(NamedTuple):
-  """One layer-wise reduction :func:`layer_sums` is asked for.
+  """One layer-wise reduction :func:`layer_ratios` is asked for.
 
   ``d`` is the vector whose norm is the denominator's; with ``decay`` set
   the norm is ``‖d + λw‖`` and ``decayed`` is ``d + λw`` already formed by
@@ -272,9 +273,9 @@ def _sharding_key(x: jax.Array) -> Any:
 
 
 def _groupable(req: SumRequest) -> bool:
-  w, d = jnp.asarray(req.w), jnp.asarray(req.d)
-  return (len(req.axes) == w.ndim and w.size <= GROUP_MAX_ELEMENTS
-          and d.shape == w.shape
+  w, d = req.w, req.d
+  return (len(req.axes) == np.ndim(w) and np.size(w) <= GROUP_MAX_ELEMENTS
+          and np.shape(d) == np.shape(w)
           and not jnp.iscomplexobj(w) and not jnp.iscomplexobj(d))
 
 
@@ -316,12 +317,13 @@ def layer_ratios(
           d_sq = sum_squares(req.d, req.axes)
         out[i] = ratio_fn(w_sq, d_sq, req.coupled)
       continue
+    first = requests[idx[0]]  # the group shares its flags (they are in the key)
     w = jnp.stack([requests[i].w for i in idx])
     d = jnp.stack([requests[i].d for i in idx])
-    if key[3]:
+    if first.decay:
       d = add_decay(d, weight_decay, w)
     axes = tuple(range(1, w.ndim))
-    r = ratio_fn(sum_squares(w, axes), sum_squares(d, axes), key[4])
+    r = ratio_fn(sum_squares(w, axes), sum_squares(d, axes), first.coupled)
     for j, i in enumerate(idx):
       out[i] = r[j]
   return out
@@ -587,7 +589,7 @@ def trust_ratio_kernel(
       u_leaves = treedef.flatten_up_to(inner_updates)
 
     # The update of every layer, and the reductions its ratio needs; the
-    # reductions are made together (layer_sums), then each layer is scaled.
+    # reductions are made together (layer_ratios), then each layer is scaled.
     vs, requests = [], []
     for u, g, w, trust, dec, ax in zip(
         u_leaves, g_leaves, w_leaves, trust_flags, wd_flags, axes_list
@@ -605,6 +607,7 @@ def trust_ratio_kernel(
             # The update u + λw is the vector whose norm is measured.
             decayed=v if sum_form and ratio_source == "update" else None,
             coupled=coupled))
+
     def ratio_fn(w_sq, d_sq, coupled):
       return ratio_from_sums(
           w_sq, d_sq, weight_decay=wd if coupled else None,
