@@ -174,3 +174,33 @@ def test_kernel_count_test_sees_per_leaf_reductions(monkeypatch):
   monkeypatch.setattr(trust_ratio_lib, "GROUP_MAX_ELEMENTS", 0)
   make, base, per_leaf = STRUCTURE["lars"]
   assert growth(make, 20, 60) - growth(base, 20, 60) - per_leaf * 40 >= 80
+
+
+# --------------------------------------------------------------------------
+# Temporary memory (issue 31, item 4): the norm of ``g + λw`` is reduced from
+# ``g`` and ``w`` themselves, and LAMB's from the moments it stores, so a
+# large layer's step writes no parameter-sized temporary (it used to write
+# ``g + λw``, or Adam's direction, once for both the reduction and the
+# update).
+
+# Above GROUP_MAX_ELEMENTS, so each is reduced on its own; two of one shape,
+# whose reductions must not share a broadcast either.
+LARGE = {"a": (512, 768), "b": (512, 768), "c": (768, 512)}
+
+
+@pytest.mark.parametrize("make", [
+    lambda: date_optax.lars(0.1, weight_decay=1e-4, denominator="norm_of_sum"),
+    lambda: date_optax.scale_by_trust_ratio(0.01, weight_decay=1e-4,
+                                            denominator="norm_of_sum"),
+    lambda: date_optax.lars(0.1, weight_decay=1e-4),
+    lambda: date_optax.lamb(1e-3, weight_decay=1e-2),
+    lambda: date_optax.lamb(1e-3, weight_decay=1e-2, decoupled_weight_decay=True,
+                            bias_correction=False),
+], ids=["lars(norm_of_sum)", "scale_by_trust_ratio(norm_of_sum)", "lars", "lamb",
+        "lamb(decoupled,nobias)"])
+def test_large_layer_step_writes_no_parameter_sized_temporary(make):
+  params = optimizer_step.make_tree(LARGE, 0)
+  grads = optimizer_step.make_tree(LARGE, 1)
+  temp = optimizer_step.compile_step(make(), params, grads)[3]["temp_bytes"]
+  leaf = 4 * 512 * 768
+  assert temp < leaf // 8, f"{temp} temporary bytes for {leaf}-byte layers"

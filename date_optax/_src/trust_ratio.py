@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
 import jax
@@ -111,14 +112,24 @@ def sum_squares(x: jax.Array, axes: tuple[int, ...]) -> jax.Array:
   return jnp.sum(sq, axis=axes, keepdims=True).astype(jnp.float32)
 
 
-def _split(a: jax.Array) -> tuple[jax.Array, jax.Array]:
+# Veltkamp's splitting factor for float32: 2^12 + 1.
+_SPLIT = 4097.0
+
+
+def _split(a: jax.Array, factor: Any = _SPLIT) -> tuple[jax.Array, jax.Array]:
   # Veltkamp's split of a float32 into two halves of 12 significant bits.
-  c = 4097.0 * a
+  c = factor * a
   hi = c - (c - a)
   return hi, a - hi
 
 
-def _add_scaled_exact(g: jax.Array, wd: Any, w: jax.Array) -> jax.Array:
+def decay_scalars(wd: Any) -> tuple[jax.Array, ...]:
+  """``(λ, λ_hi, λ_lo, f)``: λ in float32, its Veltkamp halves, the factor."""
+  lam = jnp.asarray(wd, jnp.float32)
+  return (lam, *_split(lam), jnp.asarray(_SPLIT, jnp.float32))
+
+
+def _add_scaled_exact(g: jax.Array, scalars: tuple, w: jax.Array) -> jax.Array:
   """``g + λ·w`` in float32 with λ·w carried exactly (Dekker's two-product).
 
   Near the steady state of L2-regularised training ``g ≈ -λw`` and the sum
@@ -126,31 +137,39 @@ def _add_scaled_exact(g: jax.Array, wd: Any, w: jax.Array) -> jax.Array:
   ``2⁻²⁴·‖λw‖``, as large as the result itself when
   ``‖g+λw‖/‖g‖ ≈ 1e-7``. Splitting ``λ·w = p + e`` exactly makes ``g + p``
   exact under cancellation (Sterbenz) and each element accurate to one or
-  two float32 roundings of the *result*.
+  two float32 roundings of the *result*. ``scalars`` is
+  :func:`decay_scalars`'s.
   """
-  lam = jnp.asarray(wd, jnp.float32)
+  lam, a_hi, a_lo, factor = scalars
   p = lam * w
-  a_hi, a_lo = _split(lam)
-  b_hi, b_lo = _split(w)
+  b_hi, b_lo = _split(w, factor)
   e = ((a_hi * b_hi - p) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo
   return (g + p) + e
 
 
-def add_decay(d: jax.Array, wd: Any, w: jax.Array) -> jax.Array:
-  """``d + λw`` in ``compute_dtype(d, w)``, with λ·w carried exactly."""
+def add_decay(
+    d: jax.Array, wd: Any, w: jax.Array, *, scalars: tuple | None = None,
+) -> jax.Array:
+  """``d + λw`` in ``compute_dtype(d, w)``, with λ·w carried exactly.
+
+  ``scalars`` (:func:`decay_scalars` of ``wd``) may be given instead of
+  being derived from ``wd`` here.
+  """
+  if scalars is None:
+    scalars = decay_scalars(wd)
   dt = compute_dtype(d, w)
   d = d.astype(dt)
   w = w.astype(dt)
   if jnp.iscomplexobj(d):
-    re = _add_scaled_exact(jnp.real(d), wd, jnp.real(w))
-    im = _add_scaled_exact(jnp.imag(d), wd, jnp.imag(w))
+    re = _add_scaled_exact(jnp.real(d), scalars, jnp.real(w))
+    im = _add_scaled_exact(jnp.imag(d), scalars, jnp.imag(w))
     return jax.lax.complex(re, im)
-  return _add_scaled_exact(d, wd, w)
+  return _add_scaled_exact(d, scalars, w)
 
 
 def norm_of_sum_sq(
     d: jax.Array, w: jax.Array, wd: Any, axes: tuple[int, ...],
-    *, v: jax.Array | None = None,
+    *, v: jax.Array | None = None, d_private: bool = False,
 ) -> jax.Array:
   """Per-layer ``‖d + λw‖²`` accurate to float32 rounding under cancellation.
 
@@ -158,12 +177,30 @@ def norm_of_sum_sq(
   (:func:`add_decay`), so the result is accurate to a few float32 roundings
   of itself even where ``d ≈ -λw`` (the steady state of L2-regularised
   training), with no branch: the expansion ``‖d‖² + 2λ⟨d, w⟩ + λ²‖w‖²`` would
-  lose every digit there. ``v`` may be passed when the caller has formed it
-  already (it is the update LARS and LAMB scale), so XLA reads the inputs
-  once for both the norm and the update.
+  lose every digit there.
+
+  Without ``v`` the reduction forms its own ``d + λw`` from ``d`` and ``w``
+  with private copies of its scalars (λ, its halves and the splitting
+  factor, through an optimisation barrier that also holds the layer's
+  arrays), so XLA cannot merge it with the ``d + λw`` the update scales: the
+  reduction reads ``d`` and ``w``, the update's kernel reads them again, and
+  the sum is never written to memory. Merged, it is a parameter-sized
+  temporary that both kernels read (on XLA:CPU a scalar broadcast shared by
+  a reduction and an elementwise kernel is materialised too), most of the
+  cost of ``'norm_of_sum'`` on a large layer (docs/RESULTS.md). The barrier
+  moves no data on any backend as long as its arrays are the step's inputs;
+  ``d_private`` says ``d`` was itself computed from private inputs (and is
+  left out of the barrier, which would materialise it). Pass ``v`` (``d +
+  λw`` from :func:`add_decay`) to reduce an already formed sum instead.
   """
   if v is None:
-    v = add_decay(d, wd, w)
+    # The layer's own arrays ride along, so no two layers' barriers are one
+    # (XLA would merge identical ones and share their broadcasts again).
+    if d_private:
+      *scalars, w = jax.lax.optimization_barrier((*decay_scalars(wd), w))
+    else:
+      *scalars, d, w = jax.lax.optimization_barrier((*decay_scalars(wd), d, w))
+    v = add_decay(d, wd, w, scalars=tuple(scalars))
   return sum_squares(v, axes)
 
 
@@ -243,8 +280,13 @@ class SumRequest(NamedTuple):
   """One layer-wise reduction :func:`layer_ratios` is asked for.
 
   ``d`` is the vector whose norm is the denominator's; with ``decay`` set
-  the norm is ``‖d + λw‖`` and ``decayed`` is ``d + λw`` already formed by
-  :func:`add_decay` (or ``None``, to have it formed here). ``coupled`` says
+  the norm is ``‖d + λw‖`` (:func:`norm_of_sum_sq`), and ``decayed`` is
+  ``d + λw`` already formed by :func:`add_decay` when the caller's ``d`` is
+  computed in the step (or ``None``, to have the reduction form its own from
+  ``d`` and ``w``). ``private_d``, when given, recomputes ``d`` from the
+  step's inputs and outputs with private scalars (see ``inner_private`` of
+  :func:`trust_ratio_kernel`): a large layer's reduction then reads those
+  instead of a written copy of ``d``. ``coupled`` says
   whether weight decay enters the layer's denominator (passed on to the
   ratio function).
   """
@@ -254,6 +296,7 @@ class SumRequest(NamedTuple):
   axes: tuple[int, ...]
   decay: bool = False
   decayed: jax.Array | None = None
+  private_d: Callable[[], jax.Array] | None = None
   coupled: bool = False
 
 
@@ -311,7 +354,11 @@ def layer_ratios(
       for i in idx:
         req = requests[i]
         w_sq = sum_squares(req.w, req.axes)
-        if req.decay:
+        if req.private_d is not None:
+          d = req.private_d()
+          d_sq = (norm_of_sum_sq(d, req.w, weight_decay, req.axes, d_private=True)
+                  if req.decay else sum_squares(d, req.axes))
+        elif req.decay:
           d_sq = norm_of_sum_sq(req.d, req.w, weight_decay, req.axes, v=req.decayed)
         else:
           d_sq = sum_squares(req.d, req.axes)
@@ -320,10 +367,12 @@ def layer_ratios(
     first = requests[idx[0]]  # the group shares its flags (they are in the key)
     w = jnp.stack([requests[i].w for i in idx])
     d = jnp.stack([requests[i].d for i in idx])
-    if first.decay:
-      d = add_decay(d, weight_decay, w)
     axes = tuple(range(1, w.ndim))
-    r = ratio_fn(sum_squares(w, axes), sum_squares(d, axes), first.coupled)
+    if first.decay:
+      d_sq = norm_of_sum_sq(d, w, weight_decay, axes)
+    else:
+      d_sq = sum_squares(d, axes)
+    r = ratio_fn(sum_squares(w, axes), d_sq, first.coupled)
     for j, i in enumerate(idx):
       out[i] = r[j]
   return out
@@ -526,6 +575,7 @@ def trust_ratio_kernel(
     layer_axes: LayerAxes,
     decay: Literal["update", "decoupled", "input"] = "update",
     mask_names: tuple[str, str] = ("trust_ratio_mask", "weight_decay_mask"),
+    inner_private: Callable[[Any, Any], list] | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""The one per-layer trust-ratio kernel under every transform of the package.
 
@@ -537,6 +587,14 @@ def trust_ratio_kernel(
   LARS). The update is straight-line array code: per layer, float32
   reductions of squares and elementwise ops, no branch and no dot.
   ``mask_names`` name the two masks in error messages.
+
+  ``inner_private(new_inner_state, treedef)``, if given, returns one entry
+  per leaf: ``None``, or a function of no arguments that recomputes
+  ``inner``'s update of that leaf from the new inner state with private
+  scalars (through an optimisation barrier), exactly as ``inner`` formed
+  it. A large layer's ratio is then reduced from the state, which is
+  written anyway, instead of from a written copy of the update (LAMB's Adam
+  direction, one parameter-sized temporary per large layer otherwise).
   """
   inner_tx = optax.with_extra_args_support(inner) if inner is not None else None
   use_wd = not is_static_zero(weight_decay)
@@ -587,12 +645,15 @@ def trust_ratio_kernel(
           inner_in, state.inner_state, params, **extra_args
       )
       u_leaves = treedef.flatten_up_to(inner_updates)
+    private = [None] * len(g_leaves)
+    if inner_private is not None and inner_tx is not None and ratio_source == "update":
+      private = inner_private(inner_state, treedef)
 
     # The update of every layer, and the reductions its ratio needs; the
     # reductions are made together (layer_ratios), then each layer is scaled.
     vs, requests = [], []
-    for u, g, w, trust, dec, ax in zip(
-        u_leaves, g_leaves, w_leaves, trust_flags, wd_flags, axes_list
+    for u, g, w, trust, dec, ax, private_u in zip(
+        u_leaves, g_leaves, w_leaves, trust_flags, wd_flags, axes_list, private
     ):
       coupled = dec and decay == "update"
       v = u.astype(compute_dtype(u, w))
@@ -604,9 +665,12 @@ def trust_ratio_kernel(
         requests.append(SumRequest(
             w, g if ratio_source == "gradient" else u, reduce_axes(w.ndim, ax),
             decay=sum_form,
-            # The update u + λw is the vector whose norm is measured.
-            decayed=v if sum_form and ratio_source == "update" else None,
-            coupled=coupled))
+            # An inner solver's u + λw (the update) is formed once and its
+            # norm read from it; a d that is the kernel's input is reduced
+            # from the input itself (norm_of_sum_sq).
+            decayed=(v if sum_form and ratio_source == "update"
+                     and inner_tx is not None else None),
+            private_d=private_u, coupled=coupled))
 
     def ratio_fn(w_sq, d_sq, coupled):
       return ratio_from_sums(
