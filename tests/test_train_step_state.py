@@ -364,7 +364,8 @@ def test_param_sharding_bad_input():
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["sgd_momentum", "adamw", "lamb", "lars"])
+@pytest.mark.parametrize("name", ["sgd_momentum", "adamw", "lamb", "lars",
+                                  "lars_norm_of_sum"])
 def test_the_skip_adds_no_pass_over_parameters_or_optimizer_state(name):
   """The skip's selects fuse into the update: the compiled `apply_gradients`
   writes as many parameter-sized arrays as the plain update (plus the
@@ -377,7 +378,9 @@ def test_the_skip_adds_no_pass_over_parameters_or_optimizer_state(name):
   from date_optax._src.parallel.step import train_state as ts
 
   opt = {"sgd_momentum": optax.sgd(0.1, momentum=0.9), "adamw": optax.adamw(1e-3),
-         "lamb": date_optax.lamb(1e-3), "lars": date_optax.lars(0.1)}[name]
+         "lamb": date_optax.lamb(1e-3), "lars": date_optax.lars(0.1),
+         "lars_norm_of_sum": date_optax.lars(0.1, weight_decay=1e-4,
+                                             denominator="norm_of_sum")}[name]
   params = {"k": jnp.ones((256, 256))}
   state = dp.TrainState.create(params, opt)
 

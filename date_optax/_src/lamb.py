@@ -174,8 +174,6 @@ def lamb(
           decay="decoupled" if decoupled_weight_decay else "update",
           mask_names=(wd_name if trust_ratio_mask is None else "trust_ratio_mask",
                       "trust_ratio_mask" if wd_given is None else wd_name),
-          inner_private=lamb_directions_from_state(b1, b2, eps, eps_root,
-                                                   bias_correction),
       ),
       optax.scale_by_learning_rate(learning_rate),
   )
@@ -196,53 +194,6 @@ def lamb(
     )
 
   return tr.packed_chain(pieces, pack, unpack, learning_rate)
-
-
-def _inverse_bias_corrections(b1, b2, count, bias_correction):
-  # 1/(1 - β^t), one scalar each, so that the per-element work is a product.
-  if not bias_correction:
-    return 1.0, 1.0
-  t = count.astype(jnp.float32)
-  return 1.0 / (1.0 - b1**t), 1.0 / (1.0 - b2**t)
-
-
-def _direction(m, v, inv_c1, inv_c2, eps, eps_root):
-  return (m * inv_c1) / (jnp.sqrt(v * inv_c2 + eps_root) + eps)
-
-
-def lamb_directions_from_state(
-    b1: float, b2: float, eps: float, eps_root: float, bias_correction: bool,
-):
-  """Per leaf, LAMB's direction recomputed from the new moments, or None.
-
-  For :func:`date_optax._src.trust_ratio.trust_ratio_kernel`'s
-  ``inner_private``: each function rebuilds ``m̂/(√(v̂ + eps_root) + eps)``
-  of :func:`scale_by_lamb_moments` from the moments it stored, with the
-  bias corrections and constants passed through an optimisation barrier
-  together with the leaf's moments, so the norm's copy of the direction is
-  fused into its reduction rather than written out and read back. Only
-  where the stored moments are the float32 values the update used (real
-  leaves, moments kept in float32); elsewhere ``None``.
-  """
-
-  def build(state, treedef):
-    inv_c1, inv_c2 = _inverse_bias_corrections(b1, b2, state.count, bias_correction)
-    out = []
-    for mu, nu in zip(treedef.flatten_up_to(state.mu), treedef.flatten_up_to(state.nu)):
-      if mu.dtype != jnp.float32 or nu.dtype != jnp.float32:
-        out.append(None)
-        continue
-
-      def direction(mu=mu, nu=nu):
-        scalars = tuple(jnp.asarray(x, jnp.float32)
-                        for x in (inv_c1, inv_c2, eps, eps_root))
-        *scalars, m, v = jax.lax.optimization_barrier((*scalars, mu, nu))
-        return _direction(m, v, *scalars)
-
-      out.append(direction)
-    return out
-
-  return build
 
 
 def scale_by_lamb_moments(
@@ -269,7 +220,9 @@ def scale_by_lamb_moments(
   def update_fn(updates, state, params=None):
     del params
     count = optax.safe_int32_increment(state.count)
-    inv_c1, inv_c2 = _inverse_bias_corrections(b1, b2, count, bias_correction)
+    t = count.astype(jnp.float32)
+    c1 = 1.0 - b1**t if bias_correction else 1.0
+    c2 = 1.0 - b2**t if bias_correction else 1.0
     g_leaves, treedef = jax.tree.flatten(updates)
     if normalize_grads:
       # One global norm for the whole model; dividing only when it exceeds 1
@@ -287,7 +240,7 @@ def scale_by_lamb_moments(
           jnp.square(jnp.real(g32)) + jnp.square(jnp.imag(g32)))
       m = b1 * mu.astype(g32.dtype) + (1.0 - b1) * g32
       v = b2 * jnp.real(nu).astype(jnp.float32) + (1.0 - b2) * g_sq
-      outs.append(_direction(m, v, inv_c1, inv_c2, eps, eps_root))
+      outs.append((m / c1) / (jnp.sqrt(v / c2 + eps_root) + eps))
       mus.append(m.astype(mu.dtype))
       nus.append(v.astype(nu.dtype))
     return jax.tree.unflatten(treedef, outs), optax.ScaleByAdamState(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
 import jax
@@ -169,7 +168,7 @@ def add_decay(
 
 def norm_of_sum_sq(
     d: jax.Array, w: jax.Array, wd: Any, axes: tuple[int, ...],
-    *, v: jax.Array | None = None, d_private: bool = False,
+    *, v: jax.Array | None = None,
 ) -> jax.Array:
   """Per-layer ``‖d + λw‖²`` accurate to float32 rounding under cancellation.
 
@@ -188,18 +187,16 @@ def norm_of_sum_sq(
   temporary that both kernels read (on XLA:CPU a scalar broadcast shared by
   a reduction and an elementwise kernel is materialised too), most of the
   cost of ``'norm_of_sum'`` on a large layer (docs/RESULTS.md). The barrier
-  moves no data on any backend as long as its arrays are the step's inputs;
-  ``d_private`` says ``d`` was itself computed from private inputs (and is
-  left out of the barrier, which would materialise it). Pass ``v`` (``d +
-  λw`` from :func:`add_decay`) to reduce an already formed sum instead.
+  moves no data on any backend as long as its arrays are the step's inputs
+  (a computed ``d`` would be written out for it). Pass ``v`` (``d + λw``
+  from :func:`add_decay`) where ``d`` is itself computed in the step, as
+  LAMB's Adam direction: it is written to memory anyway, and its exact sum
+  is then formed once.
   """
   if v is None:
     # The layer's own arrays ride along, so no two layers' barriers are one
     # (XLA would merge identical ones and share their broadcasts again).
-    if d_private:
-      *scalars, w = jax.lax.optimization_barrier((*decay_scalars(wd), w))
-    else:
-      *scalars, d, w = jax.lax.optimization_barrier((*decay_scalars(wd), d, w))
+    *scalars, d, w = jax.lax.optimization_barrier((*decay_scalars(wd), d, w))
     v = add_decay(d, wd, w, scalars=tuple(scalars))
   return sum_squares(v, axes)
 
@@ -283,10 +280,7 @@ class SumRequest(NamedTuple):
   the norm is ``‖d + λw‖`` (:func:`norm_of_sum_sq`), and ``decayed`` is
   ``d + λw`` already formed by :func:`add_decay` when the caller's ``d`` is
   computed in the step (or ``None``, to have the reduction form its own from
-  ``d`` and ``w``). ``private_d``, when given, recomputes ``d`` from the
-  step's inputs and outputs with private scalars (see ``inner_private`` of
-  :func:`trust_ratio_kernel`): a large layer's reduction then reads those
-  instead of a written copy of ``d``. ``coupled`` says
+  ``d`` and ``w``). ``coupled`` says
   whether weight decay enters the layer's denominator (passed on to the
   ratio function).
   """
@@ -296,7 +290,6 @@ class SumRequest(NamedTuple):
   axes: tuple[int, ...]
   decay: bool = False
   decayed: jax.Array | None = None
-  private_d: Callable[[], jax.Array] | None = None
   coupled: bool = False
 
 
@@ -354,11 +347,7 @@ def layer_ratios(
       for i in idx:
         req = requests[i]
         w_sq = sum_squares(req.w, req.axes)
-        if req.private_d is not None:
-          d = req.private_d()
-          d_sq = (norm_of_sum_sq(d, req.w, weight_decay, req.axes, d_private=True)
-                  if req.decay else sum_squares(d, req.axes))
-        elif req.decay:
+        if req.decay:
           d_sq = norm_of_sum_sq(req.d, req.w, weight_decay, req.axes, v=req.decayed)
         else:
           d_sq = sum_squares(req.d, req.axes)
@@ -575,7 +564,6 @@ def trust_ratio_kernel(
     layer_axes: LayerAxes,
     decay: Literal["update", "decoupled", "input"] = "update",
     mask_names: tuple[str, str] = ("trust_ratio_mask", "weight_decay_mask"),
-    inner_private: Callable[[Any, Any], list] | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""The one per-layer trust-ratio kernel under every transform of the package.
 
@@ -587,14 +575,6 @@ def trust_ratio_kernel(
   LARS). The update is straight-line array code: per layer, float32
   reductions of squares and elementwise ops, no branch and no dot.
   ``mask_names`` name the two masks in error messages.
-
-  ``inner_private(new_inner_state, treedef)``, if given, returns one entry
-  per leaf: ``None``, or a function of no arguments that recomputes
-  ``inner``'s update of that leaf from the new inner state with private
-  scalars (through an optimisation barrier), exactly as ``inner`` formed
-  it. A large layer's ratio is then reduced from the state, which is
-  written anyway, instead of from a written copy of the update (LAMB's Adam
-  direction, one parameter-sized temporary per large layer otherwise).
   """
   inner_tx = optax.with_extra_args_support(inner) if inner is not None else None
   use_wd = not is_static_zero(weight_decay)
@@ -645,15 +625,12 @@ def trust_ratio_kernel(
           inner_in, state.inner_state, params, **extra_args
       )
       u_leaves = treedef.flatten_up_to(inner_updates)
-    private = [None] * len(g_leaves)
-    if inner_private is not None and inner_tx is not None and ratio_source == "update":
-      private = inner_private(inner_state, treedef)
 
     # The update of every layer, and the reductions its ratio needs; the
     # reductions are made together (layer_ratios), then each layer is scaled.
     vs, requests = [], []
-    for u, g, w, trust, dec, ax, private_u in zip(
-        u_leaves, g_leaves, w_leaves, trust_flags, wd_flags, axes_list, private
+    for u, g, w, trust, dec, ax in zip(
+        u_leaves, g_leaves, w_leaves, trust_flags, wd_flags, axes_list
     ):
       coupled = dec and decay == "update"
       v = u.astype(compute_dtype(u, w))
@@ -670,7 +647,7 @@ def trust_ratio_kernel(
             # from the input itself (norm_of_sum_sq).
             decayed=(v if sum_form and ratio_source == "update"
                      and inner_tx is not None else None),
-            private_d=private_u, coupled=coupled))
+            coupled=coupled))
 
     def ratio_fn(w_sq, d_sq, coupled):
       return ratio_from_sums(

@@ -188,19 +188,21 @@ def sum_squares_or_nan(tree: Any) -> jax.Array:
   """Σ x² over the float leaves of `tree`, in float32; NaN iff one is NaN/Inf.
 
   One reduction per leaf serves both the gradient norm and the finiteness
-  test: `x * 0` is 0 for every finite `x` and NaN for NaN or ±Inf, and adding
+  test: `x - x` is 0 for every finite `x` and NaN for NaN or ±Inf, and adding
   it leaves `x²` unchanged. A sum of finite squares that overflows is +Inf,
   never NaN, so `isnan` of the result says exactly whether some element was
   not finite. XLA fuses the per-leaf reductions with the producers of the
   gradients, instead of reading them twice (a norm pass and an `isfinite`
-  pass).
+  pass). (`x - x` rather than `x * 0`: a constant would be broadcast to the
+  leaf's shape, and XLA:CPU writes a broadcast shared by several reductions
+  to memory.)
   """
   total = jnp.zeros((), jnp.float32)
   for x in jax.tree.leaves(tree):
     x = jnp.asarray(x)
     if jnp.issubdtype(x.dtype, jnp.inexact):
       x = x.astype(jnp.float32)
-      total = total + jnp.sum(x * x + x * 0)
+      total = total + jnp.sum(x * x + (x - x))
   return total
 
 
