@@ -15,7 +15,8 @@ computes its metrics (gradient norm, trust-ratio summary, learning rate);
 that is part of what is measured. The two steps alternate, each timed as the
 median of `--reps` calls after a warm-up. Goal: ratio <= 1.05.
 
-With `--profile`, the 2-D mesh step is taken apart: the plain step plus one
+With `--profile`, the 2-D mesh step (the data mesh's where there is no 2-D
+mesh, as on one device) is taken apart: the plain step plus one
 piece at a time (the per-replica `vmap`; the exact non-finite skip as the
 library makes it, decided from the loss and the gradients before the update
 so its selects fuse into it ("skip_fused"), as one `lax.cond` around the
@@ -270,7 +271,7 @@ def piece_step(mesh, opt, p_sh, s_sh, b_sh, pieces: tuple[str, ...]):
     metrics = {"loss": loss}
     if "skip_fused" in pieces or "skip_cond" in pieces:
       # The library step's reduction (train_state.sum_squares_or_nan, not public).
-      sq = sum(jnp.sum(g * g + g * 0) for g in jax.tree.leaves(grads))
+      sq = sum(jnp.sum(g * g + (g - g)) for g in jax.tree.leaves(grads))
       finite = lax.optimization_barrier(jnp.isfinite(loss) & jnp.isfinite(sq))
       metrics["skipped"] = ~finite
 
@@ -310,13 +311,21 @@ def piece_step(mesh, opt, p_sh, s_sh, b_sh, pieces: tuple[str, ...]):
                  out_shardings=(p_sh, s_sh, named(P())), donate_argnums=(0, 1))
 
 
+def profile_mesh_name() -> str:
+  """The mesh `--profile` takes apart: the 2-D one, else the data mesh."""
+  return two_d_mesh_name() or next(iter(meshes()))
+
+
 def profile(args) -> list[dict]:
-  """Times the plain 2-D step, plain + each piece, and the library step."""
+  """Times the plain step, plain + each piece, and the library step.
+
+  On the 2-D mesh where there is one (FSDP rules), else on the data mesh.
+  """
   params = make_params(args.width, args.depth, args.d_in)
   batch = make_batch(args)
   opt = date_optax.lamb(1e-3, weight_decay=1e-2)
-  mesh, _, _ = build_mesh(meshes()[two_d_mesh_name()])
-  step = dp.make_train_step(loss_fn, opt, mesh, param_sharding=FSDP)
+  mesh, rules, _ = build_mesh(meshes()[profile_mesh_name()])
+  step = dp.make_train_step(loss_fn, opt, mesh, param_sharding=rules)
   state = step.init(params)
   gbatch = step.shard_batch(batch)
   named = lambda s: NamedSharding(mesh, s)
@@ -369,10 +378,13 @@ def grad_stats_cost(mesh_name: str, args) -> dict:
   batch = make_batch(args)
   opt = date_optax.lamb(1e-3, weight_decay=1e-2)
   mesh, rules, _ = build_mesh(meshes()[mesh_name])
+  # The statistics compare gradients: with one data replica both steps split
+  # the batch into 2 microbatches, so they differ only by the statistics.
+  micro = 2 if mesh.shape["data"] == 1 else 1
   steps, box, counts = {}, {}, {}
   for on in (False, True):
     step = dp.make_train_step(loss_fn, opt, mesh, param_sharding=rules,
-                              grad_stats=on)
+                              grad_stats=on, microbatches=micro)
     state = step.init(params)
     gbatch = step.shard_batch(batch)
     counts[on] = _all_reduces(step, state, gbatch)
@@ -434,11 +446,9 @@ def main() -> None:
       r = compare(name, args)
       print(f"| {r['mesh']} (run {run + 1}) | {r['lib_ms']:.2f} | {r['plain_ms']:.2f} | "
             f"{r['ratio']:.3f} |", flush=True)
-  if args.profile and two_d_mesh_name() is None:
-    print(f"\nno profile: no 2-D mesh on {jax.device_count()} device(s)")
-  elif args.profile:
+  if args.profile:
     for run in range(args.runs):
-      print(f"\nprofile of the {meshes()[two_d_mesh_name()]} FSDP step, run {run + 1}: "
+      print(f"\nprofile of the {profile_mesh_name()} step, run {run + 1}: "
             "plain step + one piece")
       print("| variant | ms | ratio to plain |")
       print("|---|---|---|")
