@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from date_optax._src import exact_norms, validation
 from date_optax._src import trust_ratio as tr
-from date_optax._src import validation
 from date_optax._src.types import DType, LayerAxes, MaskOrFn, ScalarOrSchedule
 
 
@@ -227,13 +227,13 @@ def scale_by_lamb_moments(
     if normalize_grads:
       # One global norm for the whole model; dividing only when it exceeds 1
       # keeps small gradients untouched (NVLAMB).
-      gnorm = jnp.sqrt(sum(jnp.sum(tr.sum_squares(g, tuple(range(g.ndim))))
+      gnorm = jnp.sqrt(sum(jnp.sum(exact_norms.sum_squares(g, tuple(range(g.ndim))))
                            for g in g_leaves))
       gscale = 1.0 / jnp.maximum(gnorm, 1.0)
     outs, mus, nus = [], [], []
     for g, mu, nu in zip(g_leaves, treedef.flatten_up_to(state.mu),
                          treedef.flatten_up_to(state.nu)):
-      g32 = g.astype(tr.compute_dtype(g))
+      g32 = g.astype(exact_norms.compute_dtype(g))
       if normalize_grads:
         g32 = g32 * gscale
       g_sq = jnp.square(g32) if not jnp.iscomplexobj(g32) else (
