@@ -195,13 +195,17 @@ def sum_squares_or_nan(tree: Any) -> jax.Array:
   gradients, instead of reading them twice (a norm pass and an `isfinite`
   pass). (`x - x` rather than `x * 0`: a constant would be broadcast to the
   leaf's shape, and XLA:CPU writes a broadcast shared by several reductions
-  to memory.)
+  to memory. Each leaf is first multiplied by a 1 of its own, through an
+  optimisation barrier, so that its `x * x` is not merged with the
+  optimizer's `g * g` (Adam's second moment), which XLA would then write
+  out for both.)
   """
   total = jnp.zeros((), jnp.float32)
-  for x in jax.tree.leaves(tree):
+  for i, x in enumerate(jax.tree.leaves(tree)):
     x = jnp.asarray(x)
     if jnp.issubdtype(x.dtype, jnp.inexact):
-      x = x.astype(jnp.float32)
+      one, _ = lax.optimization_barrier((jnp.float32(1.0), jnp.int32(i)))
+      x = x.astype(jnp.float32) * one
       total = total + jnp.sum(x * x + (x - x))
   return total
 
