@@ -270,8 +270,13 @@ def piece_step(mesh, opt, p_sh, s_sh, b_sh, pieces: tuple[str, ...]):
       loss, grads = jax.value_and_grad(loss_fn)(params, batch)
     metrics = {"loss": loss}
     if "skip_fused" in pieces or "skip_cond" in pieces:
-      # The library step's reduction (train_state.sum_squares_or_nan, not public).
-      sq = sum(jnp.sum(g * g + (g - g)) for g in jax.tree.leaves(grads))
+      # The library step's reduction (train_state.sum_squares_or_nan, not
+      # public): each leaf times a 1 of its own, then Σ(x·x + (x − x)).
+      sq = 0.0
+      for i, g in enumerate(jax.tree.leaves(grads)):
+        one, _ = lax.optimization_barrier((jnp.float32(1.0), jnp.int32(i)))
+        x = g.astype(jnp.float32) * one
+        sq = sq + jnp.sum(x * x + (x - x))
       finite = lax.optimization_barrier(jnp.isfinite(loss) & jnp.isfinite(sq))
       metrics["skipped"] = ~finite
 
