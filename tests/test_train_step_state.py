@@ -397,3 +397,73 @@ def test_the_skip_adds_no_pass_over_parameters_or_optimizer_state(name):
     return len(re.findall(r"= f32\[256,256\]\{1,0\} fusion\(", entry))
 
   assert full_size_kernels(library) == full_size_kernels(plain) > 0
+
+
+def _entry(f, *args) -> str:
+  return jax.jit(f).lower(*args).compile().as_text().split("ENTRY")[1]
+
+
+def test_finiteness_sum_adds_leaves_of_one_shape_into_one_reduction():
+  """Σ x² over 81 leaves (80 float, of two shapes, one integer) equals the
+  float64 sum, whatever `keys` groups them; the compiled sum has a few
+  kernels, not one (or two) per leaf; a NaN or Inf anywhere gives NaN, an
+  overflow of finite squares +Inf."""
+  from date_optax._src.parallel.step import train_state as ts
+
+  rng = np.random.default_rng(0)
+  tree = {f"l{i:02d}": {"kernel": rng.normal(size=(16, 16)).astype(np.float32),
+                        "bias": rng.normal(size=(16,)).astype(np.float32)}
+          for i in range(40)}
+  tree["step"] = np.arange(3, dtype=np.int32)  # not a float: not counted
+  want = sum(np.sum(np.float64(x) ** 2) for k, x in
+             ((k, x) for k, x in jax.tree_util.tree_leaves_with_path(tree))
+             if x.dtype == np.float32)
+  keys = jax.tree.map(lambda _: "a", tree)
+  for i in range(0, 40, 3):  # some kernels laid out differently
+    keys[f"l{i:02d}"]["kernel"] = "b"
+  for k in (None, keys):
+    got = ts.sum_squares_or_nan(jax.tree.map(jnp.asarray, tree), k)
+    np.testing.assert_allclose(float(got), want, rtol=2e-6)
+  kernels = _entry(ts.sum_squares_or_nan, tree).count(" fusion(")
+  assert kernels <= 8, f"{kernels} kernels for 80 float leaves of two shapes"
+  for bad in (np.nan, np.inf, -np.inf):
+    t = jax.tree.map(np.copy, tree)
+    t["l17"]["kernel"][3, 4] = bad
+    assert np.isnan(float(ts.sum_squares_or_nan(t, keys)))
+  t = jax.tree.map(np.copy, tree)
+  t["l05"]["bias"][0] = 3e38  # finite, its square is not
+  assert float(ts.sum_squares_or_nan(t)) == np.inf
+
+
+def test_values_in_the_state_and_the_metrics_are_not_copied():
+  """The trust ratios, the skip counters and the learning rate go to the new
+  state and to the metrics; the compiled step computes the metrics' values
+  beside the state's instead of copying them (one copy kernel per value on a
+  GPU): 17 scalar copies for 12 leaves before, 2 now."""
+  import re
+
+  from date_optax._src.parallel.step import train_state as ts
+
+  params = {f"l{i}": {"kernel": jnp.ones((64, 64)), "bias": jnp.ones((64,))}
+            for i in range(6)}
+  opt = date_optax.lamb(1e-3)
+  state = dp.TrainState.create(params, opt)
+  entry = _entry(lambda s, g, loss: ts.apply_gradients(s, g, loss, opt), state, params,
+                 jnp.float32(1.0))
+  copies = len(re.findall(r"= [fs]32\[\]\S* copy\(", entry))
+  assert copies <= 3, f"{copies} scalar copies"
+  _, metrics = ts.apply_gradients(state, params, jnp.float32(1.0), opt)
+  np.testing.assert_array_equal(np.array(jax.tree.leaves(metrics["trust_ratios"])),
+                                np.array(jax.tree.leaves(date_optax.trust_ratios(
+                                    ts.apply_gradients(state, params, jnp.float32(1.0),
+                                                       opt)[0].opt_state))))
+
+
+def test_the_step_reads_leaf_shapes_and_dtypes_from_their_attributes():
+  """The compiled-step cache key is read from each leaf's own shape and dtype
+  (host time on every call); a Python scalar still gets its JAX dtype."""
+  from date_optax._src.parallel.step import step_base
+
+  assert step_base._shape_dtype(jnp.ones((2, 3), jnp.bfloat16)) == ((2, 3), jnp.bfloat16)
+  assert step_base._shape_dtype(np.zeros((4,), np.int8)) == ((4,), np.int8)
+  assert step_base._shape_dtype(1.5) == ((), jnp.result_type(1.5))

@@ -44,6 +44,8 @@ def _check_bound(name: str, value: Any) -> None:
   # as is; concrete ones are validated.
   if value is None or isinstance(value, jax.core.Tracer):
     return
+  if name == "upper" and np.ndim(value) == 0 and float(value) == float("inf"):
+    return  # no upper bound, as `trust_ratio_bounds` reports an unbounded one
   validation.check_nonnegative(name, value)
 
 
@@ -70,7 +72,7 @@ def trust_ratio_summary(
     ratios: the per-layer ratios, e.g. `date_optax.trust_ratios(opt_state)`.
     lower: the lower bound in force at this step (a float or a scalar array),
       or None.
-    upper: the upper bound in force at this step, or None.
+    upper: the upper bound in force at this step (+inf: none), or None.
     prefix: prepended to every key, e.g. `"trust_ratio/"`.
 
   Returns:

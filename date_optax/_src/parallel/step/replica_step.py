@@ -99,18 +99,20 @@ def apply_update(
     global_batch: int,
     grad_stats_decay: float | None,
     extra_args: Any = None,
+    grad_keys: Any = None,
 ) -> tuple[TrainState, Metrics]:
   """The optimizer step on the reduced gradient (`train_state.apply_gradients`).
 
   `units` is replicas × microbatches and `global_batch` the rows of the
-  global batch, for the gradient-noise statistics.
+  global batch, for the gradient-noise statistics; `grad_keys` the
+  gradients' layouts (the parameters' `PartitionSpec`s), or None.
   """
   stats = None
   if result.unit_sq is not None:
     stats = (result.unit_sq, units, global_batch, grad_stats_decay)
   new_state, metrics = apply_gradients(
       state, result.grads, result.loss, optimizer, result.model_state, stats,
-      result.residual, extra_args,
+      result.residual, extra_args, grad_keys,
   )
   if config.has_aux:
     metrics["aux"] = result.aux

@@ -184,30 +184,79 @@ def check_metrics(metrics: Mapping[str, Any], max_consecutive_skips: int) -> Non
     )
 
 
-def sum_squares_or_nan(tree: Any) -> jax.Array:
+# At most this many leaves are added into one reduction: a kernel's operands
+# are bounded (XLA's GPU fusions take about a hundred).
+_MAX_GROUP = 32
+
+
+def sum_squares_or_nan(tree: Any, keys: Any = None) -> jax.Array:
   """Σ x² over the float leaves of `tree`, in float32; NaN iff one is NaN/Inf.
 
-  One reduction per leaf serves both the gradient norm and the finiteness
-  test: `x - x` is 0 for every finite `x` and NaN for NaN or ±Inf, and adding
-  it leaves `x²` unchanged. A sum of finite squares that overflows is +Inf,
+  One reduction serves both the gradient norm and the finiteness test:
+  `x - x` is 0 for every finite `x` and NaN for NaN or ±Inf, and adding it
+  leaves `x²` unchanged. A sum of finite squares that overflows is +Inf,
   never NaN, so `isnan` of the result says exactly whether some element was
-  not finite. XLA fuses the per-leaf reductions with the producers of the
-  gradients, instead of reading them twice (a norm pass and an `isfinite`
-  pass). (`x - x` rather than `x * 0`: a constant would be broadcast to the
-  leaf's shape, and XLA:CPU writes a broadcast shared by several reductions
-  to memory. Each leaf is first multiplied by a 1 of its own, through an
-  optimisation barrier, so that its `x * x` is not merged with the
-  optimizer's `g * g` (Adam's second moment), which XLA would then write
-  out for both.)
+  not finite. XLA fuses the reductions with the producers of the gradients,
+  instead of reading them twice (a norm pass and an `isfinite` pass).
+
+  Leaves of one shape and dtype (and one `keys` value: the step passes each
+  parameter's sharding, so no two differently laid-out leaves meet) are
+  added elementwise, `x₁² + x₂² + ...`, and reduced once: a model whose
+  layers repeat one shape pays one reduction for all of them instead of one
+  (two, on a GPU) per layer, which is what an accelerator launching one
+  kernel at a time pays for. (`x - x` rather than `x * 0`: a constant would
+  be broadcast to the leaf's shape, and XLA:CPU writes a broadcast shared by
+  several reductions to memory. Each leaf is first multiplied by a 1 of its
+  own, through an optimisation barrier, so that its `x * x` is not merged
+  with the optimizer's `g * g` (Adam's second moment), which XLA would then
+  write out for both.)
   """
-  total = jnp.zeros((), jnp.float32)
-  for i, x in enumerate(jax.tree.leaves(tree)):
+  leaves = jax.tree.leaves(tree)
+  key_leaves = [None] * len(leaves)
+  if keys is not None:
+    key_leaves = jax.tree.leaves(keys, is_leaf=lambda k: k is None)
+    if len(key_leaves) != len(leaves):
+      key_leaves = [None] * len(leaves)
+  groups: dict[Any, jax.Array] = {}
+  count: dict[Any, int] = {}
+  for i, (x, key) in enumerate(zip(leaves, key_leaves)):
     x = jnp.asarray(x)
     if jnp.issubdtype(x.dtype, jnp.inexact):
       one, _ = lax.optimization_barrier((jnp.float32(1.0), jnp.int32(i)))
       x = x.astype(jnp.float32) * one
-      total = total + jnp.sum(x * x + (x - x))
+      term = x * x + (x - x)
+      group = (x.shape, key)
+      if group in groups and count[group] % _MAX_GROUP == 0:  # a new reduction
+        groups[(group, count[group])] = groups.pop(group)
+      groups[group] = term if group not in groups else groups[group] + term
+      count[group] = count.get(group, 0) + 1
+  total = jnp.zeros((), jnp.float32)
+  for term in groups.values():
+    total = total + jnp.sum(term)
   return total
+
+
+def distinct_copy(tree: Any) -> Any:
+  """`tree`'s values through a private 1 (0 for integers), for a second output.
+
+  A step that returns one value twice, in the new state and in the metrics,
+  makes XLA copy it into the second output buffer: on a GPU, one copy kernel
+  per value (the per-layer trust ratios, the skip counters, the learning
+  rate). Multiplying by a 1 that XLA cannot see through (an optimisation
+  barrier) makes the metric a value of its own, which the fusion that
+  computes the original writes beside it.
+  """
+  one, zero = lax.optimization_barrier((jnp.float32(1.0), jnp.int32(0)))
+
+  def leaf(x):
+    x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+      return x * one.astype(x.dtype)
+    if jnp.issubdtype(x.dtype, jnp.integer):
+      return x + zero.astype(x.dtype)
+    return x
+
+  return jax.tree.map(leaf, tree)
 
 
 def apply_gradients(
@@ -219,6 +268,7 @@ def apply_gradients(
     stats: tuple[jax.Array, int, int, float] | None = None,
     residual: Any = None,
     extra_args: Mapping[str, Any] | None = None,
+    grad_keys: Any = None,
 ) -> tuple[TrainState, Metrics]:
   """One optimizer step on already-reduced gradients, skipped if non-finite.
 
@@ -256,8 +306,13 @@ def apply_gradients(
   `extra_args` are passed on to `optimizer.update` as keywords (optax's
   extra-args convention; plain transformations ignore them): the growing
   batch's `batch_progress=`.
+
+  `grad_keys` (a pytree like `grads`, or None) tells apart gradients of one
+  shape that are laid out differently (the step passes the parameters'
+  `PartitionSpec`s): only leaves with equal shapes and keys share a
+  reduction (`sum_squares_or_nan`).
   """
-  grad_sq = sum_squares_or_nan(grads)  # NaN iff a gradient is not finite
+  grad_sq = sum_squares_or_nan(grads, grad_keys)  # NaN iff a gradient is not finite
   sq_mean = grad_sq
   # Decided before the update, so the selects below fuse into it. The barrier
   # materialises the flag once: otherwise XLA may fuse the whole reduction
@@ -304,12 +359,13 @@ def apply_gradients(
       "loss": loss,
       "grad_norm": jnp.sqrt(grad_sq),
       "skipped": jnp.logical_not(finite),
-      "consecutive_skips": consecutive,
-      "total_skips": total,
+      # The state returns these too: values of their own, not copies.
+      "consecutive_skips": distinct_copy(consecutive),
+      "total_skips": distinct_copy(total),
   }
   ratios = trust_ratios(opt_state)
   if ratios is not None:
-    metrics["trust_ratios"] = ratios
+    metrics["trust_ratios"] = distinct_copy(ratios)
     bounds = trust_ratio_bounds(opt_state)
     lower, upper = (None, None) if bounds is None else bounds
     metrics.update(
@@ -320,7 +376,7 @@ def apply_gradients(
   if gain_state is not None and lr is not None:  # the gain multiplies the rate
     lr = lr * gain_state.lr_factor
   if lr is not None:
-    metrics["learning_rate"] = jnp.asarray(lr, jnp.float32)
+    metrics["learning_rate"] = distinct_copy(jnp.asarray(lr, jnp.float32))
   if new_gs is not None:
     metrics.update(
         gs_lib.metrics(gs_lib.smoothed(new_state.grad_stats, stats[2]), opt_state,
