@@ -17,7 +17,9 @@ next to its goal.
   after the steps are compared with optax's (``max_abs_diff``).
 - Train step (``benchmarks/train_step.py``'s ``step_runners``): the library's
   ``make_train_step`` (LAMB, an MLP) with ``grad_stats`` off and on against a
-  plain ``jax.jit`` step, the three called in turn; goal <= 1.05. Meshes: the
+  plain ``jax.jit`` step, and the library's compiled program called without
+  its Python wrapper (the device's share of the cost), called in turn; goal
+  <= 1.05; and the compiled steps' kernel counts. Meshes: the
   data mesh over all devices and, where the count is even, (n/2, 2) with FSDP
   rules (one device: the 1-device data mesh only).
 
@@ -57,6 +59,8 @@ OPTIMIZERS = ("optax.sgd(momentum)", "optax.adamw", "optax.lars", "optax.lamb",
 STEP_RATIOS = [
     ("library step / plain jit step", "lib", 1.05),
     ("library step (grad_stats) / plain jit step", "lib+grad_stats", 1.05),
+    # The compiled program alone (no Python wrapper): the device's share.
+    ("library program, no wrapper / plain jit step", "lib program", 1.05),
 ]
 
 # Per platform: optimizer trees, steps per run, runs; MLP and calls per run.
@@ -180,7 +184,9 @@ def run(args) -> dict:
                                       runs, goal, rows[num]["ms"], rows[den]["ms"]))
 
   def train_item(mesh, end):
-    runs = train_step.step_runners(mesh, ns, grad_stats=(False, True))
+    programs = {}
+    runs = train_step.step_runners(mesh, ns, grad_stats=(False, True), programs=programs)
+    kernels = {k: optimizer_step.hlo_stats(c) for k, c in programs.items()}
     times = {k: [] for k in runs}
     for rep in range(cfg["repeats"]):
       t_rep = time.perf_counter()
@@ -192,7 +198,9 @@ def run(args) -> dict:
         break
     ms = {k: statistics.median(v) for k, v in times.items()}
     log("  " + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items()))
-    results["train_step"][mesh] = dict(ms_runs=times, ms=ms)
+    log("  compiled: " + ", ".join(f"{k} {v['fusions']} fusions, {v['kernels']} kernels"
+                                   for k, v in kernels.items()))
+    results["train_step"][mesh] = dict(ms_runs=times, ms=ms, compiled=kernels)
     for name, key, goal in STEP_RATIOS:
       if key == "lib+grad_stats" and train_step.meshes()[mesh][0] == 1:
         name = name.replace("(grad_stats)", "(grad_stats, 2 microbatches)")  # step_runners
@@ -262,6 +270,12 @@ def markdown(results: dict) -> str:
   if diffs:
     lines += ["", "Largest |date_optax - optax| parameter difference after the steps: "
               + "; ".join(diffs) + "."]
+  counts = [f"{mesh}: " + ", ".join(f"{k} {v['fusions']} fusions ({v['kernels']} kernels)"
+                                    for k, v in t["compiled"].items())
+            for mesh, t in results["train_step"].items()
+            if isinstance(t, dict) and "compiled" in t]
+  if counts:
+    lines += ["", "Compiled train steps: " + "; ".join(counts) + "."]
   return "\n".join(lines) + "\n"
 
 

@@ -185,7 +185,8 @@ def time_pair(lib, plain, reps: int) -> tuple[float, float]:
   return t["lib"], t["plain"]
 
 
-def step_runners(mesh_name: str, args, grad_stats: tuple[bool, ...] = (False,)) -> dict:
+def step_runners(mesh_name: str, args, grad_stats: tuple[bool, ...] = (False,),
+                 programs: dict | None = None) -> dict:
   """Zero-argument closures that run one step each and wait for it.
 
   "plain": the plain jit step; "lib" (`grad_stats=False`) and
@@ -193,6 +194,12 @@ def step_runners(mesh_name: str, args, grad_stats: tuple[bool, ...] = (False,)) 
   asks. Each keeps its own parameters and optimizer state. The statistics
   compare gradients, so on a mesh with one data replica the grad_stats step
   splits the batch into 2 microbatches.
+
+  Given a dict as `programs`, also "lib program": the library step's
+  compiled program (`step.lower(...).compile()`) called directly, without
+  the step's Python wrapper (its batch and state checks), so the wrapper's
+  host time shows apart; and `programs` receives the compiled "lib" and
+  "plain" programs (for their kernel counts).
   """
   params = make_params(args.width, args.depth, args.d_in)
   batch = make_batch(args)
@@ -214,11 +221,24 @@ def step_runners(mesh_name: str, args, grad_stats: tuple[bool, ...] = (False,)) 
       jax.block_until_ready(box[key].params)
 
     runs[key] = run_lib
+    if programs is not None and not on:
+      program = step.lower(state, gbatch).compile()
+      programs["lib"] = program
+      box["lib program"] = step.init(params)
+
+      def run_program(program=program, gbatch=gbatch):
+        box["lib program"], m = program(box["lib program"], gbatch)
+        m["loss"].block_until_ready()
+        jax.block_until_ready(box["lib program"].params)
+
+      runs["lib program"] = run_program
   specs = step.param_specs(params)
   jitted, box["p"], box["s"], b_sh = plain_step(
       mesh, opt, params, specs, data_axes,
       jax.tree.map(lambda x: x.sharding, state.opt_state))
   pbatch = jax.device_put(batch, b_sh)
+  if programs is not None:
+    programs["plain"] = jitted.lower(box["p"], box["s"], pbatch).compile()
 
   def run_plain():
     box["p"], box["s"], loss = jitted(box["p"], box["s"], pbatch)

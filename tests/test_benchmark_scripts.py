@@ -34,7 +34,10 @@ def test_bench_device_quick_writes_every_ratio(tmp_path):
   for mesh in ("data (8,)", "data x model (4, 2), FSDP rules"):
     assert ("library step / plain jit step", mesh) in names
     assert ("library step (grad_stats) / plain jit step", mesh) in names
-  assert len(res["ratios"]) == 8 and not res["skipped"]
+    assert ("library program, no wrapper / plain jit step", mesh) in names
+    compiled = res["train_step"][mesh]["compiled"]  # kernel counts of both steps
+    assert compiled["lib"]["fusions"] >= compiled["plain"]["fusions"] > 0
+  assert len(res["ratios"]) == 10 and not res["skipped"]
   for r in res["ratios"]:
     assert len(r["runs"]) >= 1 and r["min"] <= r["median"] <= r["max"]
     assert all(math.isfinite(x) and x > 0 for x in (r["median"], r["min"], r["max"]))
@@ -43,7 +46,8 @@ def test_bench_device_quick_writes_every_ratio(tmp_path):
     assert res["optimizer_step"]["small64"]["rows"][row]["max_abs_diff_vs_ref"] < 1e-5
   md = open(tmp_path / "bench_device.md").read()
   assert f"({res['device']['platform']} x8)" in md and "| date_optax.lars / optax.lars |" in md
-  assert md.count("| optimizer step |") == 4 and md.count("| train step |") == 4
+  assert md.count("| optimizer step |") == 4 and md.count("| train step |") == 6
+  assert "Compiled train steps: data (8,): lib " in md
 
 
 @pytest.mark.slow
