@@ -112,6 +112,7 @@ _STUDY_PAGES = {
     "batch_growth": "Growing batch study",
     "batch_scaling": "Batch scaling study",
     "bench_device_h200": "Accelerator benchmark on one H200",
+    "bench_device_h200_27755f6": "Accelerator benchmark on one H200, after the rewrite",
     "demo_seeds": "The demo over three seeds",
     "batch_scaling_quick": "Batch scaling study (quick mode)",
     "bert_scaling": "BERT batch scaling study",
