@@ -291,12 +291,19 @@ def piece_step(mesh, opt, p_sh, s_sh, b_sh, pieces: tuple[str, ...]):
     metrics = {"loss": loss}
     if "skip_fused" in pieces or "skip_cond" in pieces:
       # The library step's reduction (train_state.sum_squares_or_nan, not
-      # public): each leaf times a 1 of its own, then Σ(x·x + (x − x)).
-      sq = 0.0
+      # public): each leaf times a 1 of its own, x·x + (x − x) added over the
+      # leaves of one shape (at most 32; one layout here), one sum per group.
+      terms, count = {}, {}
       for i, g in enumerate(jax.tree.leaves(grads)):
         one, _ = lax.optimization_barrier((jnp.float32(1.0), jnp.int32(i)))
         x = g.astype(jnp.float32) * one
-        sq = sq + jnp.sum(x * x + (x - x))
+        key = x.shape
+        if key in terms and count[key] % 32 == 0:
+          terms[(key, count[key])] = terms.pop(key)
+        term = x * x + (x - x)
+        terms[key] = term + terms[key] if key in terms else term
+        count[key] = count.get(key, 0) + 1
+      sq = sum(jnp.sum(t) for t in terms.values())
       finite = lax.optimization_barrier(jnp.isfinite(loss) & jnp.isfinite(sq))
       metrics["skipped"] = ~finite
 
