@@ -245,9 +245,9 @@ def layer_ratios(
     d = jnp.stack([requests[i].d for i in idx])
     axes = tuple(range(1, w.ndim))
     if first.decay:
-      # The stacks are copies no update reads: no barrier needed to keep
-      # their sum private (norm_of_sum_sq's barrier is for the step's inputs).
-      d_sq = norm_of_sum_sq(d, w, weight_decay, axes, v=add_decay(d, weight_decay, w))
+      # The stacks are copies no update reads: their exact sum is reduced as
+      # is (norm_of_sum_sq's barrier is for the step's own inputs).
+      d_sq = sum_squares(add_decay(d, weight_decay, w), axes)
     else:
       d_sq = sum_squares(d, axes)
     r = ratio_fn(sum_squares(w, axes), d_sq, first.coupled)

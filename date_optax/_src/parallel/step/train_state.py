@@ -7,6 +7,8 @@ non-finite steps and report metrics the same way.
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Mapping
 from typing import Any
 
@@ -217,22 +219,17 @@ def sum_squares_or_nan(tree: Any, keys: Any = None) -> jax.Array:
     key_leaves = jax.tree.leaves(keys, is_leaf=lambda k: k is None)
     if len(key_leaves) != len(leaves):
       key_leaves = [None] * len(leaves)
-  groups: dict[Any, jax.Array] = {}
-  count: dict[Any, int] = {}
+  groups: dict[Any, list[jax.Array]] = {}
   for i, (x, key) in enumerate(zip(leaves, key_leaves)):
     x = jnp.asarray(x)
     if jnp.issubdtype(x.dtype, jnp.inexact):
       one, _ = lax.optimization_barrier((jnp.float32(1.0), jnp.int32(i)))
       x = x.astype(jnp.float32) * one
-      term = x * x + (x - x)
-      group = (x.shape, key)
-      if group in groups and count[group] % _MAX_GROUP == 0:  # a new reduction
-        groups[(group, count[group])] = groups.pop(group)
-      groups[group] = term if group not in groups else groups[group] + term
-      count[group] = count.get(group, 0) + 1
+      groups.setdefault((x.shape, key), []).append(x * x + (x - x))
   total = jnp.zeros((), jnp.float32)
-  for term in groups.values():
-    total = total + jnp.sum(term)
+  for terms in groups.values():
+    for j in range(0, len(terms), _MAX_GROUP):
+      total = total + jnp.sum(functools.reduce(operator.add, terms[j:j + _MAX_GROUP]))
   return total
 
 
