@@ -109,8 +109,10 @@ def test_one_device_batch_b_equals_8_devices(opt_name, mesh_name, grad_reduce):
   np.testing.assert_allclose(metrics["grad_norm"], ref_metrics["grad_norm"], rtol=1e-5)
   assert metrics["loss"].dtype == jnp.float32
   # The optimizer's per-layer ratios are reported as they are in its state.
-  assert_trees_close(metrics["trust_ratios"], date_optax.trust_ratios(ref_state))
-  ratios = np.array(jax.tree.leaves(metrics["trust_ratios"]))
+  # The metric is the state's record: one vector, unpacked by layer.
+  assert isinstance(metrics["trust_ratios"], date_optax.LayerRatios)
+  assert_trees_close(metrics["trust_ratios"].unpack(), date_optax.trust_ratios(ref_state))
+  ratios = np.asarray(metrics["trust_ratios"].values)
   assert not np.allclose(ratios, 1.0)  # non-trivial ratios, or the test is weak
   # And training moved the parameters.
   assert not np.allclose(state.params["hidden"]["kernel"],
@@ -138,7 +140,8 @@ def test_shard_update_equals_unsharded(opt_name, mesh_name, grad_reduce, unshard
   state, metrics = run(opt_name, mesh_name, grad_reduce, shard_update=True)
   assert_trees_close(state.params, expected.params)
   assert_trees_close(state.opt_state, expected.opt_state)
-  assert_trees_close(metrics["trust_ratios"], expected_metrics["trust_ratios"])
+  assert_trees_close(metrics["trust_ratios"].unpack(),
+                     expected_metrics["trust_ratios"].unpack())
   np.testing.assert_allclose(metrics["grad_norm"], expected_metrics["grad_norm"],
                              rtol=1e-6)
   # Parameters come back whole on every device; the optimizer state stays split.
@@ -185,7 +188,8 @@ def test_pmap_equals_jit():
   assert_trees_close(first.opt_state, expected.opt_state)
   for k in ("loss", "grad_norm"):
     np.testing.assert_allclose(metrics[k], expected_metrics[k], rtol=1e-6)
-  assert_trees_close(metrics["trust_ratios"], expected_metrics["trust_ratios"])
+  assert_trees_close(metrics["trust_ratios"].unpack(),
+                     expected_metrics["trust_ratios"].unpack())
   # Every device holds the same parameters.
   leaf = np.asarray(state.params["out"]["kernel"])
   np.testing.assert_array_equal(leaf, np.broadcast_to(leaf[0], leaf.shape))

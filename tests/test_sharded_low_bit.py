@@ -169,11 +169,12 @@ def test_lamb_trust_ratios_of_a_model_sharded_layer_match_the_replicated_layout(
     _, ms = sharded(sharded.init(_params()), batch)
     replicated = _step(opt, sharded=False, grad_sync=sync)
     _, mr = replicated(replicated.init(_params()), batch)
+    rs, rr, re_ = (m["trust_ratios"].unpack() for m in (ms, mr, me))
     for k in ("w1", "b1", "w2"):
-      ratio = float(ms["trust_ratios"][k])
+      ratio = float(rs[k])
       same = 1e-5 if sync.comm_dtype != "int8" else 1e-2  # int8: blocks per shard
-      np.testing.assert_allclose(ratio, float(mr["trust_ratios"][k]), rtol=same)
-      np.testing.assert_allclose(ratio, float(me["trust_ratios"][k]), rtol=to_exact)
+      np.testing.assert_allclose(ratio, float(rr[k]), rtol=same)
+      np.testing.assert_allclose(ratio, float(re_[k]), rtol=to_exact)
 
 
 # ---------------------------------------------------------------------------

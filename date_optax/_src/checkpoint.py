@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from date_optax._src import layer_ratios as layer_ratios_lib
 from date_optax._src import validation
 
 # Format 2 adds per-leaf fingerprints to the metadata; format-1 checkpoints
@@ -543,7 +544,9 @@ class CheckpointManager:
     is never loaded. With the default `step=None`, such a checkpoint is
     skipped with a warning naming its step and the newest older one that
     restores is returned (on every process alike: multi-host runs agree on
-    the outcome of each attempt).
+    the outcome of each attempt). A checkpoint that holds one trust-ratio
+    array per parameter leaf (written before the ratios were recorded as one
+    `date_optax.LayerRatios` vector) restores onto a current target.
 
     Args:
       target: a pytree with the structure of the saved state whose leaves are
@@ -619,11 +622,12 @@ class CheckpointManager:
           raise ValueError("its metadata is unreadable")
         impls = meta.get("prng_keys", {})
         try:
-          abstract = _abstract_target(target, impls)
+          packed = abstract = _abstract_target(target, impls)
           if meta.get("leaves") is not None:
             # Before orbax reads anything: a misfit target is named here, and
             # no read is left failing in orbax's background threads.
-            _check_fits(abstract, meta["leaves"])
+            abstract = layer_ratios_lib.fitting_layout(
+                abstract, lambda a: _check_fits(a, meta["leaves"]))
         except CheckpointMismatchError as e:
           mismatch = CheckpointMismatchError(f"{misfit}: {e}")
         if mismatch is None:
@@ -645,6 +649,8 @@ class CheckpointManager:
                     f"leaf {jax.tree_util.keystr(path)} does not match the data "
                     "that was saved"
                 )
+          if abstract is not packed:
+            restored = layer_ratios_lib.repacked_records(restored, packed)
       except Exception as e:  # noqa: BLE001 - orbax/tensorstore raise many types
         # Keep the cause's text only: its traceback holds orbax's pending
         # reads, which would print their own tracebacks when collected later.

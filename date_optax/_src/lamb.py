@@ -20,7 +20,9 @@ class LambState(NamedTuple):
     count: number of updates so far (int32).
     mu: first moment, a pytree like the parameters.
     nu: second moment, a pytree like the parameters.
-    ratios: the last step's per-layer trust ratios (float32).
+    ratios: the last step's per-layer trust ratios, one float32 vector
+      (:class:`date_optax.LayerRatios`; :func:`date_optax.trust_ratios`
+      unpacks it into a pytree shaped like the parameters).
     bounds: ``(lower, upper)`` applied at the last step, float32 scalars;
       ``(0, +inf)`` when unbounded.
     learning_rate: the learning rate applied at the last step (float32; the

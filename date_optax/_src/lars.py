@@ -22,7 +22,9 @@ class LarsState(NamedTuple):
   Attributes:
     count: number of updates so far (int32); schedules are evaluated at it.
     momentum: the momentum buffer, a pytree like the parameters.
-    ratios: the last step's per-layer trust ratios (float32).
+    ratios: the last step's per-layer trust ratios, one float32 vector
+      (:class:`date_optax.LayerRatios`; :func:`date_optax.trust_ratios`
+      unpacks it into a pytree shaped like the parameters).
     bounds: ``(lower, upper)`` applied at the last step, float32 scalars;
       ``(0, +inf)`` when unbounded.
     learning_rate: the learning rate applied at the last step (float32; the
@@ -336,7 +338,9 @@ class BoundedLarsState(NamedTuple):
 
   Attributes:
     count: number of updates so far (int32).
-    ratios: the last step's per-layer trust ratios (float32).
+    ratios: the last step's per-layer trust ratios, one float32 vector
+      (:class:`date_optax.LayerRatios`; :func:`date_optax.trust_ratios`
+      unpacks it into a pytree shaped like the parameters).
     bounds: ``(lower, upper)`` applied at the last step (float32 scalars).
     learning_rate: the learning rate applied at the last step (float32; the
       value at step 0 before the first update).

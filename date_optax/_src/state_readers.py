@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from date_optax._src import layer_ratios as layer_ratios_lib
 from date_optax._src.lamb import LambState
 from date_optax._src.lars import BoundedLarsState, LarsState
 from date_optax._src.trust_ratio import TrustRatioState
@@ -123,7 +124,8 @@ def trust_ratios(opt_state: PyTree) -> PyTree | None:
   Searches the state of any composition (``optax.chain``,
   ``optax.inject_hyperparams``, ``optax.MultiSteps``, ``optax.masked``, ...)
   for the first date_optax state that keeps ratios (the state types listed
-  in ``date_optax._src.state_readers.STATE_FIELDS``).
+  in ``date_optax._src.state_readers.STATE_FIELDS``). The state keeps them
+  as one vector (:class:`date_optax.LayerRatios`); this reader unpacks it.
 
   Args:
     opt_state: an optimizer state.
@@ -146,6 +148,15 @@ def trust_ratios(opt_state: PyTree) -> PyTree | None:
   References:
     You et al., `Large Batch Optimization for Deep Learning: Training BERT in
     76 minutes <https://arxiv.org/abs/1904.00962>`_, 2020.
+  """
+  return layer_ratios_lib.as_tree(find(opt_state, "ratios"))
+
+
+def recorded_ratios(opt_state: PyTree) -> Any:
+  """The ratios as the state keeps them (a `LayerRatios` record), or None.
+
+  What :func:`trust_ratios` unpacks; a jitted step returns this record (one
+  array) rather than one array per layer.
   """
   return find(opt_state, "ratios")
 

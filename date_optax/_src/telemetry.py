@@ -5,7 +5,8 @@ Host-side output lives beside it: the CSV/TensorBoard writer in
 
 The ratios come from `date_optax.trust_ratios(opt_state)`: a pytree shaped like
 the parameters whose leaves are float32 arrays of shape `()` (one layer) or
-`(L,)` (a stacked leaf holding L layers).
+`(L,)` (a stacked leaf holding L layers); the functions also take the state's
+own record, a `date_optax.LayerRatios` (one vector for all layers).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from date_optax._src import layer_ratios as layer_ratios_lib
 from date_optax._src import masks as masks_lib
 from date_optax._src import validation
 from date_optax._src.types import PyTree
@@ -69,7 +71,9 @@ def trust_ratio_summary(
   scalars, so it can run inside a train step.
 
   Args:
-    ratios: the per-layer ratios, e.g. `date_optax.trust_ratios(opt_state)`.
+    ratios: the per-layer ratios, e.g. `date_optax.trust_ratios(opt_state)`,
+      or a `date_optax.LayerRatios` record (the train step's
+      `metrics["trust_ratios"]`).
     lower: the lower bound in force at this step (a float or a scalar array),
       or None.
     upper: the upper bound in force at this step (+inf: none), or None.
@@ -137,8 +141,10 @@ def per_layer_ratios(ratios: PyTree) -> dict[str, jax.Array]:
   `plot_trust_ratio_heatmap`. Jit-able.
 
   Args:
-    ratios: the per-layer ratios, e.g. `date_optax.trust_ratios(opt_state)`,
-      or a dict that this function returned (names are kept).
+    ratios: the per-layer ratios, e.g. `date_optax.trust_ratios(opt_state)`
+      or the train step's `metrics["trust_ratios"]` (a `date_optax.LayerRatios`
+      record, unpacked here), or a dict that this function returned (names
+      are kept).
 
   Returns:
     An insertion-ordered dict from layer name to a float32 scalar.
@@ -155,6 +161,7 @@ def per_layer_ratios(ratios: PyTree) -> dict[str, jax.Array]:
     You, Gitman, Ginsburg, "Large Batch Training of Convolutional Networks",
     2017 (LARS: one ratio per layer).
   """
+  ratios = layer_ratios_lib.as_tree(ratios)
   _check_ratios(ratios)
   out: dict[str, jax.Array] = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(ratios)[0]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal, NamedTuple
 
 import jax
@@ -9,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from date_optax._src import layer_ratios as layer_ratios_lib
 from date_optax._src import masks as masks_lib
 from date_optax._src import validation
 from date_optax._src.exact_norms import (
@@ -30,9 +32,10 @@ class TrustRatioState(NamedTuple):
 
   Attributes:
     count: number of updates applied so far (int32), drives bound schedules.
-    ratios: the last step's per-layer trust ratios, a pytree with the
-      structure of the parameters whose leaves are float32 arrays of shape
-      ``()`` (one layer per leaf) or the shape of the leaf's layer axes.
+    ratios: the last step's per-layer trust ratios, one float32 vector
+      (:class:`date_optax.LayerRatios`; :func:`date_optax.trust_ratios`
+      unpacks it into a pytree shaped like the parameters, with leaves of
+      shape ``()`` or the shape of the leaf's layer axes).
     inner_state: the state of the wrapped transformation.
     bounds: ``(lower, upper)``, the float32 bounds applied at the last step
       (at step 0 before the first one); ``(0, +inf)`` when unbounded.
@@ -204,7 +207,7 @@ def _groupable(req: SumRequest) -> bool:
 
 def layer_ratios(
     requests: list[SumRequest], ratio_fn: Any, weight_decay: Any = None,
-) -> list[jax.Array]:
+) -> tuple[list[jax.Array], list[tuple[list[int], jax.Array]]]:
   """``ratio_fn(‖w‖², ‖d‖²)`` per request, small leaves reduced together.
 
   Requests for whole small real leaves (at most :data:`GROUP_MAX_ELEMENTS`
@@ -218,8 +221,13 @@ def layer_ratios(
   formed without cancellation (:func:`norm_of_sum_sq`). ``ratio_fn(w_sq,
   d_sq, coupled)`` maps the two sums to the layer's ratio elementwise; a
   group's ratios are made by one call on its stacked sums.
+
+  Returns ``(ratios, pieces)``: the ratio of each request, and the same
+  values as ``(request indices, array)`` pieces, one per group or leaf, for
+  :func:`layer_ratios_lib.pack` to record without a slice per leaf.
   """
   out: list = [None] * len(requests)
+  pieces: list = []
   groups: dict = {}
   for i, req in enumerate(requests):
     if _groupable(req):
@@ -239,6 +247,7 @@ def layer_ratios(
         else:
           d_sq = sum_squares(req.d, req.axes)
         out[i] = ratio_fn(w_sq, d_sq, req.coupled)
+        pieces.append(([i], out[i]))
       continue
     first = requests[idx[0]]  # the group shares its flags (they are in the key)
     w = jnp.stack([requests[i].w for i in idx])
@@ -253,7 +262,8 @@ def layer_ratios(
     r = ratio_fn(sum_squares(w, axes), d_sq, first.coupled)
     for j, i in enumerate(idx):
       out[i] = r[j]
-  return out
+    pieces.append((list(idx), r))
+  return out, pieces
 
 
 def applied_bounds(lower: Any, upper: Any) -> tuple[jax.Array, jax.Array]:
@@ -263,23 +273,16 @@ def applied_bounds(lower: Any, upper: Any) -> tuple[jax.Array, jax.Array]:
   return lo, hi
 
 
-def stored_ratio(r: jax.Array, leaf_shape: tuple[int, ...], layer_axes) -> jax.Array:
-  """Drops the reduced axes: shape () per leaf or the layer axes' shape."""
-  if layer_axes is None:
-    return jnp.reshape(r, ())
-  return jnp.reshape(r, tuple(leaf_shape[a] for a in layer_axes))
+def ratio_shape(leaf_shape: tuple[int, ...], layer_axes) -> tuple[int, ...]:
+  """A leaf's ratio shape: () for one layer, else the layer axes' sizes."""
+  return () if layer_axes is None else tuple(leaf_shape[a] for a in layer_axes)
 
 
-def ones_ratio(leaf_shape: tuple[int, ...], layer_axes) -> jax.Array:
-  """Ratio 1 for every layer of a leaf (init, and layers a mask excludes)."""
-  shape = () if layer_axes is None else tuple(leaf_shape[a] for a in layer_axes)
-  return jnp.ones(shape, jnp.float32)
-
-
-def init_ratios(params: Any, layer_axes_list: list) -> Any:
+def init_ratios(params: Any, layer_axes_list: list) -> layer_ratios_lib.LayerRatios:
+  """Ratio 1 for every layer, recorded as one vector."""
   leaves, treedef = jax.tree.flatten(params)
-  out = [ones_ratio(leaf.shape, ax) for leaf, ax in zip(leaves, layer_axes_list)]
-  return jax.tree.unflatten(treedef, out)
+  return layer_ratios_lib.ones(treedef, tuple(
+      ratio_shape(np.shape(leaf), ax) for leaf, ax in zip(leaves, layer_axes_list)))
 
 
 def validate_common(trust_coefficient, eps, lower, upper) -> None:
@@ -547,19 +550,23 @@ def trust_ratio_kernel(
           denominator=denominator, trust_coefficient=trust_coefficient,
           eps=eps, lower=lo, upper=hi)
 
-    layer_r = iter(layer_ratios(requests, ratio_fn, wd))
+    layer_rs, pieces = layer_ratios(requests, ratio_fn, wd)
+    layer_r = iter(layer_rs)
 
-    outs, ratios = [], []
-    for v, g, w, trust, dec, ax in zip(
-        vs, g_leaves, w_leaves, trust_flags, wd_flags, axes_list
-    ):
-      coupled = dec and decay == "update"
+    # The record: the groups' and leaves' ratio arrays (request indices
+    # mapped to leaf indices), and 1 for every leaf outside the trust mask.
+    leaf_of = [i for i, trust in enumerate(trust_flags) if trust]
+    pieces = [([leaf_of[j] for j in idx], r) for idx, r in pieces]
+    shapes = tuple(ratio_shape(w.shape, ax) for w, ax in zip(w_leaves, axes_list))
+    untrusted = [i for i, trust in enumerate(trust_flags) if not trust]
+    if untrusted:
+      pieces.append((untrusted, jnp.ones(
+          (sum(math.prod(shapes[i]) for i in untrusted),), jnp.float32)))
+
+    outs = []
+    for v, g, w, trust, dec in zip(vs, g_leaves, w_leaves, trust_flags, wd_flags):
       if trust:
-        r = next(layer_r)
-        v = r * v
-        ratios.append(stored_ratio(r, w.shape, ax))
-      else:
-        ratios.append(ones_ratio(w.shape, ax))
+        v = next(layer_r) * v
       if dec and decay == "decoupled":
         v = v + wd * w.astype(v.dtype)
       # The dtype of the incoming update and the parameter, as optax.
@@ -567,7 +574,7 @@ def trust_ratio_kernel(
 
     new_state = TrustRatioState(
         count=optax.safe_int32_increment(state.count),
-        ratios=jax.tree.unflatten(treedef, ratios),
+        ratios=layer_ratios_lib.pack(pieces, treedef, shapes),
         inner_state=inner_state,
         bounds=applied_bounds(lo, hi),
     )

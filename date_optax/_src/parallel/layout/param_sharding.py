@@ -26,6 +26,7 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from date_optax._src.layer_ratios import LayerRatios
 from date_optax._src.parallel.comm import update_sharding as us
 
 
@@ -239,7 +240,9 @@ def state_specs(
 
   A leaf whose key path ends with a parameter's key path (the longest such)
   and that has the parameter's shape takes the parameter's spec; any other
-  leaf gets `default(shape)`.
+  leaf gets `default(shape)`, except a trust-ratio record
+  (`date_optax.LayerRatios`), which is replicated: every device's update
+  reads its layers' ratios, and the record is a few bytes per layer.
   """
   by_path = {}
   for (path, p), spec in zip(
@@ -259,4 +262,10 @@ def state_specs(
           return hit[1]
     return default(shape)
 
-  return jax.tree_util.tree_map_with_path(spec_of, tree)
+  def spec_or_record(path, x):
+    if isinstance(x, LayerRatios):
+      return jax.tree.map(lambda _: P(), x)
+    return spec_of(path, x)
+
+  return jax.tree_util.tree_map_with_path(
+      spec_or_record, tree, is_leaf=lambda x: isinstance(x, LayerRatios))

@@ -22,7 +22,11 @@ from jax import lax
 from date_optax._src import telemetry, validation
 from date_optax._src.gain import find_gain_state
 from date_optax._src.parallel.step import grad_stats as gs_lib
-from date_optax._src.state_readers import current_learning_rate, trust_ratio_bounds, trust_ratios
+from date_optax._src.state_readers import (
+    current_learning_rate,
+    recorded_ratios,
+    trust_ratio_bounds,
+)
 
 Metrics = dict[str, Any]
 
@@ -360,7 +364,7 @@ def apply_gradients(
       "consecutive_skips": distinct_copy(consecutive),
       "total_skips": distinct_copy(total),
   }
-  ratios = trust_ratios(opt_state)
+  ratios = recorded_ratios(opt_state)  # one vector (LayerRatios), not a leaf per layer
   if ratios is not None:
     metrics["trust_ratios"] = distinct_copy(ratios)
     bounds = trust_ratio_bounds(opt_state)

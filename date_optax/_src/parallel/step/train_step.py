@@ -269,7 +269,9 @@ def make_train_step(
     "loss" (float32 mean over the global batch), "grad_norm" (global L2 norm
     of the mean gradient), "skipped", "consecutive_skips", "total_skips",
     and, when the optimizer keeps per-layer trust ratios, "trust_ratios"
-    (from `date_optax.trust_ratios`) with their summary "trust_ratio/min",
+    (the state's `date_optax.LayerRatios` record, one array for all layers:
+    `.unpack()` or `date_optax.diagnostics.per_layer_ratios` name them
+    by layer) with their summary "trust_ratio/min",
     "/median", "/max", "/frac_at_lower" and "/frac_at_upper" (see
     `date_optax.diagnostics.trust_ratio_summary`; the bounds are those the
     optimizer recorded, `date_optax.trust_ratio_bounds`), and
