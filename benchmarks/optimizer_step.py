@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import statistics
 import sys
 import time
@@ -192,18 +193,43 @@ def compile_step(opt, params, grads):
   return f, state, compile_s, hlo_stats(f)
 
 
-def hlo_stats(compiled) -> dict:
-  """Fusions and kernels in the compiled entry computation, and temporary bytes.
+def _computations(text: str) -> dict[str, list[str]]:
+  """The compiled module's computations: name (ENTRY for the entry) to op lines."""
+  comps, name = {}, None
+  for ln in text.splitlines():
+    if ln and not ln[0].isspace() and ln.rstrip().endswith("{"):
+      name = "ENTRY" if ln.startswith("ENTRY") else ln.split(" ", 1)[0]
+      comps[name] = []
+    elif name is not None and " = " in ln:
+      comps[name].append(ln)
+  return comps
 
-  ``fusions``: fusion ops XLA emitted (each one kernel); ``kernels``: every op
-  of the entry computation that does work (fusions, reductions, copies,
-  custom calls; not parameters, tuples, constants or bitcasts).
+
+def hlo_stats(compiled) -> dict:
+  """Fusions and kernels the compiled program runs, and temporary bytes.
+
+  Counted over the entry computation and the computations it runs as
+  control flow (a conditional's branches, a loop's body and condition,
+  called computations), not inside fusions or reductions. ``fusions``:
+  fusion ops XLA emitted (each one kernel); ``kernels``: every op that does
+  work (fusions, reductions, copies, custom calls, conditionals; not
+  parameters, tuples, constants or bitcasts).
   """
-  text = compiled.as_text()
-  entry = text[text.index("ENTRY"):]
-  entry = entry[:entry.index("\n}")]
+  comps = _computations(compiled.as_text())
+  run, todo = set(), ["ENTRY"]
+  while todo:
+    name = todo.pop()
+    if name in run or name not in comps:
+      continue
+    run.add(name)
+    for ln in comps[name]:
+      for group in re.findall(r"(?:branch_computations=\{([^}]*)\}|body=(%[\w.-]+)"
+                              r"|condition=(%[\w.-]+))", ln):
+        todo += [c.strip() for part in group for c in part.split(",") if c.strip()]
+      if " call(" in ln:
+        todo += re.findall(r"to_apply=(%[\w.-]+)", ln)
   skip = ("parameter(", "tuple(", "get-tuple-element(", "constant(", "bitcast(")
-  ops = [ln for ln in entry.splitlines()[1:] if " = " in ln]
+  ops = [ln for name in run for ln in comps[name]]
   kernels = [ln for ln in ops if not any(k in ln for k in skip)]
   fusions = [ln for ln in kernels if " fusion(" in ln]
   mem = compiled.memory_analysis()

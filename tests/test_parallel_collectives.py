@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -354,3 +355,35 @@ def test_meshes():
     dp.data_mesh(2.0)
   with pytest.raises(ValueError, match="axis_names"):
     dp.torus_mesh(2, 2, axis_names=("x", "x"))
+
+
+def test_psum_over_one_device_is_left_out_unless_the_type_needs_it():
+  """A sum over one device is its operand: without the replication check
+  (the train steps) no all-reduce is compiled; under `check_vma=True` a
+  device-varying value is still summed, so its type becomes replicated."""
+  mesh = dp.data_mesh(1)
+  x = jax.device_put(jnp.arange(6.0, dtype=jnp.bfloat16), jax.NamedSharding(mesh, P()))
+
+  def program(check):
+    body = lambda t: dp.psum_all_reduce(t, "data")  # noqa: E731
+    f = compat.shard_map(body, mesh=mesh, in_specs=P(), out_specs=P(), check=check)
+    return jax.jit(f)
+
+  for check in (False, True):
+    got = program(check)(x)
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.arange(6.0))
+    assert got.dtype == jnp.bfloat16
+  assert "all-reduce" not in program(False).lower(x).compile().as_text()
+  # A varying value under the check keeps its psum (else out_specs=P() fails).
+  varying = compat.shard_map(lambda t: dp.psum_all_reduce(t, "data"), mesh=mesh,
+                             in_specs=P("data"), out_specs=P(), check=True)
+  np.testing.assert_array_equal(np.asarray(jax.jit(varying)(x), np.float32), np.arange(6.0))
+  # The one-device train step compiles no all-reduce of its gradients.
+  import parallel_model as pm
+
+  import date_optax
+  step = dp.make_train_step(pm.loss_fn, date_optax.lamb(1e-3), mesh, donate=False)
+  state = step.init(pm.init_params())
+  text = step.lower(state, step.shard_batch(pm.make_data(16, seed=0))).compile().as_text()
+  reduced = [ln for ln in text.splitlines() if " all-reduce(" in ln]
+  assert all(re.search(r"= [fs]32\[\] all-reduce", ln) for ln in reduced), reduced

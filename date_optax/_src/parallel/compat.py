@@ -64,6 +64,33 @@ def axis_size(axes: AxisNames) -> int:
   return int(lax.psum(1, axes))  # pragma: no cover - older JAX: static under psum
 
 
+def untyped_replication(tree: Any, axes: AxisNames) -> bool:
+  """Whether no leaf of `tree` is typed as varying along `axes`.
+
+  Under `shard_map(check_vma=True)` a collective is what turns a
+  device-varying value into a replicated one, so it cannot be left out even
+  over one device; without the check (the train steps) values carry no such
+  type. False on a JAX without the typing (`check_rep`), to be safe.
+  """
+  typeof = getattr(jax, "typeof", None)
+  if typeof is None:  # pragma: no cover - older JAX
+    return False
+  names = set(as_tuple(axes))
+  for x in jax.tree.leaves(tree):
+    aval = typeof(x)
+    typed = getattr(aval, "manual_axis_type", None)  # JAX >= 0.12
+    if typed is not None:
+      axes_typed = set(typed.varying) | set(typed.unreduced)
+    else:
+      vma = getattr(aval, "vma", None)  # JAX 0.7-0.11
+      if vma is None:  # pragma: no cover - older JAX
+        return False
+      axes_typed = set(vma)
+    if names & axes_typed:
+      return False
+  return True
+
+
 def to_varying(tree: Any, axes: AxisNames) -> Any:
   """Marks replicated values as device-varying along `axes`.
 

@@ -550,6 +550,9 @@ def psum_all_reduce(tree: PyTree, axis_name: Any) -> PyTree:
   Returns:
     The sum over all devices of the named axes, each leaf in its own dtype
     (bfloat16 and float16 leaves are summed in float32, then cast back).
+    Over a single device the tree is returned as it is, with no all-reduce
+    compiled, unless a leaf is typed as varying along the axes
+    (`shard_map(check_vma=True)`), whose type only a collective changes.
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -566,6 +569,10 @@ def psum_all_reduce(tree: PyTree, axis_name: Any) -> PyTree:
     Ying et al., "Image Classification at Supercomputer Scale", 2018.
   """
   axes = compat.as_tuple(axis_name)
+  if compat.axis_size(axes) == 1 and compat.untyped_replication(tree, axes):
+    # A sum over one device is its operand; XLA would still run (and on the
+    # CPU copy through) an all-reduce over the single device.
+    return tree
 
   def reduce_leaf(x):
     x = jnp.asarray(x)
