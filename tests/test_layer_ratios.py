@@ -193,3 +193,18 @@ def test_optax_wrappers_carry_the_record():
     ratios = date_optax.trust_ratios(state)
     assert jax.tree.structure(ratios) == jax.tree.structure(params)
     assert not np.allclose(np.asarray(jax.tree.leaves(ratios)[0]), 1.0)
+
+
+def test_flax_msgpack_round_trips_the_record_and_reads_a_per_leaf_one():
+  from flax import serialization
+
+  params = jax.tree.map(jnp.asarray, _tree(0))
+  tx = date_optax.lamb(1e-3, layer_axes=AXES)
+  _, state = tx.update(jax.tree.map(jnp.asarray, _tree(1)), tx.init(params), params)
+  target = tx.init(params)
+  back = serialization.from_bytes(target, serialization.to_bytes(state))
+  np.testing.assert_array_equal(np.asarray(back.ratios.values), np.asarray(state.ratios.values))
+  legacy = serialization.to_bytes(state._replace(ratios=state.ratios.unpack()))
+  back = serialization.from_bytes(target, legacy)
+  assert isinstance(back.ratios, date_optax.LayerRatios)
+  np.testing.assert_array_equal(np.asarray(back.ratios.values), np.asarray(state.ratios.values))

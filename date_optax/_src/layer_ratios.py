@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import serialization
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +96,26 @@ class LayerRatios:
 
 jax.tree_util.register_dataclass(
     LayerRatios, data_fields=["values"], meta_fields=["treedef", "shapes"])
+
+
+def _to_state_dict(record: LayerRatios) -> dict:
+  return {"values": serialization.to_state_dict(record.values)}
+
+
+def _from_state_dict(target: LayerRatios, state: dict) -> LayerRatios:
+  """The record from flax's state dict; one saved per leaf (before) is packed."""
+  if "values" in state:
+    values = serialization.from_state_dict(target.values, state["values"])
+  else:
+    tree = serialization.from_state_dict(target.unpack(), state)
+    leaves = [np.ravel(np.asarray(x, np.float32)) for x in jax.tree.leaves(tree)]
+    values = np.concatenate(leaves) if leaves else np.zeros((0,), np.float32)
+  return LayerRatios(values, target.treedef, target.shapes)
+
+
+# flax.serialization (msgpack checkpoints of an optimizer state) reads and
+# writes the record as {"values": ...}.
+serialization.register_serialization_state(LayerRatios, _to_state_dict, _from_state_dict)
 
 
 def as_tree(ratios: Any) -> Any:
