@@ -7,39 +7,39 @@ device meshes and TPU pods, and ghost/distributed batch normalisation.
 
 from date_optax import schedules
 from date_optax._src.batch_schedule import (
-  BatchProgress,
-  BatchSchedule,
-  BatchScheduleState,
+    BatchProgress,
+    BatchSchedule,
+    BatchScheduleState,
 )
 from date_optax._src.date_optimizer import date, date_recipe, layer_lr_bounds
 from date_optax._src.gain import (
-  AdaScaleState,
-  GradStats,
-  adascale,
-  adascale_gain,
-  noise_scale,
+    AdaScaleState,
+    GradStats,
+    adascale,
+    adascale_gain,
+    noise_scale,
 )
 from date_optax._src.lamb import LambState, lamb
 from date_optax._src.lars import BoundedLarsState, LarsState, bounded_lars, lars
 from date_optax._src.layer_ratios import LayerRatios
 from date_optax._src.masks import exclude_bias_and_norm, path_mask
 from date_optax._src.recipe import (
-  Baseline,
-  MultiStageRecipe,
-  Recipe,
-  multi_stage,
-  scale_recipe,
+    Baseline,
+    MultiStageRecipe,
+    Recipe,
+    multi_stage,
+    scale_recipe,
 )
 from date_optax._src.schedules import (
-  linear_scaling,
-  roller_coaster,
-  sqrt_scaling,
-  warmup_decay_schedule,
+    linear_scaling,
+    roller_coaster,
+    sqrt_scaling,
+    warmup_decay_schedule,
 )
 from date_optax._src.state_readers import (
-  current_learning_rate,
-  trust_ratio_bounds,
-  trust_ratios,
+    current_learning_rate,
+    trust_ratio_bounds,
+    trust_ratios,
 )
 from date_optax._src.trust_ratio import TrustRatioState, scale_by_trust_ratio
 

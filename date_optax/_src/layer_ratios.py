@@ -81,8 +81,9 @@ class LayerRatios:
     leaves, offset = [], 0
     for shape in self.shapes:
       n = math.prod(shape)
-      if isinstance(values, jax.ShapeDtypeStruct):  # under jax.eval_shape
-        leaves.append(jax.ShapeDtypeStruct(shape, values.dtype))
+      if isinstance(values, jax.ShapeDtypeStruct):  # eval_shape, restore targets
+        leaves.append(jax.ShapeDtypeStruct(shape, values.dtype,
+                                           sharding=getattr(values, "sharding", None)))
       else:
         leaves.append(values[offset:offset + n].reshape(shape))
       offset += n
@@ -91,7 +92,17 @@ class LayerRatios:
   @property
   def num_layers(self) -> int:
     """How many layers (ratios) the record holds."""
-    return sum(math.prod(s) for s in self.shapes)
+    return _num_layers(self.shapes)
+
+
+def _num_layers(shapes: tuple[tuple[int, ...], ...]) -> int:
+  return sum(math.prod(s) for s in shapes)
+
+
+def _flat_values(tree: Any) -> jax.Array:
+  """A per-leaf ratio tree's values, raveled and concatenated in leaf order."""
+  leaves = [jnp.ravel(jnp.asarray(x, jnp.float32)) for x in jax.tree.leaves(tree)]
+  return jnp.concatenate(leaves) if leaves else jnp.zeros((0,), jnp.float32)
 
 
 jax.tree_util.register_dataclass(
@@ -107,9 +118,7 @@ def _from_state_dict(target: LayerRatios, state: dict) -> LayerRatios:
   if "values" in state:
     values = serialization.from_state_dict(target.values, state["values"])
   else:
-    tree = serialization.from_state_dict(target.unpack(), state)
-    leaves = [np.ravel(np.asarray(x, np.float32)) for x in jax.tree.leaves(tree)]
-    values = np.concatenate(leaves) if leaves else np.zeros((0,), np.float32)
+    values = _flat_values(serialization.from_state_dict(target.unpack(), state))
   return LayerRatios(values, target.treedef, target.shapes)
 
 
@@ -125,8 +134,7 @@ def as_tree(ratios: Any) -> Any:
 
 def ones(treedef: Any, shapes: tuple[tuple[int, ...], ...]) -> LayerRatios:
   """A record of ratio 1 for every layer (the state before the first step)."""
-  n = sum(math.prod(s) for s in shapes)
-  return LayerRatios(jnp.ones((n,), jnp.float32), treedef, tuple(shapes))
+  return LayerRatios(jnp.ones((_num_layers(shapes),), jnp.float32), treedef, tuple(shapes))
 
 
 def _replicated(x: jax.Array) -> jax.Array:
@@ -189,16 +197,8 @@ def unpacked_records(abstract: Any) -> Any:
   that reads them.
   """
 
-  def unpack(x):
-    if not _is_record(x):
-      return x
-    sharding = getattr(x.values, "sharding", None)
-    return jax.tree.map(
-        lambda s: jax.ShapeDtypeStruct(s.shape, jnp.float32, sharding=sharding),
-        LayerRatios(jax.ShapeDtypeStruct(np.shape(x.values), jnp.float32),
-                    x.treedef, x.shapes).unpack())
-
-  return jax.tree.map(unpack, abstract, is_leaf=_is_record)
+  return jax.tree.map(lambda x: x.unpack() if _is_record(x) else x, abstract,
+                      is_leaf=_is_record)
 
 
 def fitting_layout(abstract: Any, check: Any) -> Any:
@@ -225,10 +225,8 @@ def repacked_records(restored: Any, abstract: Any) -> Any:
   def repack(a, r):
     if not _is_record(a):
       return r
-    leaves = [jnp.ravel(x) for x in jax.tree.leaves(r)]
-    sharding = getattr(a.values, "sharding", None)
-    concat = jax.jit(lambda *xs: jnp.concatenate(xs) if xs else
-                     jnp.zeros((0,), jnp.float32), out_shardings=sharding)
-    return LayerRatios(concat(*leaves), a.treedef, a.shapes)
+    # Under jit: the restored arrays may span hosts.
+    values = jax.jit(_flat_values, out_shardings=getattr(a.values, "sharding", None))(r)
+    return LayerRatios(values, a.treedef, a.shapes)
 
   return jax.tree.map(repack, abstract, restored, is_leaf=_is_record)

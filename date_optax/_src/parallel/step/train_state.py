@@ -318,7 +318,10 @@ def apply_gradients(
   """
   grad_sq = sum_squares_or_nan(grads, grad_keys)  # NaN iff a gradient is not finite
   sq_mean = grad_sq
-  finite = jnp.isfinite(loss) & jnp.logical_not(jnp.isnan(grad_sq))
+  # The barrier materialises the flag once: otherwise XLA may fuse the whole
+  # reduction into each select below (model state, residual; a ResNet-50-
+  # sized step once compiled ~15x slower that way).
+  finite = lax.optimization_barrier(jnp.isfinite(loss) & jnp.logical_not(jnp.isnan(grad_sq)))
   new_gs = None
   extra = dict(extra_args or {})
   if stats is not None:
