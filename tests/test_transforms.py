@@ -714,14 +714,15 @@ def test_update_without_params_raises():
 
 
 def repeated_params():
-  """Three blocks of same-shaped small leaves, a zero bias, a bf16 twin, a large leaf."""
+  """Three blocks of same-shaped small leaves, a zero bias, a bf16 twin, two large leaves."""
   k = iter(jax.random.split(jax.random.key(3), 12))
   blocks = {f"block{i}": {"kernel": jax.random.normal(next(k), (4, 3)) * (i + 1),
                           "bias": 0.1 * jax.random.normal(next(k), (3,))}
             for i in range(3)}
   return {**blocks, "zero_bias": jnp.zeros((3,)),
           "bf16_kernel": jax.random.normal(next(k), (4, 3)).astype(jnp.bfloat16),
-          "large": 0.1 * jax.random.normal(next(k), (130, 130))}
+          "large": 0.1 * jax.random.normal(next(k), (130, 130)),
+          "large2": 0.3 * jax.random.normal(next(k), (140, 130))}
 
 
 def by_path(tree):
@@ -730,9 +731,9 @@ def by_path(tree):
 
 
 REPEATED_TRUST = {**{f"block{i}": {"kernel": True, "bias": i != 1} for i in range(3)},
-                  "zero_bias": True, "bf16_kernel": True, "large": True}
+                  "zero_bias": True, "bf16_kernel": True, "large": True, "large2": True}
 REPEATED_DECAY = {**{f"block{i}": {"kernel": i != 2, "bias": False} for i in range(3)},
-                  "zero_bias": True, "bf16_kernel": True, "large": True}
+                  "zero_bias": True, "bf16_kernel": True, "large": True, "large2": False}
 
 
 @pytest.mark.parametrize("denominator", ["sum_of_norms", "norm_of_sum"])
@@ -760,17 +761,20 @@ def test_lars_on_repeated_small_leaves_matches_reference(denominator):
   assert float(first["zero_bias"]) == 1.0 and float(first["block0"]["bias"]) != 1.0
 
 
-@pytest.mark.parametrize("decoupled", [False, True])
-def test_lamb_on_repeated_small_leaves_matches_reference(decoupled):
+@pytest.mark.parametrize("decoupled,nvlamb", [(False, False), (True, False), (False, True)])
+def test_lamb_on_repeated_small_leaves_matches_reference(decoupled, nvlamb):
+  # The two large layers' directions are made one after the other (the
+  # second waits for the first's ratio); the small ones are grouped.
   params = {k: v for k, v in repeated_params().items() if k != "bf16_kernel"}
   trust = {k: v for k, v in REPEATED_TRUST.items() if k != "bf16_kernel"}
   decay = {k: v for k, v in REPEATED_DECAY.items() if k != "bf16_kernel"}
   opt = date_optax.lamb(0.05, weight_decay=0.01, decoupled_weight_decay=decoupled,
                         trust_ratio_mask=trust, weight_decay_mask=decay,
-                        lower=0.0, upper=5.0)
+                        lower=0.0, upper=5.0, normalize_grads=nvlamb)
   got, _ = run(opt, params)
   want = run_ref(ref.Lamb(0.05, wd=0.01, trust=by_path(trust), decay=by_path(decay),
-                          decoupled=decoupled, lower=0.0, upper=5.0), params)
+                          decoupled=decoupled, lower=0.0, upper=5.0, normalize=nvlamb),
+                 params)
   assert_close(got, want, atol=1e-5)
 
 

@@ -183,6 +183,28 @@ class SumRequest(NamedTuple):
   coupled: bool = False
 
 
+class LeafwiseInner(NamedTuple):
+  """An inner solver the kernel can run one leaf at a time (LAMB's moments).
+
+  ``split(state, g_leaves, treedef) -> (ctx, leaf_states)``: what every leaf
+  shares and each leaf's slice of the state; ``leaf(ctx, g, leaf_state) ->
+  (u, new_leaf_state)``; ``join(ctx, new_leaf_states, treedef) -> state``.
+  Run this way, the direction of each large layer is computed after the
+  previous large layer's ratio (an optimisation barrier on its inputs), so
+  a scheduler holds one layer's direction at a time, not the model's.
+  """
+
+  split: Any
+  leaf: Any
+  join: Any
+
+
+def _large(w: Any, axes: tuple[int, ...]) -> bool:
+  """Whether a layer is reduced on its own (not stacked with its shape's)."""
+  return (len(axes) != np.ndim(w) or np.size(w) > GROUP_MAX_ELEMENTS
+          or jnp.iscomplexobj(w))
+
+
 def _sharding_key(x: jax.Array) -> Any:
   """The array's sharding as its type carries it (explicit mesh axes), or None.
 
@@ -459,6 +481,7 @@ def trust_ratio_kernel(
     layer_axes: LayerAxes,
     decay: Literal["update", "decoupled", "input"] = "update",
     mask_names: tuple[str, str] = ("trust_ratio_mask", "weight_decay_mask"),
+    leafwise: LeafwiseInner | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""The one per-layer trust-ratio kernel under every transform of the package.
 
@@ -469,7 +492,10 @@ def trust_ratio_kernel(
   ``'input'`` adds it to ``inner``'s input (L2 into a base solver, bounded
   LARS). The update is straight-line array code: per layer, float32
   reductions of squares and elementwise ops, no branch and no dot.
-  ``mask_names`` name the two masks in error messages.
+  ``mask_names`` name the two masks in error messages. ``leafwise``, given
+  with ``inner`` (same arithmetic and state), runs the inner solver one leaf
+  at a time so each large layer's direction is made after the previous
+  large layer's ratio (:class:`LeafwiseInner`).
   """
   inner_tx = optax.with_extra_args_support(inner) if inner is not None else None
   use_wd = not is_static_zero(weight_decay)
@@ -508,8 +534,18 @@ def trust_ratio_kernel(
     wd_flags = [f and use_wd for f in wd_flags]
     axes_list = masks_lib.resolve_layer_axes(layer_axes, params)
 
+    def ratio_fn(w_sq, d_sq, coupled):
+      return ratio_from_sums(
+          w_sq, d_sq, weight_decay=wd if coupled else None,
+          denominator=denominator, trust_coefficient=trust_coefficient,
+          eps=eps, lower=lo, upper=hi)
+
+    by_leaf = leafwise is not None and not (decay == "input" and use_wd)
     if inner_tx is None:
       u_leaves, inner_state = g_leaves, state.inner_state
+    elif by_leaf:
+      ctx, leaf_states = leafwise.split(state.inner_state, g_leaves, treedef)
+      new_leaf_states = []
     else:
       inner_in = updates
       if decay == "input" and use_wd:
@@ -521,12 +557,24 @@ def trust_ratio_kernel(
       )
       u_leaves = treedef.flatten_up_to(inner_updates)
 
-    # The update of every layer, and the reductions its ratio needs; the
-    # reductions are made together (layer_ratios), then each layer is scaled.
-    vs, requests = [], []
-    for u, g, w, trust, dec, ax in zip(
-        u_leaves, g_leaves, w_leaves, trust_flags, wd_flags, axes_list
-    ):
+    # The update of every layer, and the reductions its ratio needs. Small
+    # layers' reductions are made together (layer_ratios) after the loop;
+    # with a leafwise inner solver each large layer's ratio is made in the
+    # loop, and the next large layer's inputs wait for it.
+    vs, requests, request_leaf, ratio_of, pieces = [], [], [], {}, []
+    prev = None
+    for i, (g, w, trust, dec, ax) in enumerate(zip(
+        g_leaves, w_leaves, trust_flags, wd_flags, axes_list)):
+      axes = reduce_axes(w.ndim, ax)
+      chained = by_leaf and trust and _large(w, axes)
+      if by_leaf:
+        leaf_state = leaf_states[i]
+        if chained and prev is not None:
+          (g, leaf_state), _ = jax.lax.optimization_barrier(((g, leaf_state), prev))
+        u, leaf_state = leafwise.leaf(ctx, g, leaf_state)
+        new_leaf_states.append(leaf_state)
+      else:
+        u = u_leaves[i]
       coupled = dec and decay == "update"
       v = u.astype(compute_dtype(u, w))
       if coupled:
@@ -534,29 +582,31 @@ def trust_ratio_kernel(
       vs.append(v)
       if trust:
         sum_form = coupled and denominator == "norm_of_sum"
-        requests.append(SumRequest(
-            w, g if ratio_source == "gradient" else u, reduce_axes(w.ndim, ax),
+        req = SumRequest(
+            w, g if ratio_source == "gradient" else u, axes,
             decay=sum_form,
             # An inner solver's u + λw (the update) is formed once and its
             # norm read from it; a d that is the kernel's input is reduced
             # from the input itself (norm_of_sum_sq).
             decayed=(v if sum_form and ratio_source == "update"
                      and inner_tx is not None else None),
-            coupled=coupled))
+            coupled=coupled)
+        if chained:
+          (prev,), _ = layer_ratios([req], ratio_fn, wd)
+          ratio_of[i] = prev
+          pieces.append(([i], prev))
+        else:
+          requests.append(req)
+          request_leaf.append(i)
+    if by_leaf:
+      inner_state = leafwise.join(ctx, new_leaf_states, treedef)
 
-    def ratio_fn(w_sq, d_sq, coupled):
-      return ratio_from_sums(
-          w_sq, d_sq, weight_decay=wd if coupled else None,
-          denominator=denominator, trust_coefficient=trust_coefficient,
-          eps=eps, lower=lo, upper=hi)
-
-    layer_rs, pieces = layer_ratios(requests, ratio_fn, wd)
-    layer_r = iter(layer_rs)
+    layer_rs, batched = layer_ratios(requests, ratio_fn, wd)
+    ratio_of.update(zip(request_leaf, layer_rs))
 
     # The record: the groups' and leaves' ratio arrays (request indices
     # mapped to leaf indices), and 1 for every leaf outside the trust mask.
-    leaf_of = [i for i, trust in enumerate(trust_flags) if trust]
-    pieces = [([leaf_of[j] for j in idx], r) for idx, r in pieces]
+    pieces += [([request_leaf[j] for j in idx], r) for idx, r in batched]
     shapes = tuple(ratio_shape(w.shape, ax) for w, ax in zip(w_leaves, axes_list))
     untrusted = [i for i, trust in enumerate(trust_flags) if not trust]
     if untrusted:
@@ -564,9 +614,9 @@ def trust_ratio_kernel(
           (sum(math.prod(shapes[i]) for i in untrusted),), jnp.float32)))
 
     outs = []
-    for v, g, w, trust, dec in zip(vs, g_leaves, w_leaves, trust_flags, wd_flags):
-      if trust:
-        v = next(layer_r) * v
+    for i, (v, g, w, dec) in enumerate(zip(vs, g_leaves, w_leaves, wd_flags)):
+      if i in ratio_of:
+        v = ratio_of[i] * v
       if dec and decay == "decoupled":
         v = v + wd * w.astype(v.dtype)
       # The dtype of the incoming update and the parameter, as optax.
