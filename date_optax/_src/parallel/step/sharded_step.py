@@ -158,6 +158,14 @@ class ShardedTrainStep(TrainStep):
       )
 
     loss, aux, grads, model_state, sq = jax.vmap(one, **vmap_axes)(batch, replicas)
+    # Each replica's gradient laid out as its parameter, behind the replica
+    # axis: left to propagation, GSPMD gathered activations over the model
+    # axes to make them (1.19x the bytes of the step without statistics on a
+    # (4, 2) mesh; 1.07x laid out).
+    grads = jax.tree.map(
+        lambda g, s: lax.with_sharding_constraint(
+            g, NamedSharding(self.mesh, sharded_sync.stacked_spec(s, axes))),
+        grads, self.param_specs(params))
     grads = jax.tree.map(
         lambda g: jnp.mean(g.astype(acc_dtype(g.dtype)), axis=0).astype(g.dtype), grads
     )
