@@ -222,3 +222,43 @@ def test_lamb_holds_one_large_layers_direction_at_a_time():
       inner=optax.scale_by_adam(eps=1e-6), weight_decay=1e-2, denominator="norm_of_sum")
   temp_all = optimizer_step.compile_step(chained, params, grads)[3]["temp_bytes"]
   assert temp_all >= 4 * leaf, f"{temp_all} temporary bytes without the order"
+
+
+def _mlp_loss(params, batch):
+  h = batch["x"]
+  for name in ("l0", "l1", "l2"):
+    h = jax.nn.gelu(h @ params[name])
+  return jnp.mean((h @ params["head"] - batch["y"]) ** 2)
+
+
+def test_lamb_order_copies_nothing_in_a_sharded_train_step():
+  # The order between large layers is a barrier on each layer's moments (the
+  # step's inputs). A barrier on its gradient, which a transposed product
+  # makes in another layout, made XLA copy the gradient into the barrier's
+  # layout: two parameter-sized copies per layer in this step.
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+  mesh = jax.make_mesh((4, 2), ("data", "model"),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  rng = np.random.default_rng(0)
+  dims = {"l0": (64, 512), "l1": (512, 512), "l2": (512, 512), "head": (512, 8)}
+  params = {k: jnp.asarray(rng.normal(size=s) / np.sqrt(s[0]), jnp.float32)
+            for k, s in dims.items()}
+  p_sh = {k: NamedSharding(mesh, P("model", None)) for k in dims}
+  batch = {"x": jnp.ones((64, 64)), "y": jnp.ones((64, 8))}
+  b_sh = NamedSharding(mesh, P("data"))
+  opt = date_optax.lamb(1e-3, weight_decay=1e-2)
+
+  def step(params, state, batch):
+    grads = jax.grad(_mlp_loss)(params, batch)
+    updates, state = opt.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  params = jax.device_put(params, p_sh)
+  state = opt.init(params)
+  text = jax.jit(step, donate_argnums=(0, 1)).lower(
+      params, state, jax.device_put(batch, b_sh)).compile().as_text()
+  # Copies (alone or fused) that XLA attributes to the barrier.
+  copies = [ln for ln in text.splitlines() if "optimization_barrier" in ln
+            and re.search(r"\bcopy\(|wrapped_copy", ln.split("metadata=")[0])]
+  assert not copies, copies[:2]

@@ -97,10 +97,10 @@ def lamb(
   Memory: each large layer's direction :math:`u` is needed whole before its
   update can start (its norm comes first), so it is written once. Adam's
   direction is made one large layer at a time, each after the previous large
-  layer's ratio (an optimisation barrier on the layer's gradient and
-  moments), so the step holds one layer's direction, not the model's, on
-  every backend: 9.9 MB instead of 103 MB of temporaries for ResNet-50 on
-  the CPU (docs/RESULTS.md).
+  layer's ratio (an optimisation barrier on the layer's two moments), so
+  the step holds one layer's direction, not the model's, on every backend:
+  9.9 MB instead of 103 MB of temporaries for ResNet-50 on the CPU
+  (docs/RESULTS.md).
 
   Args:
     learning_rate: :math:`\eta \ge 0`, float or schedule.

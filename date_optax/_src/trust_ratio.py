@@ -190,7 +190,7 @@ class LeafwiseInner(NamedTuple):
   shares and each leaf's slice of the state; ``leaf(ctx, g, leaf_state) ->
   (u, new_leaf_state)``; ``join(ctx, new_leaf_states, treedef) -> state``.
   Run this way, the direction of each large layer is computed after the
-  previous large layer's ratio (an optimisation barrier on its inputs), so
+  previous large layer's ratio (an optimisation barrier on its state), so
   a scheduler holds one layer's direction at a time, not the model's.
   """
 
@@ -560,7 +560,7 @@ def trust_ratio_kernel(
     # The update of every layer, and the reductions its ratio needs. Small
     # layers' reductions are made together (layer_ratios) after the loop;
     # with a leafwise inner solver each large layer's ratio is made in the
-    # loop, and the next large layer's inputs wait for it.
+    # loop, and the next large layer's state waits for it.
     vs, requests, request_leaf, ratio_of, pieces = [], [], [], {}, []
     prev = None
     for i, (g, w, trust, dec, ax) in enumerate(zip(
@@ -570,7 +570,10 @@ def trust_ratio_kernel(
       if by_leaf:
         leaf_state = leaf_states[i]
         if chained and prev is not None:
-          (g, leaf_state), _ = jax.lax.optimization_barrier(((g, leaf_state), prev))
+          # The state only: it is the step's input, in its own layout, so the
+          # barrier moves nothing (a gradient made by a transposed product
+          # would be copied into the barrier's layout first).
+          leaf_state, _ = jax.lax.optimization_barrier((leaf_state, prev))
         u, leaf_state = leafwise.leaf(ctx, g, leaf_state)
         new_leaf_states.append(leaf_state)
       else:
