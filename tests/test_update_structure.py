@@ -205,7 +205,7 @@ def test_large_layer_step_writes_no_parameter_sized_temporary(make):
   assert temp < leaf // 8, f"{temp} temporary bytes for {leaf}-byte layers"
 
 
-# Six large layers: one layer's direction at a time is 1.6 MB, the model's 9.4 MB.
+# Six large layers: one layer's direction is 1.6 MB, the model's 9.4 MB.
 SIX = {f"l{i}": (512, 768) for i in range(6)}
 
 
@@ -215,7 +215,8 @@ def test_lamb_holds_one_large_layers_direction_at_a_time():
   leaf = 4 * 512 * 768
   lamb = date_optax.lamb(1e-3, weight_decay=1e-2)
   temp = optimizer_step.compile_step(lamb, params, grads)[3]["temp_bytes"]
-  assert temp <= 1.25 * leaf, f"{temp} temporary bytes for {leaf}-byte layers"
+  # Two in flight: a layer's direction waits for the ratio two large layers back.
+  assert temp <= 2.25 * leaf, f"{temp} temporary bytes for {leaf}-byte layers"
   # The check can fail: the same arithmetic with Adam's directions made for
   # the whole tree first (a generic inner solver) holds them all on the CPU.
   chained = date_optax.scale_by_trust_ratio(
@@ -262,3 +263,10 @@ def test_lamb_order_copies_nothing_in_a_sharded_train_step():
   copies = [ln for ln in text.splitlines() if "optimization_barrier" in ln
             and re.search(r"\bcopy\(|wrapped_copy", ln.split("metadata=")[0])]
   assert not copies, copies[:2]
+  # The three large kernels' norms are all-reduced over "model" in at most
+  # two collectives: a layer waits for the ratio two large layers back, so
+  # one layer's collective overlaps the next layer's work (waiting for the
+  # previous layer's put each layer's collective in series: three).
+  norm_collectives = [ln for ln in text.splitlines()
+                      if re.search(r"= \(f32\[\](, f32\[\])*\) all-reduce\(", ln)]
+  assert len(norm_collectives) <= 2, norm_collectives

@@ -162,6 +162,13 @@ def ratio_from_sums(
 # docs/RESULTS.md).
 GROUP_MAX_ELEMENTS = 1 << 14
 
+# With a leafwise inner solver (LAMB's moments), a large layer's direction is
+# made after the ratio of the large layer this many places before it. 1
+# would hold one direction at a time but put every layer's norm collective
+# (on a model-sharded layer) in series; 2 holds two, and each collective
+# overlaps the next layer's work (tests/test_update_structure.py).
+LAYER_LAG = 2
+
 
 class SumRequest(NamedTuple):
   """One layer-wise reduction :func:`layer_ratios` is asked for.
@@ -190,8 +197,9 @@ class LeafwiseInner(NamedTuple):
   shares and each leaf's slice of the state; ``leaf(ctx, g, leaf_state) ->
   (u, new_leaf_state)``; ``join(ctx, new_leaf_states, treedef) -> state``.
   Run this way, the direction of each large layer is computed after the
-  previous large layer's ratio (an optimisation barrier on its state), so
-  a scheduler holds one layer's direction at a time, not the model's.
+  ratio of the large layer :data:`LAYER_LAG` places before it (an
+  optimisation barrier on its state), so a scheduler holds two layers'
+  directions at a time, not the model's.
   """
 
   split: Any
@@ -494,8 +502,8 @@ def trust_ratio_kernel(
   reductions of squares and elementwise ops, no branch and no dot.
   ``mask_names`` name the two masks in error messages. ``leafwise``, given
   with ``inner`` (same arithmetic and state), runs the inner solver one leaf
-  at a time so each large layer's direction is made after the previous
-  large layer's ratio (:class:`LeafwiseInner`).
+  at a time so each large layer's direction is made after the ratio of the
+  large layer two places before it (:class:`LeafwiseInner`).
   """
   inner_tx = optax.with_extra_args_support(inner) if inner is not None else None
   use_wd = not is_static_zero(weight_decay)
@@ -560,20 +568,20 @@ def trust_ratio_kernel(
     # The update of every layer, and the reductions its ratio needs. Small
     # layers' reductions are made together (layer_ratios) after the loop;
     # with a leafwise inner solver each large layer's ratio is made in the
-    # loop, and the next large layer's state waits for it.
+    # loop, and the state of the large layer LAYER_LAG places on waits for it.
     vs, requests, request_leaf, ratio_of, pieces = [], [], [], {}, []
-    prev = None
+    made = []  # the large layers' ratios, in order
     for i, (g, w, trust, dec, ax) in enumerate(zip(
         g_leaves, w_leaves, trust_flags, wd_flags, axes_list)):
       axes = reduce_axes(w.ndim, ax)
       chained = by_leaf and trust and _large(w, axes)
       if by_leaf:
         leaf_state = leaf_states[i]
-        if chained and prev is not None:
+        if chained and len(made) >= LAYER_LAG:
           # The state only: it is the step's input, in its own layout, so the
           # barrier moves nothing (a gradient made by a transposed product
           # would be copied into the barrier's layout first).
-          leaf_state, _ = jax.lax.optimization_barrier((leaf_state, prev))
+          leaf_state, _ = jax.lax.optimization_barrier((leaf_state, made[-LAYER_LAG]))
         u, leaf_state = leafwise.leaf(ctx, g, leaf_state)
         new_leaf_states.append(leaf_state)
       else:
@@ -595,9 +603,10 @@ def trust_ratio_kernel(
                      and inner_tx is not None else None),
             coupled=coupled)
         if chained:
-          (prev,), _ = layer_ratios([req], ratio_fn, wd)
-          ratio_of[i] = prev
-          pieces.append(([i], prev))
+          (r,), _ = layer_ratios([req], ratio_fn, wd)
+          made.append(r)
+          ratio_of[i] = r
+          pieces.append(([i], r))
         else:
           requests.append(req)
           request_leaf.append(i)
