@@ -17,6 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -237,8 +239,6 @@ def test_lamb_order_copies_nothing_in_a_sharded_train_step():
   # step's inputs). A barrier on its gradient, which a transposed product
   # makes in another layout, made XLA copy the gradient into the barrier's
   # layout: two parameter-sized copies per layer in this step.
-  from jax.sharding import NamedSharding
-  from jax.sharding import PartitionSpec as P
   mesh = jax.make_mesh((4, 2), ("data", "model"),
                        axis_types=(jax.sharding.AxisType.Auto,) * 2)
   rng = np.random.default_rng(0)

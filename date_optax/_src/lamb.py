@@ -175,10 +175,9 @@ def lamb(
   trust_mask = wd_mask if trust_ratio_mask is None else trust_ratio_mask
   wd_mask = trust_ratio_mask if wd_mask is None else wd_mask
   # optax.lamb's pieces: Adam's direction, decay and trust ratio, learning rate.
-  moments = scale_by_lamb_moments(b1, b2, eps, eps_root, bias_correction,
-                                  normalize_grads, state_dtype)
   leafwise = lamb_moments_leafwise(b1, b2, eps, eps_root, bias_correction,
                                    normalize_grads)
+  moments = scale_by_lamb_moments(leafwise, state_dtype)
   pieces = (
       tr.trust_ratio_kernel(
           1.0, 0.0, lower=lower, upper=upper, weight_decay=weight_decay,
@@ -261,8 +260,7 @@ def lamb_moments_leafwise(
 
 
 def scale_by_lamb_moments(
-    b1: float, b2: float, eps: float, eps_root: float, bias_correction: bool,
-    normalize_grads: bool, state_dtype: DType,
+    leafwise: tr.LeafwiseInner, state_dtype: DType,
 ) -> optax.GradientTransformation:
   """LAMB's direction ``m̂/(√(v̂ + eps_root) + eps)`` (Adam's, with options).
 
@@ -270,10 +268,9 @@ def scale_by_lamb_moments(
   reference), pre-normalise by the global gradient norm (NVLAMB) and keep
   both moments in ``state_dtype``; complex gradients get ``|g|²`` as optax.
   The state is an :class:`optax.ScaleByAdamState`. Arguments are validated
-  by :func:`lamb`; the arithmetic is :func:`lamb_moments_leafwise`'s.
+  by :func:`lamb`; the arithmetic is ``leafwise``'s
+  (:func:`lamb_moments_leafwise`), applied to every leaf.
   """
-  leafwise = lamb_moments_leafwise(b1, b2, eps, eps_root, bias_correction,
-                                   normalize_grads)
 
   def init_fn(params):
     zeros = lambda p: jnp.zeros(p.shape, state_dtype or p.dtype)

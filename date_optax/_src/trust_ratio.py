@@ -229,10 +229,8 @@ def _sharding_key(x: jax.Array) -> Any:
 
 
 def _groupable(req: SumRequest) -> bool:
-  w, d = req.w, req.d
-  return (len(req.axes) == np.ndim(w) and np.size(w) <= GROUP_MAX_ELEMENTS
-          and np.shape(d) == np.shape(w)
-          and not jnp.iscomplexobj(w) and not jnp.iscomplexobj(d))
+  return (not _large(req.w, req.axes) and np.shape(req.d) == np.shape(req.w)
+          and not jnp.iscomplexobj(req.d))
 
 
 def layer_ratios(
