@@ -475,3 +475,38 @@ def test_the_step_reads_leaf_shapes_and_dtypes_from_their_attributes():
   assert step_base._shape_dtype(jnp.ones((2, 3), jnp.bfloat16)) == ((2, 3), jnp.bfloat16)
   assert step_base._shape_dtype(np.zeros((4,), np.int8)) == ((4,), np.int8)
   assert step_base._shape_dtype(1.5) == ((), jnp.result_type(1.5))
+
+
+def test_a_returned_state_and_a_placed_batch_skip_the_host_checks(monkeypatch):
+  """Host time per call: the state a step returned goes straight to its
+  program (no flatten, no checks), and a batch already laid out is not
+  walked. Anything else is checked as before: a state the caller changed,
+  and a laid-out batch whose shapes do not fit (checked where it is traced)."""
+  from date_optax._src.parallel.step import step_base
+
+  checked = []
+  real = step_base.check_state
+  monkeypatch.setattr(step_base, "check_state",
+                      lambda *a, **k: (checked.append(1), real(*a, **k))[1])
+  step = dp.make_train_step(pm.loss_fn, date_optax.lamb(1e-2), dp.data_mesh())
+  batches = [step.shard_batch(b) for b in BATCHES]
+  fast = step.init(pm.init_params())
+  for b in batches:
+    fast, _ = step(fast, b)
+  assert len(checked) == 1, "only the first call (a fresh state) is checked"
+  slow = step.init(pm.init_params())
+  for b in BATCHES:  # host batches, and a state rebuilt before every call
+    slow, _ = step(slow.replace(step=slow.step), b)
+  assert len(checked) == 1 + STEPS
+  for a, b in zip(jax.tree.leaves(fast), jax.tree.leaves(slow)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  with pytest.raises(ValueError, match="grad_residual"):
+    step(fast.replace(grad_residual=fast.params), batches[0])
+  placed = {"x": batches[0]["x"], "y": batches[0]["y"][:16]}
+  placed["y"] = jax.device_put(placed["y"], step.batch_sharding)
+  with pytest.raises(ValueError, match="same number of rows"):
+    step(fast, placed)
+  micro = dp.make_train_step(pm.loss_fn, optax.sgd(0.1), dp.data_mesh(), microbatches=4)
+  with pytest.raises(ValueError, match=r"8 data-parallel replicas x 4 microbatches"):
+    micro(micro.init(pm.init_params()),
+          jax.device_put(jax.tree.map(lambda x: x[:16], BATCHES[0]), micro.batch_sharding))

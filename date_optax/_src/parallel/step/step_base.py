@@ -11,6 +11,7 @@ both builders take.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -104,6 +105,10 @@ class TrainStep:
     self.batch_sharding = NamedSharding(mesh, self.batch_spec)
     self.replicated = NamedSharding(mesh, P())
     self._compiled: dict[Any, Any] = {}
+    # The state the last call returned (weakly) and its program: the next
+    # call usually takes that very state, whose structure, shapes and
+    # shardings are the program's own, so it skips the host checks.
+    self._last_out: tuple[weakref.ref, Any] | None = None
     self._init_cache: dict[Any, Any] = {}
     self.batch_schedule = batch_schedule
     self._tracker = None if batch_schedule is None else bs_lib.BatchTracker(batch_schedule)
@@ -318,6 +323,12 @@ class TrainStep:
   # -- calling --------------------------------------------------------------
 
   def _prepare(self, batch: PyTree) -> PyTree:
+    leaves = jax.tree.leaves(batch)
+    if leaves and all(isinstance(x, jax.Array) and x.sharding == self.batch_sharding
+                      for x in leaves):
+      # Already laid out (shard_batch, or a pipeline that places batches):
+      # nothing to move, and the shapes are checked where the step is traced.
+      return batch
     lg.check_batch(batch, 1)
     per_process = self.num_replicas // max(1, jax.process_count())
 
@@ -341,6 +352,9 @@ class TrainStep:
 
   def _compiled_for(self, state: TrainState) -> Any:
     """`jax.jit` with the state's in/out shardings declared (cached)."""
+    last = self._last_out
+    if last is not None and last[0]() is state:
+      return last[1]
     check_state(state, error_feedback=self.error_feedback,
                 grad_stats=self.grad_stats_decay is not None)
     leaves, treedef = jax.tree.flatten(state)
@@ -385,7 +399,9 @@ class TrainStep:
             f"{self._tracker.step} (after {self._tracker.examples} examples), got "
             f"{rows} rows; fetch step.next_batch_size(state) examples."
         )
-    state, metrics = self._compiled_for(state)(state, batch)
+    program = self._compiled_for(state)
+    state, metrics = program(state, batch)
+    self._last_out = (weakref.ref(state), program)
     if want is not None:
       self._tracker.record(want, state, metrics)
     if self.max_consecutive_skips is not None:
