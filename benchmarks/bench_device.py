@@ -35,10 +35,12 @@ Usage (from the repository root):
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.metadata
 import json
 import math
 import os
+import pathlib
 import platform
 import statistics
 import subprocess
@@ -114,12 +116,33 @@ def _versions() -> dict:
   return out
 
 
-def _commit() -> str | None:
+def _git(*cmd: str) -> str:
   try:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                          capture_output=True, timeout=10).stdout.strip() or None
+    return subprocess.run(["git", *cmd], cwd=ROOT, text=True, capture_output=True,
+                          timeout=10).stdout.strip()
   except (OSError, subprocess.SubprocessError):
+    return ""
+
+
+def _commit() -> str | None:
+  """HEAD, with "+changes" when the library or benchmarks differ from it."""
+  head = _git("rev-parse", "--short", "HEAD")
+  if not head:
     return None
+  changed = _git("status", "--porcelain", "--", "date_optax", "benchmarks")
+  return head + ("+changes" if changed else "")
+
+
+def _source_digest() -> str:
+  """The first 12 hex digits of a SHA-256 over the library's source files.
+
+  Names the code that ran even where the git metadata does not (a copy of a
+  working tree on another machine, an unpacked archive).
+  """
+  h = hashlib.sha256()
+  for path in sorted(pathlib.Path(ROOT, "date_optax").rglob("*.py")):
+    h.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
+  return h.hexdigest()[:12]
 
 
 def _ratio(name, section, case, runs, goal, num_ms, den_ms) -> dict:
@@ -155,7 +178,7 @@ def run(args) -> dict:
         + ", ".join(f"{k} {v}" for k, v in versions.items())
         + f"; {mode} settings {cfg}; budget {args.budget_s:.0f} s", flush=True)
   results = dict(device=device, versions=versions, mode=mode, settings=cfg,
-                 budget_s=args.budget_s, commit=_commit(),
+                 budget_s=args.budget_s, commit=_commit(), source_digest=_source_digest(),
                  command=" ".join(["benchmarks/bench_device.py", *args.argv]),
                  ratios=[], optimizer_step={}, train_step={})
   trees = [] if args.skip == "optimizer" else cfg["trees"].split(",")
@@ -245,7 +268,8 @@ def markdown(results: dict) -> str:
       f"### bench_device: {d['kind']} ({d['platform']} x{d['count']})", "",
       "Versions: " + ", ".join(f"{k} {x}" for k, x in v.items()) + ".",
       f"Command: `{results['command']}` ({results['mode']} settings, commit "
-      f"{results['commit'] or 'unknown'}); {results['elapsed_s']:.0f} s of a "
+      f"{results['commit'] or 'unknown'}, library source "
+      f"{results.get('source_digest') or 'unknown'}); {results['elapsed_s']:.0f} s of a "
       f"{results['budget_s']:.0f} s budget"
       + (" (over budget)" if results["over_budget"] else "") + ".",
   ]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -48,6 +50,14 @@ def test_bench_device_quick_writes_every_ratio(tmp_path):
   assert f"({res['device']['platform']} x8)" in md and "| date_optax.lars / optax.lars |" in md
   assert md.count("| optimizer step |") == 4 and md.count("| train step |") == 6
   assert "Compiled train steps: data (8,): lib " in md
+  # The library's source named by content, for runs on copies without git.
+  digest = hashlib.sha256()
+  pkg = pathlib.Path(ROOT, "date_optax")
+  for path in sorted(pkg.rglob("*.py")):
+    digest.update(f"date_optax/{path.relative_to(pkg).as_posix()}".encode() + b"\0"
+                  + path.read_bytes())
+  assert res["source_digest"] == digest.hexdigest()[:12]
+  assert f"library source {res['source_digest']}" in md
 
 
 @pytest.mark.slow
