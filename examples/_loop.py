@@ -26,6 +26,26 @@ from date_optax.checkpoint import CheckpointManager, PreemptionGuard, tree_check
 from date_optax.diagnostics import MetricWriter
 
 
+def make_grad_sync(config: ml_collections.ConfigDict) -> dp.GradSync:
+  """The step's gradient reduction from `config.grad_sync`.
+
+  Args:
+    config: the run's config; `config.grad_sync` holds `algorithm`,
+      `comm_dtype`, `aps` ("auto", "on" or "off"), `rounding`, `block_size`
+      (0: off) and `error_feedback`.
+
+  Returns:
+    The `date_optax.parallel.GradSync` (it validates the combination).
+  """
+  gs = config.grad_sync
+  aps_modes = {"auto": None, "on": True, "off": False}
+  if gs.aps not in aps_modes:
+    raise ValueError(f'config.grad_sync.aps must be "auto", "on" or "off", got {gs.aps!r}.')
+  return dp.GradSync(
+      gs.algorithm, comm_dtype=gs.comm_dtype, aps=aps_modes[gs.aps], rounding=gs.rounding,
+      block_size=gs.block_size or None, error_feedback=gs.error_feedback)
+
+
 def scalars_of(metrics: dict[str, Any]) -> dict[str, float]:
   """The step's metrics as floats: `trust_ratios` (one per layer) left out, `aux` flattened."""
   out = {k: float(v) for k, v in metrics.items() if k not in ("trust_ratios", "aux")}

@@ -9,6 +9,11 @@ _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# libtpu (the TPU compiler, tests/test_tpu_compile.py) on a host without a
+# TPU: several test processes may load it, and it need not probe the host.
+for _key, _value in (("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"), ("TPU_SKIP_MDS_QUERY", "1"),
+                     ("TPU_WORKER_HOSTNAMES", "localhost"), ("TPU_ACCELERATOR_TYPE", "v3-8")):
+  os.environ.setdefault(_key, _value)
 
 import jax  # noqa: E402
 

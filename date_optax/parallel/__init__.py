@@ -7,7 +7,8 @@ steps for `jit` over a mesh and for `pmap` (with weight-update sharding and
 non-finite step skipping) built from two frozen configs (`GradSync`: how
 gradients are reduced, by `sync_gradients`; `StepConfig`: the step's own
 options), multi-host set-up, distributed evaluation and a per-host input
-pipeline.
+pipeline. Cloud TPU slices as compile targets (`tpu_slice`) and the
+compiler's account of a step on them (`compile_report`) need no TPU.
 """
 
 from date_optax._src.parallel.comm.collectives import (
@@ -18,7 +19,7 @@ from date_optax._src.parallel.comm.collectives import (
 from date_optax._src.parallel.comm.cost_model import AllReduceCost, allreduce_cost
 from date_optax._src.parallel.comm.error_feedback import ErrorFeedbackState
 from date_optax._src.parallel.comm.grad_sync import GradSync, all_reduce, sync_gradients
-from date_optax._src.parallel.comm.hlo import collective_permute_rounds
+from date_optax._src.parallel.comm.hlo import collective_permute_rounds, collectives
 from date_optax._src.parallel.comm.low_precision import COMM_DTYPES, ROUNDINGS
 from date_optax._src.parallel.comm.update_sharding import (
     bytes_per_device,
@@ -37,6 +38,8 @@ from date_optax._src.parallel.data.input_pipeline import (
 from date_optax._src.parallel.data.prefetch import DevicePrefetch, prefetch_to_device
 from date_optax._src.parallel.layout.distributed import host_local_to_global, initialize
 from date_optax._src.parallel.layout.mesh import data_mesh, torus_mesh
+from date_optax._src.parallel.layout.tpu_slice import TpuSlice, accelerator_types, tpu_slice
+from date_optax._src.parallel.step.compile_report import CompileReport, compile_report
 from date_optax._src.parallel.step.grad_stats import GradStatsState
 from date_optax._src.parallel.step.pmap_step import PmapTrainStep, make_pmap_train_step
 from date_optax._src.parallel.step.replicated_step import (
@@ -58,6 +61,7 @@ __all__ = [
     "ROUNDINGS",
     "AllReduceCost",
     "ArraySource",
+    "CompileReport",
     "DevicePrefetch",
     "ErrorFeedbackState",
     "GradStatsState",
@@ -69,12 +73,16 @@ __all__ = [
     "ShardedTrainStep",
     "StepConfig",
     "TrainState",
+    "TpuSlice",
     "TrainStep",
+    "accelerator_types",
     "all_reduce",
     "allreduce_cost",
     "bytes_per_device",
     "check_metrics",
     "collective_permute_rounds",
+    "collectives",
+    "compile_report",
     "data_loader",
     "data_mesh",
     "epoch_batches",
@@ -95,5 +103,6 @@ __all__ = [
     "sync_gradients",
     "torus_all_reduce",
     "torus_mesh",
+    "tpu_slice",
     "update_shard_axis",
 ]

@@ -34,6 +34,7 @@ from jax.sharding import PartitionSpec as P
 import date_optax
 import date_optax.parallel as dp
 from examples import _loop
+from examples._loop import make_grad_sync  # noqa: F401 - the example's name for it
 from examples.bert_lamb import input_pipeline, models
 
 #: Parameters without weight decay or trust ratio: biases, layer norms and
@@ -155,26 +156,6 @@ def make_optimizer(
   return tx, recipe
 
 
-def make_grad_sync(config: ml_collections.ConfigDict) -> dp.GradSync:
-  """The step's gradient reduction from `config.grad_sync`.
-
-  Args:
-    config: the run's config; `config.grad_sync` holds `algorithm`,
-      `comm_dtype`, `aps` ("auto", "on" or "off"), `rounding`, `block_size`
-      (0: off) and `error_feedback`.
-
-  Returns:
-    The `date_optax.parallel.GradSync` (it validates the combination).
-  """
-  gs = config.grad_sync
-  aps_modes = {"auto": None, "on": True, "off": False}
-  if gs.aps not in aps_modes:
-    raise ValueError(f'config.grad_sync.aps must be "auto", "on" or "off", got {gs.aps!r}.')
-  return dp.GradSync(
-      gs.algorithm, comm_dtype=gs.comm_dtype, aps=aps_modes[gs.aps], rounding=gs.rounding,
-      block_size=gs.block_size or None, error_feedback=gs.error_feedback)
-
-
 def get_vocab(config: ml_collections.ConfigDict, workdir: str | None = None
               ) -> input_pipeline.Vocab:
   """The run's tokenizer (`config.tokenizer`), cached in a local `workdir`."""
@@ -220,15 +201,66 @@ def init_output_bias(config: ml_collections.ConfigDict, params: Any,
   return {**params, "head_bias": prior}
 
 
-def make_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
+def make_mesh(config: ml_collections.ConfigDict, tpu: dp.TpuSlice | None = None
+              ) -> jax.sharding.Mesh:
   """A ("data", "model") mesh over all devices, `model_parallel` on "model".
 
   When the device count is not a multiple of `model_parallel` the "model"
-  axis gets the largest common divisor (1 on a single device).
+  axis gets the largest common divisor (1 on a single device). With `tpu`
+  the mesh is over that slice's devices (a compile target).
   """
-  n = jax.device_count()
+  n = jax.device_count() if tpu is None else tpu.num_devices
   mp = math.gcd(int(config.model_parallel), n)
+  if tpu is not None:
+    return tpu.mesh(model=mp)
   return jax.make_mesh((n // mp, mp), ("data", "model"))
+
+
+def make_train_step(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
+                    model: models.BertMLM, tx: optax.GradientTransformation
+                    ) -> dp.TrainStep:
+  """The example's step: `make_train_step` with the config's sharding rules,
+  update sharding, microbatches, precision, statistics and gradient sync."""
+  rules = [(regex, P(*spec)) for regex, spec in config.param_sharding]
+  return dp.make_train_step(
+      mlm_loss_fn(model), tx, mesh, has_aux=True,
+      compute_dtype=jnp.bfloat16 if config.half_precision else None,
+      shard_update=config.shard_update, microbatches=config.microbatches,
+      param_sharding=rules or None, grad_stats=config.get("grad_stats", False),
+      grad_sync=make_grad_sync(config))
+
+
+def compile_target(config: ml_collections.ConfigDict, tpu: dp.TpuSlice) -> list:
+  """The example's train step on `tpu`'s devices, abstract (``date-optax compile``).
+
+  The vocabulary is not built: a "bpe" tokenizer's embedding has
+  `config.vocab_size` rows (padded to a multiple of 8), "bytes" the byte
+  vocabulary's.
+
+  Returns:
+    ``[(name, step, state, batch)]``: one program per training stage (its
+    sequence length and batch), the same step object.
+  """
+  if config.tokenizer == "bytes":
+    vocab_size, pad_id = input_pipeline.BYTES.size, input_pipeline.BYTES.pad_id
+  else:
+    vocab_size, pad_id = -(-int(config.vocab_size) // 8) * 8, 0
+  max_len = max(s["seq_len"] for s in stage_configs(config))
+  model = models.BertMLM(vocab_size=vocab_size, max_len=max_len, pad_id=pad_id,
+                         **config.model)
+  tx, _ = make_optimizer(config)
+  step = make_train_step(config, make_mesh(config, tpu), model, tx)
+  tokens = jax.ShapeDtypeStruct((1, max_len), jnp.int32)
+  params = jax.eval_shape(lambda key: model.init(key, tokens, train=False)["params"],
+                          jax.random.key(0))
+  state = step.abstract_state(params, rng=jax.random.key(0))
+  out = []
+  for i, stage in enumerate(stage_configs(config)):
+    shape = (stage["batch_size"], stage["seq_len"])
+    batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32) for k in ("inputs", "targets", "weights")}
+    out.append((f"stage {i + 1} (batch {shape[0]}, length {shape[1]})", step, state,
+                step.abstract_batch(batch)))
+  return out
 
 
 def mlm_sums(logits: jax.Array, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
@@ -293,19 +325,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   stages = stage_configs(config)
   total_steps = recipe.total_steps if config.num_train_steps <= 0 else min(
       config.num_train_steps, recipe.total_steps)
-  compute_dtype = jnp.bfloat16 if config.half_precision else None
-
-  loss_fn = mlm_loss_fn(model)
 
   def metric_fn(params, batch):
     return mlm_sums(model.apply({"params": params}, batch["inputs"], train=False), batch)
 
-  rules = [(regex, P(*spec)) for regex, spec in config.param_sharding]
-  step_fn = dp.make_train_step(
-      loss_fn, tx, mesh, has_aux=True, compute_dtype=compute_dtype,
-      shard_update=config.shard_update, microbatches=config.microbatches,
-      param_sharding=rules or None, grad_stats=config.get("grad_stats", False),
-      grad_sync=make_grad_sync(config))
+  step_fn = make_train_step(config, mesh, model, tx)
   tokens = jnp.zeros((1, stages[0]["seq_len"]), jnp.int32)
   params = jax.jit(lambda key: model.init(key, tokens, train=False)["params"])(
       jax.random.key(config.seed))

@@ -156,6 +156,54 @@ def make_optimizer(
   return optax.inject_hyperparams(baseline.solver)(learning_rate=recipe.schedule), recipe
 
 
+def make_train_step(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, model: Any,
+                    tx: optax.GradientTransformation,
+                    schedule: date_optax.BatchSchedule | None) -> dp.TrainStep:
+  """The example's step: cross-entropy of `model`, fixed or growing batch.
+
+  A growing batch measures the noise statistics, which compare two or more
+  gradients per step: on one device, two microbatches.
+  """
+
+  def loss_fn(p, batch):
+    logits = model.apply(p, batch["x"])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+
+  if schedule is None:
+    return dp.make_train_step(loss_fn, tx, mesh)
+  return dp.make_train_step(loss_fn, tx, mesh, grad_stats=True,
+                            microbatches=2 if mesh.devices.size == 1 else 1,
+                            batch_schedule=schedule)
+
+
+def compile_target(config: ml_collections.ConfigDict, tpu: dp.TpuSlice, model: Any = None,
+                   input_shape: tuple[int, ...] = (40,)) -> list:
+  """The example's train step on `tpu`'s devices, abstract (``date-optax compile``).
+
+  Args:
+    config: the run's config.
+    tpu: the `date_optax.parallel.TpuSlice`.
+    model: the module (default: this example's LSTM).
+    input_shape: one example's signal shape (MNIST-1D: 40 samples).
+
+  Returns:
+    ``[(name, step, state, batch)]``: one program per batch size of the
+    batch schedule (one for a fixed batch).
+  """
+  mesh = tpu.data_mesh()
+  model = model or models.LSTMClassifier(hidden_size=config.hidden_size, chunk=config.chunk)
+  schedule = make_batch_schedule(config)
+  tx, _ = make_optimizer(config)
+  step = make_train_step(config, mesh, model, tx, schedule)
+  params = jax.eval_shape(model.init, jax.random.key(config.seed),
+                          jax.ShapeDtypeStruct((1, *input_shape), jnp.float32))
+  state = step.abstract_state(params)
+  sizes = schedule.batch_sizes if schedule is not None else (config.batch_size,)
+  return [(f"batch {b}", step, state, step.abstract_batch(
+      {"x": jax.ShapeDtypeStruct((b, *input_shape), jnp.float32),
+       "y": jax.ShapeDtypeStruct((b,), jnp.int32)})) for b in sizes]
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains for `config.num_epochs` epochs, evaluating after each.
 
@@ -211,10 +259,6 @@ def fit(
   params = model.init(jax.random.key(config.seed),
                       jnp.zeros((1, *data.x_train.shape[1:]), jnp.float32))
 
-  def loss_fn(p, batch):
-    logits = model.apply(p, batch["x"])
-    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
-
   def metric_fn(params, batch):
     return {"accuracy": jnp.argmax(model.apply(params, batch["x"]), -1) == batch["y"]}
 
@@ -235,8 +279,8 @@ def fit(
 
   # A seeded shuffle of the training set every epoch, read through grain.
   source = dp.ArraySource({"x": data.x_train, "y": data.y_train})
+  train_step = make_train_step(config, mesh, model, tx, schedule)
   if schedule is None:
-    train_step = dp.make_train_step(loss_fn, tx, mesh)
     batches = iter(dp.data_loader(source, config.batch_size, seed=config.seed))
     budget = dict(total_steps=steps_per_epoch * config.num_epochs,
                   eval_every=steps_per_epoch)
@@ -244,9 +288,6 @@ def fit(
     # The noise statistics compare two or more gradients per step: on one
     # device, two microbatches. The data comes in chunks of the gcd of the
     # schedule's batches; a step takes as many as it needs.
-    train_step = dp.make_train_step(loss_fn, tx, mesh, grad_stats=True,
-                                    microbatches=2 if n_dev == 1 else 1,
-                                    batch_schedule=schedule)
     batches = dp.GrowingBatches(
         iter(dp.data_loader(source, schedule.chunk_size, seed=config.seed)),
         schedule.chunk_size)

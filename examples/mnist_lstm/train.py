@@ -12,8 +12,20 @@ from typing import Any
 
 import ml_collections
 
+import date_optax.parallel as dp
 from examples.mnist1d_lstm import train as lstm_train
 from examples.mnist_lstm import input_pipeline, models
+
+
+def compile_target(config: ml_collections.ConfigDict, tpu: dp.TpuSlice) -> list:
+  """The example's train step on `tpu`'s devices, abstract (``date-optax compile``).
+
+  Returns:
+    ``[(name, step, state, batch)]`` (see `lstm_train.compile_target`): the
+    row LSTM on 28 x 28 digits.
+  """
+  return lstm_train.compile_target(config, tpu, models.row_lstm(hidden_size=config.hidden_size),
+                                   input_shape=(28, 28))
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:

@@ -94,6 +94,78 @@ def create_model(config: ml_collections.ConfigDict, num_replicas: int) -> models
   )
 
 
+def make_train_step(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh):
+  """The example's model, train step and recipe on `mesh` (every axis data).
+
+  Returns:
+    ``(model, step, recipe)``: the ResNet one replica runs, the
+    `date_optax.parallel.make_train_step` step (LARS or DATE, ghost BN
+    statistics as the model state) and the learning-rate recipe.
+  """
+  model = create_model(config, mesh.devices.size)
+  tx, recipe = make_optimizer(config)
+
+  def loss_fn(params, batch, model_state):
+    logits, new_vars = model.apply(
+        {"params": params, "batch_stats": model_state}, batch["image"],
+        train=True, mutable=["batch_stats"],
+    )
+    labels = optax.smooth_labels(
+        jax.nn.one_hot(batch["label"], config.num_classes), config.label_smoothing)
+    loss = optax.softmax_cross_entropy(logits, labels).mean()  # float32 logits
+    accuracy = jnp.mean(jnp.argmax(logits, -1) == batch["label"])
+    return loss, (new_vars["batch_stats"], {"accuracy": accuracy})
+
+  step = dp.make_train_step(loss_fn, tx, mesh, has_aux=True,
+                            shard_update=config.get("shard_update", False),
+                            grad_sync=_loop.make_grad_sync(config))
+  return model, step, recipe
+
+
+def make_mesh(config: ml_collections.ConfigDict, tpu: dp.TpuSlice | None = None
+              ) -> jax.sharding.Mesh:
+  """Every device on one "data" axis; for the "torus" all-reduce an X x Y mesh.
+
+  X is the slice's first torus axis (`tpu`), or on the devices at hand the
+  largest divisor of their number up to its square root.
+  """
+  torus = config.grad_sync.algorithm == "torus"
+  if tpu is not None:
+    return tpu.torus_mesh() if torus else tpu.data_mesh()
+  if not torus:
+    return dp.data_mesh()
+  n = jax.device_count()
+  x = max(d for d in range(1, int(n**0.5) + 1) if n % d == 0)
+  return dp.torus_mesh(x, n // x)
+
+
+def init_variables(config: ml_collections.ConfigDict, model: models.ResNet,
+                   num_replicas: int, abstract: bool = False) -> Any:
+  """The model's ``{"params", "batch_stats"}`` (shapes only with `abstract`)."""
+  shape = (config.batch_size // num_replicas, config.image_size, config.image_size, 3)
+  init = lambda key: model.init(key, jnp.zeros(shape, jnp.float32), train=False)  # noqa: E731
+  key = jax.random.key(config.seed)
+  return jax.eval_shape(init, key) if abstract else jax.jit(init)(key)
+
+
+def compile_target(config: ml_collections.ConfigDict, tpu: dp.TpuSlice) -> list:
+  """The example's train step on `tpu`'s devices, abstract (``date-optax compile``).
+
+  Returns:
+    ``[(name, step, state, batch)]``: one program, the step at
+    `config.batch_size` over a data mesh of every device of the slice.
+  """
+  mesh = make_mesh(config, tpu)
+  model, step, _ = make_train_step(config, mesh)
+  variables = init_variables(config, model, mesh.devices.size, abstract=True)
+  state = step.abstract_state(variables["params"], model_state=variables["batch_stats"])
+  size = config.image_size
+  image_dtype = jnp.bfloat16 if config.half_precision else jnp.float32
+  batch = {"image": jax.ShapeDtypeStruct((config.batch_size, size, size, 3), image_dtype),
+           "label": jax.ShapeDtypeStruct((config.batch_size,), jnp.int32)}
+  return [(f"train (batch {config.batch_size})", step, state, step.abstract_batch(batch))]
+
+
 def _eval_chunks(config):
   """The evaluation set in chunks of `eval_batch_size`, the same on every host."""
   chunks = input_pipeline.eval_chunks(config)
@@ -125,34 +197,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     after a signal.
   """
   start = time.perf_counter()
-  mesh = dp.data_mesh()
+  mesh = make_mesh(config)
   num_replicas = jax.device_count()
-  model = create_model(config, num_replicas)
-  tx, recipe = make_optimizer(config)
+  model, step_fn, recipe = make_train_step(config, mesh)
   total_steps = recipe.total_steps if config.num_train_steps <= 0 else config.num_train_steps
   # Checked first: a batch that does not divide over the hosts, or a data
   # directory in the wrong layout, fails before anything compiles.
   loader = input_pipeline.train_loader(config)
 
-  def loss_fn(params, batch, model_state):
-    logits, new_vars = model.apply(
-        {"params": params, "batch_stats": model_state}, batch["image"],
-        train=True, mutable=["batch_stats"],
-    )
-    labels = optax.smooth_labels(
-        jax.nn.one_hot(batch["label"], config.num_classes), config.label_smoothing)
-    loss = optax.softmax_cross_entropy(logits, labels).mean()  # float32 logits
-    accuracy = jnp.mean(jnp.argmax(logits, -1) == batch["label"])
-    return loss, (new_vars["batch_stats"], {"accuracy": accuracy})
-
   def metric_fn(variables, batch):
     logits = model.apply(variables, batch["image"], train=False)
     return {"accuracy": jnp.argmax(logits, -1) == batch["label"]}
 
-  step_fn = dp.make_train_step(loss_fn, tx, mesh, has_aux=True)
-  shape = (config.batch_size // num_replicas, config.image_size, config.image_size, 3)
-  variables = jax.jit(lambda key: model.init(key, jnp.zeros(shape, jnp.float32),
-                                             train=False))(jax.random.key(config.seed))
+  variables = init_variables(config, model, num_replicas)
   state = step_fn.init(variables["params"], model_state=variables["batch_stats"])
 
   def evaluate(state) -> dict[str, float]:

@@ -57,6 +57,16 @@ def get_config() -> ml_collections.ConfigDict:
       learning_rate=0.4, warmup_epochs=0.3125, weight_decay=5e-5,
   ))
 
+  # Parallelism: the optimizer state split over the replicas (weight-update
+  # sharding) or not, and the gradient all-reduce
+  # (`date_optax.parallel.GradSync`: "psum", "ring" or "torus"; the torus runs
+  # on an X x Y mesh of the slice's chip torus; payload "float32" exact, or
+  # "bfloat16", "int8", "int4", ...; see examples/bert_lamb/configs/default.py).
+  config.shard_update = False
+  config.grad_sync = ml_collections.ConfigDict(dict(
+      algorithm="psum", comm_dtype="float32", aps="auto", rounding="nearest",
+      block_size=0, error_feedback=False))
+
   config.log_every_steps = 100
   config.eval_every_epochs = 1.0
   config.checkpoint_every_steps = 1000

@@ -369,9 +369,65 @@ class TrainStep:
       )
     return self._compiled[key]
 
+  def abstract_state(
+      self, params: PyTree, model_state: PyTree = None, rng: Any = None
+  ) -> TrainState:
+    """The state `init` would build, as `jax.ShapeDtypeStruct`s with their shardings.
+
+    Nothing is allocated, so this works on a mesh of devices this process
+    cannot hold arrays on (a TPU slice's from `tpu_slice`): it is what
+    `lower`, `compile` and `date_optax.parallel.compile_report` take.
+
+    Args:
+      params, model_state, rng: as for `init`; arrays or
+        `jax.ShapeDtypeStruct`s (an `rng` may be an int seed).
+
+    Returns:
+      A `TrainState` of `jax.ShapeDtypeStruct`s laid out by `state_sharding`.
+    """
+    shapes = jax.eval_shape(self.init, params, model_state, rng)
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        shapes, self.state_sharding(shapes))
+
+  def abstract_batch(self, batch: PyTree) -> PyTree:
+    """A global batch as `jax.ShapeDtypeStruct`s in the step's batch sharding.
+
+    Args:
+      batch: arrays or `jax.ShapeDtypeStruct`s with the global batch's rows.
+
+    Returns:
+      The same pytree of `jax.ShapeDtypeStruct`s split over the replicas.
+    """
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=self.batch_sharding),
+        batch)
+
   def lower(self, state: TrainState, batch: PyTree) -> jax.stages.Lowered:
-    """The lowered step (`.compile().as_text()` shows the collectives)."""
-    return self._compiled_for(state).lower(state, self._prepare(batch))
+    """The lowered step (`.compile().as_text()` shows the collectives).
+
+    `state` and `batch` may be concrete, or abstract: `jax.ShapeDtypeStruct`s
+    (`abstract_state`, `abstract_batch`; leaves without a sharding get the
+    step's), also on a mesh of devices that this process cannot run, such as
+    a TPU slice's (`tpu_slice`). A batch-scheduled step lowers the program of
+    the batch's rows.
+    """
+    if _is_abstract(state):
+      state = jax.tree.map(_with_sharding, state, self.state_sharding(state))
+    if _is_abstract(batch):
+      lg.check_batch(batch, self.num_replicas)
+      batch = jax.tree.map(
+          lambda x: _with_sharding(x, self.batch_sharding), batch)
+    else:
+      batch = self._prepare(batch)
+    return self._compiled_for(state).lower(state, batch)
+
+  def compile(self, state: TrainState, batch: PyTree) -> jax.stages.Compiled:
+    """`lower(state, batch).compile()`: the compiled program, nothing run.
+
+    Its `memory_analysis()`, `cost_analysis()` and `as_text()` are the
+    target's; `date_optax.parallel.compile_report` reads them.
+    """
+    return self.lower(state, batch).compile()
 
   def next_batch_size(self, state: TrainState) -> int | None:
     """The global batch the next call on `state` must be given.
@@ -408,6 +464,18 @@ class TrainStep:
       check_metrics(metrics, self.max_consecutive_skips)
     return state, metrics
 
+
+
+def _is_abstract(tree: Any) -> bool:
+  return any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(tree))
+
+
+def _with_sharding(x: Any, sharding: Any) -> Any:
+  """A `ShapeDtypeStruct` keeps its own sharding; one without gets `sharding`;
+  a concrete leaf is described by its shape and dtype."""
+  if isinstance(x, jax.ShapeDtypeStruct) and x.sharding is not None:
+    return x
+  return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding)
 
 
 def _shape_dtype(x: Any) -> tuple[tuple[int, ...], Any]:

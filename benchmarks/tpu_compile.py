@@ -1,0 +1,404 @@
+"""The examples' train steps on TPU pod slices, by the TPU compiler (no TPU).
+
+Every row compiles one program with libtpu on this machine
+(`date-optax compile`, `date_optax.parallel.compile_report`) and keeps the
+compiler's account of it: memory per device, flops, collectives, fusions,
+compile time and the cost model's step time. Every time, rate and
+utilisation here is the compiler's estimate, not a measurement.
+
+Rows (each a subprocess, logged as it finishes; a rerun skips the logged):
+  r50/<slice>        ResNet-50, LARS, ghost BN 64, 128 images per core
+  r50-32k/<slice>    ResNet-50 at the seeds' global batch of 32,768
+                     (v2-512: 64 per core; v3-2048: 16 per core, ghost 16),
+                     also with shard_update and with XLA's all-reduce
+                     against the explicit torus and int8 / int4 payloads
+  bert-large/<slice> BERT-large, LAMB, LAMB's two stages: 65,536 sequences
+                     of 128 tokens, then 32,768 of 512
+  update/<model>/<optimizer>  the optimizer's update alone on one v3 core
+                     (ResNet-50 and BERT-large parameter trees): LARS against
+                     momentum SGD, LAMB against AdamW
+  sync/<slice>/<algorithm>/<payload>  the gradient all-reduce alone of a
+                     ResNet-50-sized gradient on the slice
+
+Usage:
+  python benchmarks/tpu_compile.py                 # every row, resumable
+  python benchmarks/tpu_compile.py --only r50/     # rows whose name starts so
+  python benchmarks/tpu_compile.py --report-only   # table and plot from the log
+Outputs: docs/studies/tpu_compile/tpu_compile.{jsonl,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _paths  # noqa: E402
+import _runlog  # noqa: E402
+
+ROOT = _paths.ROOT
+IMAGENET = 1281167
+R50_EPOCHS = 90
+#: LAMB's BERT run: 1M iterations at 512 sequences, 9/10 at length 128.
+BERT_SEQUENCES = 512 * 10**6
+#: Published wall times the estimates are set beside (minutes).
+PUBLISHED = {
+    "r50-32k/v2-512": ("DATE (You et al.): ResNet-50 at 32K on a TPU-v2 pod", 7.0),
+    "r50-32k/v3-2048": ("Ying et al. 2018 (cited by DATE): TPU-v3 pod", 2.2),
+    "bert-large/v3-2048": ("LAMB (You et al. 2020): BERT on 1,024 TPU v3 chips", 76.0),
+}
+SLICES = ["v2-32", "v2-512", "v3-32", "v3-128", "v3-512", "v3-2048", "v4-128", "v5litepod-256"]
+
+
+def _compile_cmd(example: str, accelerator: str, config: str | None, sets: list[str]) -> list:
+  cmd = [sys.executable, "-m", "date_optax._src.cli", "compile", "--example", example,
+         "--accelerator-type", accelerator, "--json"]
+  if config:
+    cmd += ["--config", config]
+  for s in sets:
+    cmd += ["--set", s]
+  return cmd
+
+
+def _devices(accelerator: str) -> int:
+  """JAX devices of a slice in libtpu's topologies: the name's number (cores on
+  v2-v4, chips on v5e)."""
+  return int(accelerator.rsplit("-", 1)[1])
+
+
+def rows() -> dict[str, dict]:
+  """Every row, in the order they run: its command (a subprocess printing JSON)."""
+  r50 = ["dataset='fake'"]
+  r50_32k = {"v2-512": r50 + ["batch_size=32768"],  # 64 per core, ghost 64
+             "v3-2048": r50 + ["batch_size=32768", "ghost_batch_size=16"]}  # 16 per core
+  sync = lambda s, a, p: [sys.executable, __file__, "--sync", s, a, p]  # noqa: E731
+  r50_at = lambda s: _compile_cmd(  # noqa: E731 - 128 images per core
+      "resnet50_imagenet", s, None, r50 + [f"batch_size={128 * _devices(s)}"])
+  out = {
+      "r50/v3-32": r50_at("v3-32"),
+      "r50/v3-2048": r50_at("v3-2048"),
+      "bert-large/v3-2048": _bert("v3-2048"),
+      "r50-32k/v2-512": _compile_cmd("resnet50_imagenet", "v2-512", None, r50_32k["v2-512"]),
+      "r50-32k/v3-2048": _compile_cmd("resnet50_imagenet", "v3-2048", None, r50_32k["v3-2048"]),
+      "r50-32k/v3-2048/shard_update": _compile_cmd(
+          "resnet50_imagenet", "v3-2048", None, r50_32k["v3-2048"] + ["shard_update=True"]),
+  }
+  for model in ("resnet50", "bert-large"):
+    for opt in ("momentum", "lars", "adamw", "lamb"):
+      out[f"update/{model}/{opt}"] = [sys.executable, __file__, "--update", model, opt]
+  for algorithm, payload in (("psum", "float32"), ("torus", "float32"), ("torus", "int8"),
+                             ("torus", "int4"), ("ring", "int8")):
+    out[f"sync/v3-128/{algorithm}/{payload}"] = sync("v3-128", algorithm, payload)
+  for s in ("v2-512", "v3-128", "v3-512", "v2-32", "v4-128", "v5litepod-256"):
+    out[f"r50/{s}"] = r50_at(s)
+  for s in ("v2-512", "v3-512", "v3-1024"):
+    out[f"bert-large/{s}"] = _bert(s)
+  out["sync/v3-2048/psum/float32"] = sync("v3-2048", "psum", "float32")
+  out["sync/v3-2048/torus/float32"] = sync("v3-2048", "torus", "float32")
+  for payload in ("float32", "int8", "int4"):
+    out[f"r50-32k/v3-2048/torus-{payload}"] = _compile_cmd(
+        "resnet50_imagenet", "v3-2048", None, r50_32k["v3-2048"] + [
+            "grad_sync.algorithm='torus'", f"grad_sync.comm_dtype='{payload}'",
+            f"grad_sync.block_size={0 if payload == 'float32' else 32}"])
+  return {name: {"cmd": cmd} for name, cmd in out.items()}
+
+
+def _bert(accelerator: str) -> list:
+  return _compile_cmd("bert_lamb", accelerator, "examples/bert_lamb/configs/lamb_bert.py:32768",
+                      ["batch_size=65536", "vocab_size=30522", "tokenizer='bpe'"])
+
+
+# -- rows computed in this process (a subprocess of the driver) ----------------
+
+
+def _quiet():
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v3-8")
+  os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+def _param_tree(model: str):
+  import jax  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+
+  sys.path.insert(0, ROOT)
+  if model == "resnet50":
+    from examples.resnet50_imagenet import models  # noqa: PLC0415
+
+    net = models.MODELS["ResNet50"](num_classes=1000, dtype=jnp.bfloat16)
+    v = jax.eval_shape(lambda k: net.init(k, jnp.zeros((1, 224, 224, 3)), train=False),
+                       jax.random.key(0))
+    return v["params"]
+  from examples.bert_lamb import models  # noqa: PLC0415
+
+  net = models.BertMLM(vocab_size=30528, max_len=512, d_model=1024, num_layers=24,
+                       num_heads=16, mlp_dim=4096, pad_id=0)
+  return jax.eval_shape(lambda k: net.init(k, jnp.zeros((1, 512), jnp.int32), train=False),
+                        jax.random.key(0))["params"]
+
+
+def update_row(model: str, opt: str) -> dict:
+  """The optimizer's update alone on one v3 core: the cost model's time."""
+  _quiet()
+  import jax  # noqa: PLC0415
+  import optax  # noqa: PLC0415
+
+  import date_optax  # noqa: PLC0415
+  import date_optax.parallel as dp  # noqa: PLC0415
+  from date_optax._src.parallel.step import compile_report as cr  # noqa: PLC0415
+
+  params = _param_tree(model)
+  tpu = dp.tpu_slice("v3-8")
+  device = jax.sharding.SingleDeviceSharding(tpu.devices[0])
+  skip = date_optax.exclude_bias_and_norm
+  tx = {"lars": lambda: date_optax.lars(0.1, weight_decay=5e-5, trust_ratio_mask=skip),
+        "momentum": lambda: optax.sgd(0.1, momentum=0.9),
+        "lamb": lambda: date_optax.lamb(1e-3, weight_decay=0.01),
+        "adamw": lambda: optax.adamw(1e-3, weight_decay=0.01)}[opt]()
+  place = lambda t: jax.tree.map(  # noqa: E731
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), t)
+  params = place(params)
+  state = place(jax.eval_shape(tx.init, params))
+  start = time.perf_counter()
+  compiled = jax.jit(lambda g, s, p: optax.apply_updates(p, tx.update(g, s, p)[0])).lower(
+      params, state, params).compile()
+  report = cr.report_compiled(compiled, num_devices=1, global_batch=1,
+                              compile_seconds=time.perf_counter() - start,
+                              device_kind="TPU v3", hbm_bytes=tpu.hbm_per_device,
+                              peak_flops=tpu.peak_flops_per_device)
+  leaves = len(jax.tree.leaves(params))
+  return {"programs": [{"name": f"{opt} update", **report.as_dict()}], "leaves": leaves}
+
+
+def sync_row(accelerator: str, algorithm: str, payload: str) -> dict:
+  """The gradient all-reduce alone: a ResNet-50-sized gradient on the slice."""
+  _quiet()
+  import jax  # noqa: PLC0415
+  from jax.sharding import NamedSharding  # noqa: PLC0415
+  from jax.sharding import PartitionSpec as P  # noqa: PLC0415
+
+  import date_optax.parallel as dp  # noqa: PLC0415
+  from date_optax._src.parallel.step import compile_report as cr  # noqa: PLC0415
+
+  tpu = dp.tpu_slice(accelerator)
+  mesh = tpu.torus_mesh() if algorithm == "torus" else tpu.data_mesh()
+  axes = mesh.axis_names
+  sync = dp.GradSync(algorithm, comm_dtype=None if payload == "float32" else payload,
+                     block_size=None if payload == "float32" else 32)
+  params = _param_tree("resnet50")
+  n = mesh.devices.size
+  # Each replica's gradient behind a leading replica axis.
+  grads = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+      (n, *x.shape), x.dtype, sharding=NamedSharding(mesh, P(axes))), params)
+  body = lambda g: jax.tree.map(  # noqa: E731
+      lambda x: x[None], dp.sync_gradients(jax.tree.map(lambda x: x[0], g), axes, sync))
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(axes), out_specs=P(axes),
+                            check_vma=False))
+  start = time.perf_counter()
+  compiled = f.lower(grads).compile()
+  report = cr.report_compiled(compiled, num_devices=n, global_batch=n,
+                              compile_seconds=time.perf_counter() - start,
+                              device_kind=f"TPU {accelerator.split('-')[0]}",
+                              hbm_bytes=tpu.hbm_per_device, peak_flops=tpu.peak_flops_per_device)
+  return {"programs": [{"name": f"{algorithm} {payload}", **report.as_dict()}],
+          "mesh": dict(mesh.shape)}
+
+
+# -- the driver -------------------------------------------------------------------
+
+
+def _slim(result: dict) -> dict:
+  """The log keeps per program what the tables read (collectives by kind)."""
+  keep = ("name", "global_batch", "num_devices", "compile_seconds", "argument_bytes",
+          "temp_bytes", "output_bytes", "alias_bytes", "total_bytes", "hbm_bytes", "fits",
+          "flops", "bytes_accessed", "estimated_seconds", "examples_per_second", "mfu",
+          "fusions", "loops", "collective_counts", "collective_bytes")
+  programs = []
+  for p in result["programs"]:
+    q = {k: p.get(k) for k in keep}
+    kinds: dict[str, list] = {}
+    for c in p.get("collectives", []):
+      kinds.setdefault(c["kind"], []).append((c["group_size"], c["elements"], c["dtypes"]))
+    q["largest_collectives"] = {k: sorted(v, key=lambda t: -t[1])[:3] for k, v in kinds.items()}
+    programs.append(q)
+  return {**{k: v for k, v in result.items() if k != "programs"}, "programs": programs}
+
+
+def run(names: list[str], log: str, timeout: float) -> None:
+  done = _runlog.load_runs(log)
+  table = rows()
+  todo = [n for n in names if n not in done]
+  print(f"{len(todo)} rows to compile ({len(names) - len(todo)} logged)", flush=True)
+  for i, name in enumerate(todo):
+    start = time.perf_counter()
+    print(f"[{i + 1}/{len(todo)}] {name} ...", flush=True)
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    try:
+      out = subprocess.run(table[name]["cmd"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=timeout, env=env)
+      ok = out.returncode == 0
+      result = json.loads(out.stdout) if ok else {"error": out.stderr.strip()[-1500:]}
+    except subprocess.TimeoutExpired:
+      result = {"error": f"compile exceeded the {timeout:.0f} s limit"}
+    result = _slim(result) if "programs" in result else result
+    result["wall_seconds"] = round(time.perf_counter() - start, 1)
+    _runlog.log_run(log, done, name, result)
+    status = "error" if "error" in result else "ok"
+    print(f"    {status} in {result['wall_seconds']} s", flush=True)
+
+
+def _fmt(x, spec: str) -> str:
+  return "" if x is None or x == 0 else format(x, spec)
+
+
+def _gib(b):
+  return f"{b / 2**30:.2f}"
+
+
+def report(log: str, md: str, png: str | None) -> None:
+  """The markdown tables (and a plot) from the log."""
+  done = _runlog.load_runs(log)
+  lines = [
+      "# The examples' train steps on TPU slices (the TPU compiler's estimates)",
+      "",
+      f"Command: `{_runlog.command('tpu_compile.py')}`; libtpu's compiler on "
+      f"{platform.machine()} ({platform.processor() or 'CPU'}), no TPU. Memory is "
+      "the compiler's per-device account; step time the cost model's "
+      "`optimal_seconds`; examples/s and FLOP utilisation derive from it. None of it "
+      "was measured on a TPU.", "",
+      "| row | program | devices | batch/device | GiB/device (of HBM) | fits | compile s | "
+      "est. step ms | examples/s | est. FLOP util. | all-reduce MB | fusions |",
+      "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+  ]
+  for name, rec in sorted(done.items()):
+    if "error" in rec:
+      lines.append(f"| {name} | error: {rec['error'].splitlines()[-1][:120]} |"
+                   + " |" * 10)
+      continue
+    for p in rec["programs"]:
+      t = p["estimated_seconds"]
+      ar = p["collective_bytes"].get("all-reduce", 0) / 1e6
+      cap = "" if not p["hbm_bytes"] else f" ({_gib(p['hbm_bytes'])})"
+      lines.append(
+          f"| {name} | {p['name']} | {p['num_devices']} | "
+          f"{p['global_batch'] / p['num_devices']:g} | {_gib(p['total_bytes'])}{cap} | "
+          f"{'yes' if p['fits'] else 'no'} | {p['compile_seconds']:.1f} | "
+          f"{_fmt(t and t * 1e3, '.3f')} | {_fmt(p['examples_per_second'], ',.0f')} | "
+          f"{_fmt(p['mfu'], '.1%')} | {ar:.1f} | {p['fusions']} |")
+  lines += ["", "## Time to train, estimated, beside the published runs", "",
+            "| row | steps | est. step s | est. minutes | published | minutes | ratio |",
+            "|---|---:|---:|---:|---|---:|---:|"]
+  for name, (what, minutes) in PUBLISHED.items():
+    rec = done.get(name)
+    if not rec or "error" in rec:
+      continue
+    if name.startswith("r50"):
+      steps = [math.ceil(R50_EPOCHS * IMAGENET / rec["programs"][0]["global_batch"])]
+    else:
+      steps = [math.ceil(BERT_SEQUENCES * 9 // 10 / rec["programs"][0]["global_batch"]),
+               math.ceil(BERT_SEQUENCES // 10 / rec["programs"][1]["global_batch"])]
+    secs = sum(s * p["estimated_seconds"] for s, p in zip(steps, rec["programs"]))
+    times = " / ".join(_fmt(p["estimated_seconds"], ".4f") for p in rec["programs"])
+    lines.append(f"| {name} | {' + '.join(map(str, steps))} | {times} | "
+                 f"{secs / 60:.2f} | {what} | {minutes} | {secs / 60 / minutes:.2f} |")
+  lines += ["", "## The optimizer update alone, one v3 core", "",
+            "| model | optimizer | est. ms | ratio | fusions | fusions per leaf |",
+            "|---|---|---:|---:|---:|---:|"]
+  for model in ("resnet50", "bert-large"):
+    for opt, base in (("momentum", None), ("lars", "momentum"), ("adamw", None),
+                      ("lamb", "adamw")):
+      rec = done.get(f"update/{model}/{opt}")
+      if not rec or "error" in rec:
+        continue
+      p = rec["programs"][0]
+      ref = done.get(f"update/{model}/{base}") if base else None
+      ratio = "" if not ref or "error" in ref else (
+          f"{p['estimated_seconds'] / ref['programs'][0]['estimated_seconds']:.2f}")
+      lines.append(f"| {model} | {opt} | {p['estimated_seconds'] * 1e3:.3f} | {ratio} | "
+                   f"{p['fusions']} | {p['fusions'] / rec['leaves']:.2f} |")
+  lines += ["", "## The gradient all-reduce alone (ResNet-50's 25.6M gradients)", "",
+            "| slice | algorithm | payload | est. ms | collectives | bytes per device | "
+            "compile s |", "|---|---|---|---:|---|---:|---:|"]
+  for name, rec in sorted(done.items()):
+    if not name.startswith("sync/") or "error" in rec:
+      continue
+    _, s, algorithm, payload = name.split("/")
+    p = rec["programs"][0]
+    lines.append(f"| {s} | {algorithm} | {payload} | {p['estimated_seconds'] * 1e3:.3f} | "
+                 f"{p['collective_counts']} | {sum(p['collective_bytes'].values()):,} | "
+                 f"{p['compile_seconds']:.1f} |")
+  with open(md, "w") as f:
+    f.write("\n".join(lines) + "\n")
+  print("\n".join(lines))
+  if png:
+    _plot(done, png)
+
+
+def _plot(done: dict, png: str) -> None:
+  import matplotlib  # noqa: PLC0415
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # noqa: PLC0415
+
+  fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+  names = [n for n in sorted(done) if n.startswith(("r50/", "r50-32k/", "bert-large/"))
+           and "error" not in done[n]]
+  labels, mem, cap, est = [], [], [], []
+  for n in names:
+    for p in done[n]["programs"]:
+      labels.append(f"{n} {p['name'].split(' (')[0] if 'stage' in p['name'] else ''}".strip())
+      mem.append(p["total_bytes"] / 2**30)
+      cap.append((p["hbm_bytes"] or 0) / 2**30)
+      est.append((p["estimated_seconds"] or 0) * 1e3)
+  y = range(len(labels))
+  axes[0].barh(y, mem, color=["tab:blue" if m <= c else "tab:red" for m, c in zip(mem, cap)])
+  axes[0].scatter(cap, y, marker="|", color="k", s=200, label="HBM per device")
+  axes[0].set_yticks(list(y), labels, fontsize=7)
+  axes[0].set_xlabel("GiB per device (compiler)")
+  axes[0].legend(fontsize=7)
+  axes[1].barh(y, est, color="tab:green")
+  axes[1].set_yticks(list(y), [""] * len(labels))
+  axes[1].set_xscale("log")
+  axes[1].set_xlabel("estimated step time, ms (cost model)")
+  fig.suptitle("Train steps compiled for TPU slices: compiler estimates, not measurements",
+               fontsize=9)
+  fig.tight_layout()
+  fig.savefig(png, dpi=120)
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--only", default="", help="rows whose name starts with this")
+  parser.add_argument("--report-only", action="store_true")
+  parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per row")
+  parser.add_argument("--out", default=None, help="output prefix (default docs/studies/...)")
+  parser.add_argument("--update", nargs=2, metavar=("MODEL", "OPT"), help=argparse.SUPPRESS)
+  parser.add_argument("--sync", nargs=3, metavar=("SLICE", "ALG", "PAYLOAD"),
+                      help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  if args.update:
+    json.dump(update_row(*args.update), sys.stdout)
+    return 0
+  if args.sync:
+    json.dump(sync_row(*args.sync), sys.stdout)
+    return 0
+  prefix = args.out or _paths.study("tpu_compile")
+  os.makedirs(os.path.dirname(prefix), exist_ok=True)
+  log = prefix + ".jsonl"
+  if not args.report_only:
+    names = [n for n in rows() if n.startswith(args.only)]
+    run(names, log, args.timeout)
+  report(log, prefix + ".md", prefix + ".png")
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
