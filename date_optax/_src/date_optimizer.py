@@ -271,7 +271,10 @@ def date(
   grows; at every step it is multiplied by the step's batch scale
   ``k_t = B_t/B0`` through `lr_scaling`: ``sqrt(k_t)`` (``"sqrt"``),
   ``k_t`` (``"linear"``), or the measured gain at ``k_t`` (``"gain"``:
-  ``r`` for the SGD family, ``sqrt(r)`` for adaptive solvers). The ratio
+  ``r`` for the SGD family, ``sqrt(r)`` for adaptive solvers). The examples
+  are counted exactly in two int32 words, so the clock never wraps: a run
+  of more than ``MAX_EXAMPLES`` (``2**62 − 1``) examples, or of more than
+  ``2**31 − 2`` baseline iterations, is refused with a ValueError. The ratio
   bounds are those of `bounds` at `batch_size`. Build the step with
   ``make_train_step(..., batch_schedule=<the same schedule>)``, which
   passes each step's batch and examples as ``update(...,
@@ -437,11 +440,13 @@ def date(
   upper = default_upper if upper is None else upper
   validation.check_bounds(lower, upper)
   clock_schedule = None
+  clock_batch = baseline.batch_size
   if schedule is not None:
     clock_schedule = (
         date_recipe(baseline, baseline.batch_size, decay=decay).schedule
         if learning_rate is None else learning_rate
     )
+    _check_clock(baseline, clock_batch)
     learning_rate = 1.0
   elif gain and gain_clock == "gain" and recipe.scale != 1:
     clock_schedule = (
@@ -513,4 +518,23 @@ def _check_growing(
         f"iterations (τ = examples // B0), got {learning_rate!r}."
     )
   total = int(math.ceil(baseline.epochs * baseline.num_examples))
+  if total > bs_lib.MAX_EXAMPLES:
+    raise ValueError(
+        f"with a batch_schedule the run's examples, baseline.epochs x "
+        f"baseline.num_examples = {total}, must be at most MAX_EXAMPLES = "
+        f"{bs_lib.MAX_EXAMPLES} (2**62 - 1, the two-word count of the train state)."
+    )
   schedule.check_run(total)
+
+
+def _check_clock(baseline: Baseline, clock_batch: int) -> None:
+  """The schedule's clock, iterations of `clock_batch`, must fit an int32."""
+  total = int(math.ceil(baseline.epochs * baseline.num_examples))
+  if total // clock_batch > batch_lr_lib.MAX_CLOCK:
+    raise ValueError(
+        f"with a batch_schedule the learning rate runs on a clock of "
+        f"iterations of {clock_batch} examples, which must stay at most "
+        f"{batch_lr_lib.MAX_CLOCK} (an int32 count): baseline.epochs x "
+        f"baseline.num_examples = {total} must be at most "
+        f"{batch_lr_lib.MAX_CLOCK * clock_batch + clock_batch - 1}."
+    )
