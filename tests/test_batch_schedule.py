@@ -705,6 +705,8 @@ def test_a_run_longer_than_the_count_is_refused():
                                 epochs=3, num_examples=10**9)
   with pytest.raises(ValueError, match=r"iterations of 1 examples.*at most 2147483646"):
     date_optax.date(tiny_b0, 1, batch_schedule=BatchSchedule.fixed(1))
+  # Starting at 64, the clock counts iterations of 64: it fits.
+  date_optax.date(tiny_b0, 64, batch_schedule=BatchSchedule.fixed(64))
   with pytest.raises(ValueError, match=r"total_examples must be an integer in \[1, "
                      r"4611686018427387903\]"):
     BatchSchedule.fixed(16).check_run(2**62)
@@ -716,3 +718,117 @@ def test_a_run_longer_than_the_count_is_refused():
   # Long runs below the limits build, ramps over more than 2**31 examples too.
   date_optax.date(LONG, 64, batch_schedule=BatchSchedule.ramp(*LONG_RAMP[:3], max_batch=64))
 
+
+# ---------------------------------------------------------------------------
+# LEGW with a schedule (issue 48, item 6): a schedule starting above B0 runs
+# LEGW's recipe for its first batch, so a fixed schedule at B is date(base, B).
+
+LEGW_BASE = date_optax.Baseline(batch_size=16, learning_rate=0.05, warmup_epochs=0.05,
+                                epochs=8, num_examples=16384, optimizer="momentum",
+                                optimizer_options={"momentum": 0.9})
+
+
+def legw_reference(step, batch, *, lr_scaling="sqrt", warmup_scaling="linear"):
+  """LEGW + DATE's roller coaster at B = k·B0 (SPEC §5, §6), iteration i = step + 1:
+  peak η0·sqrt(k) (or η0·k), warmup epochs w0·k (or w0·sqrt(k), w0), so
+  W = round(w·n/B); T = ceil(E·n/B); warmup peak·i/W, then
+  max(peak·(T − i)/(T − W), 1e-6)."""
+  b0, n, eta0, w0, epochs = 16, 16384, 0.05, Fraction(1, 20), 8
+  k = Fraction(batch, b0)
+  peak = eta0 * {"sqrt": float(k) ** 0.5, "linear": float(k)}[lr_scaling]
+  w = w0 * {"linear": k, "sqrt": Fraction(float(k) ** 0.5), "none": 1}[warmup_scaling]
+  warm = int(w * n / batch + Fraction(1, 2))
+  total = -(-epochs * n // batch)
+  i = step + 1
+  if i <= warm:
+    return peak * i / warm
+  return max(peak * (total - i) / (total - warm), 1e-6)
+
+
+def _affine_batch(i, size):
+  rng = np.random.default_rng(1000 + i)
+  x = rng.normal(size=(size, 3)).astype(np.float32)
+  y = x @ np.array([[1.0], [-2.0], [0.5]], np.float32) + 0.3 + rng.normal(
+      0, 0.5, (size, 1)).astype(np.float32)
+  return {"x": x, "y": y}
+
+
+def _compare_with_plain(batch, steps, **kw):
+  """date(base, B, batch_schedule=fixed(B)) against date(base, B), step by step."""
+  sched = BatchSchedule.fixed(batch)
+  stats = kw.get("lr_scaling") == "gain"
+  grow = dp.make_train_step(
+      _affine_loss, date_optax.date(LEGW_BASE, batch, batch_schedule=sched, **kw),
+      dp.data_mesh(), batch_schedule=sched, grad_stats=stats)
+  plain = dp.make_train_step(_affine_loss, date_optax.date(LEGW_BASE, batch, **kw),
+                             dp.data_mesh(), grad_stats=stats)
+  state, ref = grow.init(_linear_params()), plain.init(_linear_params())
+  lrs, lrs_ref = [], []
+  for i in range(steps):
+    state, m = grow(state, _affine_batch(i, batch))
+    ref, m_ref = plain(ref, _affine_batch(i, batch))
+    lrs.append(float(m["learning_rate"]))
+    lrs_ref.append(float(m_ref["learning_rate"]))
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref.params), strict=True):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=1e-6,
+                                 err_msg=f"step {i}")
+  np.testing.assert_allclose(lrs, lrs_ref, rtol=1e-6)
+  return np.asarray(lrs)
+
+
+@pytest.mark.parametrize("k", [8, 64])
+def test_fixed_schedule_above_b0_is_date_at_that_batch(k):
+  batch, steps = 16 * k, 60  # warmup W = 51 iterations, then the decay
+  lrs = _compare_with_plain(batch, steps)
+  want = [legw_reference(t, batch) for t in range(steps)]
+  np.testing.assert_allclose(lrs, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kw", [
+    {"lr_scaling": "linear"}, {"warmup_scaling": "sqrt"}, {"warmup_scaling": "none"},
+])
+def test_fixed_schedule_honours_the_scaling_rules(kw):
+  batch, steps = 128, 56
+  lrs = _compare_with_plain(batch, steps, **kw)
+  want = [legw_reference(t, batch, **kw) for t in range(steps)]
+  np.testing.assert_allclose(lrs, want, rtol=1e-6)
+
+
+def test_fixed_schedule_with_the_gain_is_date_with_the_gain():
+  _compare_with_plain(128, 12, lr_scaling="gain")
+
+
+def test_ramp_from_above_b0_runs_legw_at_its_start_in_examples():
+  """From S = 128 = 8·B0: LEGW's recipe at S on the clock ⌊E/S⌋, times
+  sqrt(B/S) at each step's batch B."""
+  sched = BatchSchedule.ramp(128, 128, 128 * 60, max_batch=512)
+  tx = date_optax.date(LEGW_BASE, 512, batch_schedule=sched)
+  step = dp.make_train_step(_affine_loss, tx, dp.data_mesh(), batch_schedule=sched)
+  state = step.init(_linear_params())
+  examples = 0
+  for i in range(50):
+    b = step.next_batch_size(state)
+    assert b == ramp_reference(128, 128, 128 * 60, 512, examples)
+    state, m = step(state, _affine_batch(i, b))
+    want = legw_reference(examples // 128, 128) * np.sqrt(b / 128)
+    np.testing.assert_allclose(float(m["learning_rate"]), want, rtol=1e-6)
+    examples += b
+  assert b == 512 and examples // 128 > 51  # past the top and the warmup
+
+
+def test_growing_start_options_are_checked():
+  sched = BatchSchedule.fixed(128)
+  with pytest.warns(UserWarning, match=r"schedule's start: batch_size=128 is 16x the "
+                    r"critical batch 8"):
+    date_optax.date(LEGW_BASE, 128, batch_schedule=sched, critical_batch=8.0)
+  with pytest.raises(ValueError, match="critical_batch"):
+    date_optax.date(LEGW_BASE, 128, batch_schedule=sched, critical_batch=-1.0)
+  with pytest.raises(ValueError, match="warmup_scaling"):
+    date_optax.date(LEGW_BASE, 128, batch_schedule=sched, warmup_scaling="cube")
+  # LEGW's warmup at 16384 = 1024·B0 is 51.2 epochs of an 8-epoch run.
+  with pytest.raises(ValueError, match=r"batch_schedule's start=16384: a growing run "
+                     r"takes LEGW's warmup for its first batch.*largest batch size"):
+    date_optax.date(LEGW_BASE, 16384, batch_schedule=BatchSchedule.fixed(16384))
+  # A schedule from B0 runs the baseline's own schedule: nothing to refuse.
+  date_optax.date(LEGW_BASE, 16384,
+                  batch_schedule=BatchSchedule.doubling(16, 10**5, max_batch=16384))
