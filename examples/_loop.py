@@ -142,7 +142,7 @@ def train_loop(
     step = int(state.step)
     writer = stack.enter_context(MetricWriter(workdir, tensorboard=None, resume_step=step))
     if growing:
-      examples = host_int(state.batch_schedule.examples)
+      examples = state.batch_schedule.num_examples()
       size = train_step.next_batch_size(state)
       show = stack.enter_context(_progress(config, total_examples, examples, step, "examples"))
     else:

@@ -449,8 +449,8 @@ def test_critical_batch_names_bad_measurements(measurements, error, message):
      r"ramp_fraction must be in \(0, 1\]"),
     (100.0, dict(kind="ramp", total_examples=10**6, ramp_fraction="1/4"), TypeError,
      "ramp_fraction must be a real number"),
-    (100.0, dict(kind="ramp", total_examples=10**10), ValueError,
-     r"ramp_examples must be an integer in \[1, 2147483647\]"),
+    (100.0, dict(kind="ramp", total_examples=2**64), ValueError,
+     r"ramp_examples must be an integer in \[1, 4611686018427387903\]"),
     (100.0, dict(calibration=0), ValueError, "calibration must be a finite number > 0"),
     (100.0, dict(calibration=float("inf")), ValueError, "calibration must be a finite"),
     (-3.0, {}, ValueError, r"measurements, given as a number, is the critical batch: it "

@@ -116,7 +116,7 @@ def test_adaptive_matches_reference(seed):
   batches, state = _simulate_device(schedule, ns)
   want = adaptive_reference(ns.astype(np.float64), **kw)
   assert batches == want
-  assert int(state.examples) == sum(want)
+  assert state.num_examples() == sum(want)
   assert sorted(set(want)) == [b for b in schedule.batch_sizes if b <= max(want)]
   assert all(b2 >= b1 for b1, b2 in zip(want, want[1:]))  # never shrinks
 
@@ -220,7 +220,7 @@ def test_ramp_step_sizes_programs_and_wrong_batch():
   consumed = np.concatenate([[0], np.cumsum(sizes)[:-1]])
   assert sizes == [ramp_reference(16, 16, 240, 64, int(c)) for c in consumed]
   assert step.traces == len(sched.batch_sizes) == 4  # one program per batch size
-  assert int(state.batch_schedule.examples) == sum(sizes)
+  assert state.batch_schedule.num_examples() == sum(sizes)
   assert int(state.batch_schedule.last_change) == sizes.index(64)
   with pytest.raises(ValueError, match="asks for a global batch of 64"):
     step(state, _batch(0, 32))
@@ -557,3 +557,278 @@ def test_recipe_proposes_the_schedule_date_runs():
     r.propose_batch_schedule(max_batch=128)
   with pytest.raises(TypeError, match="unexpected keyword"):
     r.propose_batch_schedule(discard=0.5)
+
+
+# ---------------------------------------------------------------------------
+# A clock for any run length (issue 48, item 5): the examples count is exact
+# past 2**31 without jax_enable_x64, and so is the learning rate's clock.
+
+# 5e9 examples: 1e9 per epoch, B0 = 16. The ramp 16 -> 64 over 4.5e9 + 150
+# examples changes from 32 to 48 at 3e9 + 100 examples (2/3 of the ramp).
+LONG = date_optax.Baseline(batch_size=16, learning_rate=0.05, warmup_epochs=0.5,
+                           epochs=5, num_examples=10**9, optimizer="momentum",
+                           optimizer_options={"momentum": 0.9})
+LONG_RAMP = (16, 16, 4_500_000_150, 64)
+
+
+def long_lr_reference(examples, batch):
+  """DATE's schedule at B0 in baseline iterations i = E // B0 + 1 (SPEC §5, §6):
+  gradual warmup over W = round(w0·n/B0) iterations, then the roller coaster
+  max(peak·(T − i)/(T − W), 1e-6) with T = ceil(E_total/B0); times sqrt(B/B0)."""
+  b0, peak = 16, 0.05
+  w = int(Fraction(1, 2) * 10**9 / b0 + Fraction(1, 2))
+  t = -(-5 * 10**9 // b0)
+  i = examples // b0 + 1
+  lr = peak * i / w if i <= w else max(peak * (t - i) / (t - w), 1e-6)
+  return lr * np.sqrt(batch / b0)
+
+
+def _long_run(step, state, steps):
+  out = []
+  for i in range(steps):
+    b = step.next_batch_size(state)
+    state, m = step(state, _batch(i, b))
+    out.append((int(m["batch_size"]), float(m["learning_rate"])))
+  return state, out
+
+
+def test_examples_words_add_and_divide_exactly():
+  from date_optax._src import batch_schedule as bs
+
+  rng = np.random.default_rng(0)
+  counts = [0, 1, 2**31 - 1, 2**31, 3 * 10**9, 2**62 - 2**31, bs.MAX_EXAMPLES - 1]
+  counts += [int(x) for x in rng.integers(0, 2**62 - 2**31, 20, dtype=np.int64)]
+  divisors = [1, 3, 16, 1000, 2**16 + 1, 2**31 - 1]
+  add = jax.jit(bs.add_examples)
+  for e in counts:
+    words = jnp.asarray(bs.examples_words(e))
+    assert int(words[0]) * 2**31 + int(words[1]) == e
+    for b in (1, 48, 2**31 - 1):
+      if e + b <= bs.MAX_EXAMPLES:
+        assert bs.examples_int(add(words, jnp.int32(b))) == e + b
+    for d in divisors:
+      q_high, q_low, r = jax.jit(bs.divmod_examples, static_argnums=1)(words, d)
+      assert (int(q_high) * 2**31 + int(q_low), int(r)) == divmod(e, d)
+  assert jnp.asarray(bs.examples_words(0)).dtype == jnp.int32
+
+
+def test_clock_and_batches_are_exact_at_3e9_examples_and_resume(tmp_path):
+  start, inc, ramp_examples, top = LONG_RAMP
+  sched = BatchSchedule.ramp(start, inc, ramp_examples, max_batch=top)
+  assert BatchSchedule.from_spec(sched.spec()) == sched  # ramp_examples > 2**31
+  tx = date_optax.date(LONG, top, batch_schedule=sched)
+  build = lambda: dp.make_train_step(_affine_loss, tx, dp.data_mesh(),
+                                     batch_schedule=sched, donate=False)
+  from date_optax._src.batch_schedule import examples_words
+
+  step = build()
+  state = step.init(_linear_params())
+  e0 = 3 * 10**9
+  bs_state = state.batch_schedule
+  words = jax.device_put(examples_words(e0), bs_state.examples.sharding)
+  state = state.replace(batch_schedule=bs_state.replace(examples=words))
+  assert state.batch_schedule.num_examples() == e0
+
+  with CheckpointManager(tmp_path, async_save=False) as mngr:
+    mngr.save(1, state)
+    restored, _ = mngr.restore(build().init(_linear_params()))
+  assert restored.batch_schedule.num_examples() == e0
+
+  full_step = build()
+  _, full = _long_run(full_step, state, 8)
+  step = build()
+  end, got = _long_run(step, restored, 8)
+  assert got == full  # resumed from the checkpoint = uninterrupted
+  examples, want_sizes = e0, []
+  for batch, lr in got:
+    want = ramp_reference(start, inc, ramp_examples, top, examples)
+    want_sizes.append(want)
+    assert batch == want
+    np.testing.assert_allclose(lr, long_lr_reference(examples, batch), rtol=1e-6)
+    assert lr > 0
+    examples += batch
+  assert want_sizes[0] == 32 and want_sizes[-1] == 48  # a change at 3e9 + 100
+  assert end.batch_schedule.num_examples() == examples == e0 + sum(want_sizes)
+  assert step.next_batch_size(end) == ramp_reference(start, inc, ramp_examples, top,
+                                                     examples)
+
+
+def _legacy(state):
+  """`state` in the layout before the two-word count: an int32 scalar count
+  and a 10-entry spec (ramp_examples in one word)."""
+  bs = state.batch_schedule
+  e = bs.num_examples()
+  assert e < 2**31
+  spec = np.asarray(bs.spec)
+  assert spec[10] == 0
+  return state.replace(batch_schedule=bs.replace(
+      examples=jnp.int32(e), spec=jnp.asarray(spec[:10])))
+
+
+def test_a_checkpoint_of_the_int32_count_restores(tmp_path):
+  from flax import serialization
+
+  sched = BatchSchedule.ramp(16, 16, 300, max_batch=64)
+  build = lambda: dp.make_train_step(_loss, optax.sgd(0.05), dp.data_mesh(),
+                                     batch_schedule=sched, donate=False)
+  params = {"w": np.zeros((3, 1), np.float32)}
+  step = build()
+  state, sizes_a, _ = _run(step, step.init(params), 5)
+  _, sizes_b, losses_b = _run(build(), state, 4, start=5)
+  old = _legacy(jax.device_get(state))
+  with CheckpointManager(tmp_path, async_save=False) as mngr:
+    mngr.save(5, old)
+    fresh = build()
+    restored, _ = mngr.restore(fresh.init(params))
+  assert restored.batch_schedule.examples.shape == (2,)
+  assert restored.batch_schedule.num_examples() == sum(sizes_a)
+  assert BatchSchedule.from_spec(restored.batch_schedule.spec) == sched
+  _, sizes_c, losses_c = _run(fresh, restored, 4, start=5)
+  assert (sizes_c, losses_c) == (sizes_b, losses_b)
+  # flax's msgpack reads the old layout too.
+  back = serialization.from_bytes(build().init(params), serialization.to_bytes(old))
+  assert back.batch_schedule.num_examples() == sum(sizes_a)
+  assert np.asarray(back.batch_schedule.spec).shape == (11,)
+
+
+def test_a_run_longer_than_the_count_is_refused():
+  from date_optax._src.batch_schedule import MAX_EXAMPLES
+
+  assert MAX_EXAMPLES == 2**62 - 1
+  huge = date_optax.Baseline(batch_size=2**20, learning_rate=0.05, warmup_epochs=0.5,
+                             epochs=2**23, num_examples=2**40)
+  with pytest.raises(ValueError, match=r"epochs x baseline.num_examples = 9223372036854775808"
+                     r", must be at most MAX_EXAMPLES = 4611686018427387903"):
+    date_optax.date(huge, 2**21, batch_schedule=BatchSchedule.fixed(2**21))
+  # B0 = 1: 3e9 baseline iterations do not fit the int32 clock.
+  tiny_b0 = date_optax.Baseline(batch_size=1, learning_rate=0.05, warmup_epochs=0.01,
+                                epochs=3, num_examples=10**9)
+  with pytest.raises(ValueError, match=r"iterations of 1 examples.*at most 2147483646"):
+    date_optax.date(tiny_b0, 1, batch_schedule=BatchSchedule.fixed(1))
+  # Starting at 64, the clock counts iterations of 64: it fits.
+  date_optax.date(tiny_b0, 64, batch_schedule=BatchSchedule.fixed(64))
+  with pytest.raises(ValueError, match=r"total_examples must be an integer in \[1, "
+                     r"4611686018427387903\]"):
+    BatchSchedule.fixed(16).check_run(2**62)
+  with pytest.raises(ValueError, match=r"ramp_examples must be an integer in \[1, "
+                     r"4611686018427387903\]"):
+    BatchSchedule.ramp(16, 16, 2**62, max_batch=64)
+  with pytest.raises(ValueError, match=r"max_batch must be an integer in \[16, 2147483647\]"):
+    BatchSchedule.adaptive(16, max_batch=2**31)
+  # Long runs below the limits build, ramps over more than 2**31 examples too.
+  date_optax.date(LONG, 64, batch_schedule=BatchSchedule.ramp(*LONG_RAMP[:3], max_batch=64))
+
+
+# ---------------------------------------------------------------------------
+# LEGW with a schedule (issue 48, item 6): a schedule starting above B0 runs
+# LEGW's recipe for its first batch, so a fixed schedule at B is date(base, B).
+
+LEGW_BASE = date_optax.Baseline(batch_size=16, learning_rate=0.05, warmup_epochs=0.05,
+                                epochs=8, num_examples=16384, optimizer="momentum",
+                                optimizer_options={"momentum": 0.9})
+
+
+def legw_reference(step, batch, *, lr_scaling="sqrt", warmup_scaling="linear"):
+  """LEGW + DATE's roller coaster at B = k·B0 (SPEC §5, §6), iteration i = step + 1:
+  peak η0·sqrt(k) (or η0·k), warmup epochs w0·k (or w0·sqrt(k), w0), so
+  W = round(w·n/B); T = ceil(E·n/B); warmup peak·i/W, then
+  max(peak·(T − i)/(T − W), 1e-6)."""
+  b0, n, eta0, w0, epochs = 16, 16384, 0.05, Fraction(1, 20), 8
+  k = Fraction(batch, b0)
+  peak = eta0 * {"sqrt": float(k) ** 0.5, "linear": float(k)}[lr_scaling]
+  w = w0 * {"linear": k, "sqrt": Fraction(float(k) ** 0.5), "none": 1}[warmup_scaling]
+  warm = int(w * n / batch + Fraction(1, 2))
+  total = -(-epochs * n // batch)
+  i = step + 1
+  if i <= warm:
+    return peak * i / warm
+  return max(peak * (total - i) / (total - warm), 1e-6)
+
+
+def _affine_batch(i, size):
+  rng = np.random.default_rng(1000 + i)
+  x = rng.normal(size=(size, 3)).astype(np.float32)
+  y = x @ np.array([[1.0], [-2.0], [0.5]], np.float32) + 0.3 + rng.normal(
+      0, 0.5, (size, 1)).astype(np.float32)
+  return {"x": x, "y": y}
+
+
+def _compare_with_plain(batch, steps, **kw):
+  """date(base, B, batch_schedule=fixed(B)) against date(base, B), step by step."""
+  sched = BatchSchedule.fixed(batch)
+  stats = kw.get("lr_scaling") == "gain"
+  grow = dp.make_train_step(
+      _affine_loss, date_optax.date(LEGW_BASE, batch, batch_schedule=sched, **kw),
+      dp.data_mesh(), batch_schedule=sched, grad_stats=stats)
+  plain = dp.make_train_step(_affine_loss, date_optax.date(LEGW_BASE, batch, **kw),
+                             dp.data_mesh(), grad_stats=stats)
+  state, ref = grow.init(_linear_params()), plain.init(_linear_params())
+  lrs, lrs_ref = [], []
+  for i in range(steps):
+    state, m = grow(state, _affine_batch(i, batch))
+    ref, m_ref = plain(ref, _affine_batch(i, batch))
+    lrs.append(float(m["learning_rate"]))
+    lrs_ref.append(float(m_ref["learning_rate"]))
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref.params), strict=True):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=1e-6,
+                                 err_msg=f"step {i}")
+  np.testing.assert_allclose(lrs, lrs_ref, rtol=1e-6)
+  return np.asarray(lrs)
+
+
+@pytest.mark.parametrize("k", [8, 64])
+def test_fixed_schedule_above_b0_is_date_at_that_batch(k):
+  batch, steps = 16 * k, 60  # warmup W = 51 iterations, then the decay
+  lrs = _compare_with_plain(batch, steps)
+  want = [legw_reference(t, batch) for t in range(steps)]
+  np.testing.assert_allclose(lrs, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kw", [
+    {"lr_scaling": "linear"}, {"warmup_scaling": "sqrt"}, {"warmup_scaling": "none"},
+])
+def test_fixed_schedule_honours_the_scaling_rules(kw):
+  batch, steps = 128, 56
+  lrs = _compare_with_plain(batch, steps, **kw)
+  want = [legw_reference(t, batch, **kw) for t in range(steps)]
+  np.testing.assert_allclose(lrs, want, rtol=1e-6)
+
+
+def test_fixed_schedule_with_the_gain_is_date_with_the_gain():
+  _compare_with_plain(128, 12, lr_scaling="gain")
+
+
+def test_ramp_from_above_b0_runs_legw_at_its_start_in_examples():
+  """From S = 128 = 8·B0: LEGW's recipe at S on the clock ⌊E/S⌋, times
+  sqrt(B/S) at each step's batch B."""
+  sched = BatchSchedule.ramp(128, 128, 128 * 60, max_batch=512)
+  tx = date_optax.date(LEGW_BASE, 512, batch_schedule=sched)
+  step = dp.make_train_step(_affine_loss, tx, dp.data_mesh(), batch_schedule=sched)
+  state = step.init(_linear_params())
+  examples = 0
+  for i in range(50):
+    b = step.next_batch_size(state)
+    assert b == ramp_reference(128, 128, 128 * 60, 512, examples)
+    state, m = step(state, _affine_batch(i, b))
+    want = legw_reference(examples // 128, 128) * np.sqrt(b / 128)
+    np.testing.assert_allclose(float(m["learning_rate"]), want, rtol=1e-6)
+    examples += b
+  assert b == 512 and examples // 128 > 51  # past the top and the warmup
+
+
+def test_growing_start_options_are_checked():
+  sched = BatchSchedule.fixed(128)
+  with pytest.warns(UserWarning, match=r"schedule's start: batch_size=128 is 16x the "
+                    r"critical batch 8"):
+    date_optax.date(LEGW_BASE, 128, batch_schedule=sched, critical_batch=8.0)
+  with pytest.raises(ValueError, match="critical_batch"):
+    date_optax.date(LEGW_BASE, 128, batch_schedule=sched, critical_batch=-1.0)
+  with pytest.raises(ValueError, match="warmup_scaling"):
+    date_optax.date(LEGW_BASE, 128, batch_schedule=sched, warmup_scaling="cube")
+  # LEGW's warmup at 16384 = 1024·B0 is 51.2 epochs of an 8-epoch run.
+  with pytest.raises(ValueError, match=r"batch_schedule's start=16384: a growing run "
+                     r"takes LEGW's warmup for its first batch.*largest batch size"):
+    date_optax.date(LEGW_BASE, 16384, batch_schedule=BatchSchedule.fixed(16384))
+  # A schedule from B0 runs the baseline's own schedule: nothing to refuse.
+  date_optax.date(LEGW_BASE, 16384,
+                  batch_schedule=BatchSchedule.doubling(16, 10**5, max_batch=16384))

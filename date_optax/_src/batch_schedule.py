@@ -4,8 +4,11 @@ A :class:`BatchSchedule` says how large the global batch of every step is:
 fixed, a Megatron-LM/NeMo ramp in examples, a doubling ramp in examples,
 or adaptive (grown when the measured critical batch exceeds the current
 batch). Its progress is a small
-pytree of int32 scalars, :class:`BatchScheduleState`, kept in the train
-state (``TrainState.batch_schedule``) and checkpointed with it.
+pytree of int32 arrays, :class:`BatchScheduleState`, kept in the train
+state (``TrainState.batch_schedule``) and checkpointed with it. The examples
+consumed are counted exactly in two int32 words (``E = high·2**31 + low``),
+so the count and the learning rate's clock in examples never wrap, without
+``jax_enable_x64``.
 
 The train step (``make_train_step(..., batch_schedule=...)``) keeps the
 per-replica microbatch shape fixed and grows the batch through the number
@@ -32,27 +35,136 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import serialization
 
 from date_optax._src import validation
 
 #: The kinds of :class:`BatchSchedule`.
 KINDS = ("fixed", "ramp", "adaptive", "doubling")
 
-#: Largest number of examples the int32 state counts.
-MAX_EXAMPLES = 2**31 - 1
+#: Largest number of examples the state counts exactly: two int32 words of
+#: 31 bits each, ``E = high·2**31 + low`` (before the two-word count, 2**31 − 1).
+MAX_EXAMPLES = 2**62 - 1
 
-# Length of the int32 record of a schedule's settings kept in the state.
-_SPEC_LEN = 10
+#: Largest batch (``start``, ``max_batch``, ``increment``): an int32.
+MAX_BATCH = 2**31 - 1
+
+# The base of the two-word count.
+_WORD_BITS = 31
+_WORD = 1 << _WORD_BITS
+_LOW_MASK = _WORD - 1
+
+# Length of the int32 record of a schedule's settings kept in the state
+# (ramp_examples in two words: entry 4 the low one, entry 10 the high one).
+_SPEC_LEN = 11
+# The record before the two-word count: ramp_examples in entry 4 alone.
+_LEGACY_SPEC_LEN = 10
+
+
+def examples_words(examples: int) -> np.ndarray:
+  """An exact count of examples as two int32 words ``[high, low]`` (host).
+
+  ``examples = high·2**31 + low`` with ``0 <= low < 2**31``.
+
+  Args:
+    examples: a count in ``[0, MAX_EXAMPLES]``.
+
+  Returns:
+    A NumPy int32 array of shape ``(2,)``.
+
+  Examples:
+    >>> from date_optax._src.batch_schedule import examples_words
+    >>> examples_words(3 * 10**9).tolist()
+    [1, 852516352]
+  """
+  e = validation.check_int("examples", examples, low=0, high=MAX_EXAMPLES)
+  return np.asarray([e >> _WORD_BITS, e & _LOW_MASK], np.int32)
+
+
+def examples_int(words: Any) -> int:
+  """The Python int a two-word count (or a legacy int32 scalar) holds."""
+  w = np.asarray(_host(words)).astype(np.int64).reshape(-1)
+  if w.size == 1:  # a count saved before the two-word layout
+    return int(w[0])
+  return (int(w[0]) << _WORD_BITS) + int(w[1])
+
+
+def as_examples_words(examples: Any) -> jax.Array:
+  """A count as int32 words ``[high, low]``: a scalar (< 2**31) is the low word.
+
+  Scalars are what a checkpoint written before the two-word count holds, and
+  what a hand-made :class:`BatchProgress` may give.
+  """
+  x = jnp.asarray(examples)
+  if x.shape == (2,):
+    return x.astype(jnp.int32)
+  if x.shape != ():
+    raise ValueError(
+        f"examples must be a count: a scalar below 2**31 or int32 words "
+        f"[high, low] of shape (2,), got shape {x.shape}."
+    )
+  return jnp.stack([jnp.zeros((), jnp.int32), x.astype(jnp.int32)])
+
+
+def add_examples(words: jax.Array, batch_size: Any) -> jax.Array:
+  """``words + batch_size`` with the carry (exact; `batch_size` < 2**31)."""
+  words = as_examples_words(words)
+  low = words[1].astype(jnp.uint32) + jnp.asarray(batch_size).astype(jnp.uint32)
+  carry = (low >> _WORD_BITS).astype(jnp.int32)
+  low = (low & jnp.uint32(_LOW_MASK)).astype(jnp.int32)
+  return jnp.stack([words[0] + carry, low])
+
+
+def divmod_examples(words: Any, divisor: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Exact ``divmod(E, divisor)`` of a two-word count, in 32-bit arithmetic.
+
+  Long division of ``E = high·2**31 + low`` by a constant: ``high`` first,
+  then its remainder followed by the bits of ``low``, a few bits at a time
+  (as many as keep ``remainder·2**bits`` below ``2**32``).
+
+  Args:
+    words: int32 ``[high, low]`` (or a scalar count below 2**31).
+    divisor: a Python int in ``[1, 2**31 − 1]``.
+
+  Returns:
+    ``(q_high, q_low, r)`` int32 with ``E = (q_high·2**31 + q_low)·divisor + r``,
+    ``0 <= q_low < 2**31`` and ``0 <= r < divisor``.
+  """
+  d = validation.check_int("divisor", divisor, low=1, high=MAX_BATCH)
+  words = as_examples_words(words)
+  q_high, r = words[0] // d, (words[0] % d).astype(jnp.uint32)
+  low = words[1].astype(jnp.uint32)
+  width = 32 - d.bit_length()  # r < d, so r·2**width + digit < 2**32
+  ud = jnp.uint32(d)
+  q, pos = jnp.zeros((), jnp.uint32), _WORD_BITS
+  while pos > 0:
+    c = min(width, pos)
+    pos -= c
+    r = (r << c) | ((low >> pos) & jnp.uint32((1 << c) - 1))
+    q = (q << c) | (r // ud)
+    r = r % ud
+  return q_high, q.astype(jnp.int32), r.astype(jnp.int32)
+
+
+def _upgrade_spec(spec: np.ndarray) -> np.ndarray:
+  """A settings record saved before the two-word count, in today's layout."""
+  spec = np.asarray(spec).reshape(-1)
+  if spec.size == _LEGACY_SPEC_LEN:
+    return np.concatenate([spec, np.zeros((1,), spec.dtype)])
+  return spec
 
 
 class BatchScheduleState(flax.struct.PyTreeNode):
-  """The progress of a :class:`BatchSchedule`: int32 scalars in the train state.
+  """The progress of a :class:`BatchSchedule`: int32 arrays in the train state.
 
   Attributes:
     batch_size: the global batch of the last step taken (the schedule's
       start before the first step).
     examples: examples consumed so far (skipped steps included: their data
-      was read).
+      was read), exact as two int32 words ``[high, low]``,
+      ``E = high·2**31 + low`` (up to :data:`MAX_EXAMPLES`); read it with
+      :meth:`num_examples`. A checkpoint written before the two-word count
+      (an int32 scalar) restores into this layout.
     last_change: the step at which the batch last changed (0 at the start).
     next_batch: the batch an adaptive schedule decided to grow to (or the
       current one when no growth is pending).
@@ -63,8 +175,8 @@ class BatchScheduleState(flax.struct.PyTreeNode):
   Examples:
     >>> import date_optax
     >>> state = date_optax.BatchSchedule.fixed(64).init()
-    >>> int(state.batch_size), int(state.examples)
-    (64, 0)
+    >>> int(state.batch_size), state.num_examples(), state.examples.tolist()
+    (64, 0, [0, 0])
   """
 
   batch_size: jax.Array
@@ -74,13 +186,95 @@ class BatchScheduleState(flax.struct.PyTreeNode):
   next_step: jax.Array
   spec: jax.Array
 
+  def num_examples(self) -> int:
+    """The examples consumed, as an exact Python int (reads the device).
+
+    Returns:
+      ``high·2**31 + low`` of :attr:`examples` (this host's copy).
+    """
+    return examples_int(self.examples)
+
+
+def _state_to_dict(state: BatchScheduleState) -> dict:
+  return {f.name: serialization.to_state_dict(getattr(state, f.name))
+          for f in dataclasses.fields(state)}
+
+
+def _state_from_dict(target: BatchScheduleState, saved: dict) -> BatchScheduleState:
+  """flax's state dict -> the state; one saved before the two-word count is upgraded."""
+  names = [f.name for f in dataclasses.fields(target)]
+  if set(saved) != set(names):
+    raise ValueError(
+        f"a BatchScheduleState has the fields {names}; the saved state has "
+        f"{sorted(saved)} (at {serialization.current_path()})."
+    )
+  values = {n: serialization.from_state_dict(getattr(target, n), saved[n], name=n)
+            for n in names}
+  if np.shape(values["examples"]) == ():
+    values["examples"] = examples_words(int(np.asarray(values["examples"])))
+  values["spec"] = _upgrade_spec(np.asarray(values["spec"]))
+  return target.replace(**values)
+
+
+# flax.serialization (msgpack) reads a state saved before the two-word count.
+serialization.register_serialization_state(
+    BatchScheduleState, _state_to_dict, _state_from_dict, override=True)
+
+
+def _is_state(x: Any) -> bool:
+  return isinstance(x, BatchScheduleState)
+
+
+def legacy_layout(abstract: Any) -> Any:
+  """`abstract` with each :class:`BatchScheduleState` in the layout before the
+  two-word count (int32 scalar `examples`, a 10-entry `spec`): the target
+  that reads such a checkpoint."""
+
+  def old(x):
+    if not _is_state(x):
+      return x
+    like = lambda leaf, shape: jax.ShapeDtypeStruct(
+        shape, jnp.int32, sharding=getattr(leaf, "sharding", None))
+    return x.replace(examples=like(x.examples, ()),
+                     spec=like(x.spec, (_LEGACY_SPEC_LEN,)))
+
+  return jax.tree.map(old, abstract, is_leaf=_is_state)
+
+
+def has_state(tree: Any) -> bool:
+  """Whether `tree` holds a :class:`BatchScheduleState`."""
+  return any(_is_state(x) for x in jax.tree.leaves(tree, is_leaf=_is_state))
+
+
+def upgraded_layout(restored: Any, abstract: Any) -> Any:
+  """`restored` (read with :func:`legacy_layout`'s target) in today's layout,
+  placed as `abstract` says."""
+
+  def new(a, r):
+    if not _is_state(a):
+      return r
+
+    def convert(examples, spec):
+      words = jnp.stack([jnp.zeros((), jnp.int32), jnp.asarray(examples, jnp.int32)])
+      return words, jnp.concatenate([spec, jnp.zeros((1,), spec.dtype)])
+
+    shardings = (getattr(a.examples, "sharding", None), getattr(a.spec, "sharding", None))
+    if None in shardings:
+      shardings = None
+    words, spec = jax.jit(convert, out_shardings=shardings)(r.examples, r.spec)
+    return r.replace(examples=words, spec=spec)
+
+  return jax.tree.map(new, abstract, restored, is_leaf=_is_state)
+
 
 class BatchProgress(NamedTuple):
   """What a growing-batch step tells the optimizer (``update(..., batch_progress=)``).
 
   Attributes:
     batch_size: the global batch of this step (int32).
-    examples: the examples consumed before this step (int32).
+    examples: the examples consumed before this step: int32 words
+      ``[high, low]``, ``E = high·2**31 + low``, as the train step passes
+      them (exact past 2**31), or a scalar below 2**31.
 
   Examples:
     >>> import date_optax
@@ -209,15 +403,15 @@ class BatchSchedule:
 
   def __post_init__(self) -> None:
     validation.check_choice("kind", self.kind, KINDS)
-    start = validation.check_int("start", self.start, low=1)
-    top = validation.check_int("max_batch", self.max_batch, low=start)
+    start = validation.check_int("start", self.start, low=1, high=MAX_BATCH)
+    top = validation.check_int("max_batch", self.max_batch, low=start, high=MAX_BATCH)
     set_ = lambda name, value: object.__setattr__(self, name, value)
     set_("start", start)
     set_("max_batch", top)
     if self.kind == "fixed" and top != start:
       raise ValueError(f"a fixed schedule has max_batch == start, got {top} != {start}.")
     if self.kind == "ramp":
-      inc = validation.check_int("increment", self.increment, low=1)
+      inc = validation.check_int("increment", self.increment, low=1, high=MAX_BATCH)
       if (top - start) % inc:
         raise ValueError(
             f"max_batch - start = {top - start} must be a multiple of "
@@ -281,7 +475,7 @@ class BatchSchedule:
       increment: how much the batch grows at each change, >= 1;
         ``max_batch − start`` must be a multiple of it.
       ramp_examples: examples consumed when the batch reaches `max_batch`,
-        in ``[1, 2**31 − 1]``.
+        in ``[1, MAX_EXAMPLES]`` (``2**62 − 1``).
       max_batch: the final global batch, >= `start`.
 
     Returns:
@@ -316,7 +510,7 @@ class BatchSchedule:
     Args:
       start: the first global batch, >= 1.
       ramp_examples: examples consumed when the batch reaches `max_batch`,
-        in ``[1, 2**31 − 1]``.
+        in ``[1, MAX_EXAMPLES]`` (``2**62 − 1``).
       max_batch: the final global batch, ``start · factor**m``.
       factor: the growth factor, an integer >= 2.
 
@@ -441,8 +635,18 @@ class BatchSchedule:
         )
 
   def check_run(self, total_examples: int) -> None:
-    """A ramp must end within a run of `total_examples` examples."""
-    total_examples = validation.check_int("total_examples", total_examples, low=1)
+    """A ramp must end within a run of `total_examples` examples.
+
+    Args:
+      total_examples: the examples of the whole run, in
+        ``[1, MAX_EXAMPLES]`` (the count is exact up to there).
+
+    Raises:
+      ValueError: a ramp longer than the run, or a run longer than
+        :data:`MAX_EXAMPLES`.
+    """
+    total_examples = validation.check_int("total_examples", total_examples, low=1,
+                                          high=MAX_EXAMPLES)
     if self.kind in ("ramp", "doubling") and self.ramp_examples > total_examples:
       raise ValueError(
           f"the ramp's ramp_examples={self.ramp_examples} is longer than the run "
@@ -453,29 +657,36 @@ class BatchSchedule:
   # -- state ----------------------------------------------------------------
 
   def spec(self) -> np.ndarray:
-    """The settings as an int32 vector (stored in the state)."""
+    """The settings as an int32 vector (stored in the state).
+
+    ``ramp_examples`` takes two words: entry 4 its low 31 bits, entry 10
+    the rest (a record of 10 entries, from before, reads as high word 0).
+    """
+    high, low = (int(w) for w in examples_words(self.ramp_examples))
     out = [KINDS.index(self.kind), self.start, self.max_batch, self.increment,
-           self.ramp_examples, self.factor, _f32_bits(self.threshold),
-           self.min_steps, self.lag, _f32_bits(self.calibration)]
+           low, self.factor, _f32_bits(self.threshold),
+           self.min_steps, self.lag, _f32_bits(self.calibration), high]
     assert len(out) == _SPEC_LEN
     return np.asarray(out, np.int32)
 
   @classmethod
   def from_spec(cls, spec: Any) -> BatchSchedule:
     """The schedule an int32 `spec` vector records (see :meth:`spec`)."""
-    s = [int(x) for x in np.asarray(spec).reshape(-1)]
+    s = [int(x) for x in _upgrade_spec(np.asarray(spec))]
     if len(s) != _SPEC_LEN or not 0 <= s[0] < len(KINDS):
       raise ValueError(f"not a batch-schedule spec: {s!r}.")
     return cls(kind=KINDS[s[0]], start=s[1], max_batch=s[2], increment=s[3],
-               ramp_examples=s[4], factor=s[5], threshold=_bits_f32(s[6]),
-               min_steps=s[7], lag=s[8], calibration=_bits_f32(s[9]))
+               ramp_examples=(s[10] << _WORD_BITS) + s[4], factor=s[5],
+               threshold=_bits_f32(s[6]), min_steps=s[7], lag=s[8],
+               calibration=_bits_f32(s[9]))
 
   def init(self) -> BatchScheduleState:
     """The state before the first step."""
     i = lambda v: jnp.asarray(v, jnp.int32)
     return BatchScheduleState(
-        batch_size=i(self.start), examples=i(0), last_change=i(0),
-        next_batch=i(self.start), next_step=i(0), spec=jnp.asarray(self.spec()),
+        batch_size=i(self.start), examples=jnp.zeros((2,), jnp.int32),
+        last_change=i(0), next_batch=i(self.start), next_step=i(0),
+        spec=jnp.asarray(self.spec()),
     )
 
   def check_state(self, state: Any) -> None:
@@ -486,7 +697,7 @@ class BatchSchedule:
           "it with this step's init, or restore a checkpoint saved by a step "
           "with batch_schedule."
       )
-    saved = _host(state.spec)
+    saved = _upgrade_spec(_host(state.spec))
     if not np.array_equal(saved, self.spec()):
       try:
         theirs = repr(BatchSchedule.from_spec(saved))
@@ -504,15 +715,21 @@ class BatchSchedule:
   ) -> BatchScheduleState:
     """The state after step `step` ran with `batch_size` (inside the step).
 
-    Straight-line int32 arithmetic; an adaptive schedule also decides from
-    `noise_scale` (B_simple, replicated) whether to grow.
+    Straight-line int32 arithmetic (the examples count with its carry into
+    the high word); an adaptive schedule also decides from `noise_scale`
+    (B_simple, replicated) whether to grow. A state of the layout before
+    the two-word count (an int32 scalar) is returned in today's layout.
     """
     b = jnp.int32(batch_size)
     step = jnp.asarray(step, jnp.int32)
     changed = b != state.batch_size
     last_change = jnp.where(changed, step, state.last_change)
-    new = state.replace(batch_size=jnp.broadcast_to(b, ()), examples=state.examples + b,
-                        last_change=last_change)
+    spec = state.spec
+    if np.shape(spec) == (_LEGACY_SPEC_LEN,):
+      spec = jnp.concatenate([jnp.asarray(spec, jnp.int32), jnp.zeros((1,), jnp.int32)])
+    new = state.replace(batch_size=jnp.broadcast_to(b, ()),
+                        examples=add_examples(state.examples, b),
+                        last_change=last_change, spec=spec)
     if self.kind != "adaptive":
       return new
     if noise_scale is None:
@@ -547,8 +764,9 @@ class BatchTracker:
   def _sync(self, state: Any) -> None:
     bs = state.batch_schedule
     self.schedule.check_state(bs)
-    host = (state.step, bs.batch_size, bs.examples, bs.next_batch, bs.next_step)
-    self.step, self.batch, self.examples, nb, ns = (int(_host(x)) for x in host)
+    host = (state.step, bs.batch_size, bs.next_batch, bs.next_step)
+    self.step, self.batch, nb, ns = (int(_host(x)) for x in host)
+    self.examples = examples_int(bs.examples)
     self._decision = (nb, ns)
     self._pending = []
     self._token = bs.examples

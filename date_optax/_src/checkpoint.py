@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from date_optax._src import batch_schedule as bs_lib
 from date_optax._src import layer_ratios as layer_ratios_lib
 from date_optax._src import validation
 
@@ -297,6 +298,36 @@ def _check_fits(abstract: Any, saved: list[list[Any]]) -> None:
       )
 
 
+def _fitting_layout(abstract: Any, check: Any) -> tuple[Any, bool, bool]:
+  """`abstract`, or the first older layout of it that passes `check`.
+
+  Older checkpoints hold one trust-ratio array per parameter leaf where a
+  `LayerRatios` record now holds one vector (`unpacked_records`), or a
+  batch schedule's examples as an int32 scalar before the two-word count
+  (`batch_schedule.legacy_layout`), or both. `check(target)` raises when a
+  target does not fit; when no layout fits, the error for `abstract` itself
+  is raised. Returns the target and whether records are unpacked and batch
+  schedules in the old layout.
+  """
+  try:
+    check(abstract)
+    return abstract, False, False
+  except ValueError as first:
+    error = first
+  legacy_too = bs_lib.has_state(abstract)
+  for unpacked, legacy in ((True, False), (False, True), (True, True)):
+    if legacy and not legacy_too:
+      continue
+    target = layer_ratios_lib.unpacked_records(abstract) if unpacked else abstract
+    target = bs_lib.legacy_layout(target) if legacy else target
+    try:
+      check(target)
+    except ValueError:
+      continue
+    return target, unpacked, legacy
+  raise error
+
+
 def _abstract_target(target: Any, impls: Mapping[str, str]) -> Any:
   """The restore target orbax sees: shapes, dtypes and shardings, keys raw."""
 
@@ -546,7 +577,9 @@ class CheckpointManager:
     restores is returned (on every process alike: multi-host runs agree on
     the outcome of each attempt). A checkpoint that holds one trust-ratio
     array per parameter leaf (written before the ratios were recorded as one
-    `date_optax.LayerRatios` vector) restores onto a current target.
+    `date_optax.LayerRatios` vector) restores onto a current target, and so
+    does one whose `date_optax.BatchScheduleState` counts its examples in
+    one int32 (written before the exact two-word count).
 
     Args:
       target: a pytree with the structure of the saved state whose leaves are
@@ -623,10 +656,11 @@ class CheckpointManager:
         impls = meta.get("prng_keys", {})
         try:
           packed = abstract = _abstract_target(target, impls)
+          unpacked = legacy = False
           if meta.get("leaves") is not None:
             # Before orbax reads anything: a misfit target is named here, and
             # no read is left failing in orbax's background threads.
-            abstract = layer_ratios_lib.fitting_layout(
+            abstract, unpacked, legacy = _fitting_layout(
                 abstract, lambda a: _check_fits(a, meta["leaves"]))
         except CheckpointMismatchError as e:
           mismatch = CheckpointMismatchError(f"{misfit}: {e}")
@@ -649,8 +683,10 @@ class CheckpointManager:
                     f"leaf {jax.tree_util.keystr(path)} does not match the data "
                     "that was saved"
                 )
-          if abstract is not packed:
+          if unpacked:
             restored = layer_ratios_lib.repacked_records(restored, packed)
+          if legacy:
+            restored = bs_lib.upgraded_layout(restored, packed)
       except Exception as e:  # noqa: BLE001 - orbax/tensorstore raise many types
         # Keep the cause's text only: its traceback holds orbax's pending
         # reads, which would print their own tracebacks when collected later.

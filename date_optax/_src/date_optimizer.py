@@ -16,6 +16,7 @@ import optax
 
 from date_optax._src import batch_lr as batch_lr_lib
 from date_optax._src import batch_schedule as bs_lib
+from date_optax._src import critical_batch as critical_lib
 from date_optax._src import decays as decays_lib
 from date_optax._src import gain as gain_lib
 from date_optax._src import lars as lars_lib
@@ -264,15 +265,31 @@ def date(
   with the same scaling and decay arguments.
 
   **Growing batch** (``batch_schedule=``, a :class:`BatchSchedule` whose
-  ``max_batch`` is `batch_size`). The learning rate runs the baseline's own
-  DATE schedule (its warmup and roller coaster at ``B0``) on a clock of
-  examples, ``τ = ⌊E/B0⌋`` baseline iterations after ``E`` examples, so
-  warmup and decay stay where they were in the data however the batch
-  grows; at every step it is multiplied by the step's batch scale
-  ``k_t = B_t/B0`` through `lr_scaling`: ``sqrt(k_t)`` (``"sqrt"``),
-  ``k_t`` (``"linear"``), or the measured gain at ``k_t`` (``"gain"``:
-  ``r`` for the SGD family, ``sqrt(r)`` for adaptive solvers). The ratio
-  bounds are those of `bounds` at `batch_size`. Build the step with
+  ``max_batch`` is `batch_size`). With ``S = max(start, B0)`` (``start``
+  the schedule's first batch), the learning rate runs LEGW's DATE recipe
+  at ``S`` (:func:`date_recipe` with `lr_scaling`, `warmup_scaling` and
+  `decay`: warmup epochs ``w0·S/B0``, i.e. the baseline's ``W0``
+  iterations of ``S``, and the roller coaster) on a clock of examples,
+  ``τ = ⌊E/S⌋`` iterations of ``S`` after ``E`` examples, so warmup and
+  decay stay where they were in the data however the batch grows; at
+  every step it is multiplied by the step's batch against ``S`` through
+  `lr_scaling`: ``sqrt(B_t/S)`` (``"sqrt"``), ``B_t/S`` (``"linear"``),
+  or the measured gain at ``k_t = B_t/B0`` (``"gain"``: ``r`` for the SGD
+  family, ``sqrt(r)`` for adaptive solvers, on a recipe of peak ``η0``).
+  So ``date(baseline, B, batch_schedule=BatchSchedule.fixed(B))`` is
+  ``date(baseline, B)`` step by step, and a schedule from ``B0`` runs the
+  baseline's own schedule in baseline iterations ``⌊E/B0⌋``. A start below
+  ``B0`` keeps the baseline's schedule at ``B0``: LEGW scaled down would
+  warm up over fewer examples than the baseline did, and the batch then
+  grows past ``B0``. A `learning_rate` schedule runs on ``⌊E/B0⌋`` with
+  the multiplier at ``B_t/B0``. `critical_batch` is checked against the
+  schedule's start (it warns above 8 times it), the batch the measurement
+  at ``B0`` speaks of; the schedule grows from there. The examples are
+  counted exactly in two int32 words, so the clock never wraps: a run of
+  more than ``MAX_EXAMPLES`` (``2**62 − 1``)
+  examples, or of more than ``2**31 − 2`` iterations of ``S``, is refused
+  with a ValueError. The ratio bounds are those of `bounds` at
+  `batch_size`. Build the step with
   ``make_train_step(..., batch_schedule=<the same schedule>)``, which
   passes each step's batch and examples as ``update(...,
   batch_progress=...)``; the run ends when its examples reach
@@ -316,7 +333,8 @@ def date(
       with Adam this is LAMB with bounds), see `bounded_lars`.
     lr_scaling: as in :func:`scale_recipe`, or ``"gain"``: the measured
       AdaScale gain ``r`` in place of ``sqrt(k)`` (see *Measured gain*).
-    warmup_scaling: as in :func:`scale_recipe`.
+    warmup_scaling: as in :func:`scale_recipe` (with a `batch_schedule`,
+      the warmup's scaling to the schedule's start).
     decay: the *learning-rate* decay after the warmup: ``None`` for the
       roller coaster, ``"baseline"`` for the baseline's own decay, or another
       decay (a name or a :class:`~date_optax.schedules.Decay`). A number is
@@ -326,8 +344,9 @@ def date(
     bounds: the bound rule, one of :data:`BOUND_RULES` (see
       :func:`layer_lr_bounds`).
     critical_batch: the critical batch measured at ``B0``
-      (:func:`date_optax.diagnostics.critical_batch`); a `batch_size` more
-      than 8 times it warns (see :func:`scale_recipe`).
+      (:func:`date_optax.diagnostics.critical_batch`); a `batch_size` (with
+      a `batch_schedule`, its start) more than 8 times it warns (see
+      :func:`scale_recipe`).
     gain_clock: with ``lr_scaling="gain"`` (and only with it: another
       rule with ``"gain"`` is refused), how the schedule advances:
       ``"steps"`` (default) runs the LEGW recipe at ``B`` one iteration
@@ -363,6 +382,16 @@ def date(
     {'b': 1.0, 'w': 1.0}
     >>> date_optax.date_recipe(base, 8192).total_steps  # what tx follows
     220
+
+    A fixed batch schedule at ``B`` is LEGW at ``B`` (its warmup included):
+
+    >>> fixed = date_optax.BatchSchedule.fixed(8192)
+    >>> tx = date_optax.date(base, 8192, batch_schedule=fixed)
+    >>> progress = date_optax.BatchProgress(batch_size=8192, examples=10 * 8192)
+    >>> _, s = tx.update(grads, tx.init(params), params, batch_progress=progress)
+    >>> lr = date_optax.date_recipe(base, 8192).schedule(10)  # step 11
+    >>> bool(abs(float(s.lr_factor) - float(lr)) <= 1e-6 * float(lr))
+    True
 
   References:
     You et al., `Large-batch training for LSTM and beyond
@@ -437,11 +466,20 @@ def date(
   upper = default_upper if upper is None else upper
   validation.check_bounds(lower, upper)
   clock_schedule = None
+  clock_batch = baseline.batch_size
   if schedule is not None:
-    clock_schedule = (
-        date_recipe(baseline, baseline.batch_size, decay=decay).schedule
-        if learning_rate is None else learning_rate
-    )
+    validation.check_choice("warmup_scaling", warmup_scaling, sched_lib.SCALING_RULES)
+    # The critical batch measured at B0 speaks of the batch the run starts
+    # with; the schedule grows from there as the critical batch grows.
+    critical_lib.warn_if_far(schedule.start, critical_batch,
+                             "date(..., batch_schedule=...) at the schedule's start")
+    if learning_rate is None:
+      clock_batch = max(schedule.start, baseline.batch_size)
+      clock_schedule = _start_recipe(
+          baseline, schedule, clock_batch, lr_scaling, warmup_scaling, decay).schedule
+    else:
+      clock_schedule = learning_rate
+    _check_clock(baseline, clock_batch)
     learning_rate = 1.0
   elif gain and gain_clock == "gain" and recipe.scale != 1:
     clock_schedule = (
@@ -472,7 +510,8 @@ def date(
   )
   if schedule is not None:
     return batch_lr_lib.scale_by_batch(
-        tx, clock_schedule, baseline.batch_size, rule=lr_scaling, power=power
+        tx, clock_schedule, baseline.batch_size, rule=lr_scaling, power=power,
+        clock_batch_size=clock_batch,
     )
   if not gain:
     return tx
@@ -513,4 +552,42 @@ def _check_growing(
         f"iterations (τ = examples // B0), got {learning_rate!r}."
     )
   total = int(math.ceil(baseline.epochs * baseline.num_examples))
+  if total > bs_lib.MAX_EXAMPLES:
+    raise ValueError(
+        f"with a batch_schedule the run's examples, baseline.epochs x "
+        f"baseline.num_examples = {total}, must be at most MAX_EXAMPLES = "
+        f"{bs_lib.MAX_EXAMPLES} (2**62 - 1, the two-word count of the train state)."
+    )
   schedule.check_run(total)
+
+
+def _start_recipe(
+    baseline: Baseline, schedule: bs_lib.BatchSchedule, clock_batch: int,
+    lr_scaling: str, warmup_scaling: str, decay: Any,
+) -> Recipe:
+  """LEGW's DATE recipe at `clock_batch`, the batch a growing run starts from
+  (at least B0), which ``date(..., batch_schedule=...)`` runs in examples."""
+  try:
+    return date_recipe(baseline, clock_batch, lr_scaling=lr_scaling,
+                       warmup_scaling=warmup_scaling, decay=decay)
+  except ValueError as e:
+    if "reaches the end of training" not in str(e) and "rounds to 0" not in str(e):
+      raise
+    raise ValueError(
+        f"batch_schedule's start={schedule.start}: a growing run takes LEGW's "
+        f"warmup for its first batch ({e}) Start the schedule at a smaller "
+        "batch, or shorten the baseline's warmup."
+    ) from None
+
+
+def _check_clock(baseline: Baseline, clock_batch: int) -> None:
+  """The schedule's clock, iterations of `clock_batch`, must fit an int32."""
+  total = int(math.ceil(baseline.epochs * baseline.num_examples))
+  if total // clock_batch > batch_lr_lib.MAX_CLOCK:
+    raise ValueError(
+        f"with a batch_schedule the learning rate runs on a clock of "
+        f"iterations of {clock_batch} examples, which must stay at most "
+        f"{batch_lr_lib.MAX_CLOCK} (an int32 count): baseline.epochs x "
+        f"baseline.num_examples = {total} must be at most "
+        f"{batch_lr_lib.MAX_CLOCK * clock_batch + clock_batch - 1}."
+    )

@@ -201,24 +201,6 @@ def unpacked_records(abstract: Any) -> Any:
                       is_leaf=_is_record)
 
 
-def fitting_layout(abstract: Any, check: Any) -> Any:
-  """`abstract`, or its :func:`unpacked_records` layout if only that passes `check`.
-
-  `check(target)` raises when a restore target does not fit a checkpoint;
-  when neither layout fits, the error for `abstract` itself is raised.
-  """
-  try:
-    check(abstract)
-  except ValueError as first:
-    legacy = unpacked_records(abstract)
-    try:
-      check(legacy)
-    except ValueError:
-      raise first from None
-    return legacy
-  return abstract
-
-
 def repacked_records(restored: Any, abstract: Any) -> Any:
   """`restored` (read with :func:`unpacked_records`'s target) packed again."""
 

@@ -270,7 +270,7 @@ def fit(
     if schedule is None:
       return int(state.step) // steps_per_epoch
     # Epochs of examples, fractional: a growing batch's steps end mid-epoch.
-    return round(_loop.host_int(state.batch_schedule.examples) / num_train, 3)
+    return round(state.batch_schedule.num_examples() / num_train, 3)
 
   def evaluate(state) -> dict[str, float]:
     out = dp.evaluate(metric_fn, state.params, test_set, mesh,

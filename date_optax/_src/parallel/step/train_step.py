@@ -163,7 +163,8 @@ def make_train_step(
   The schedule's progress is `state.batch_schedule`, checkpointed with the
   state (a restored state of a different schedule is refused). The
   optimizer gets `update(..., batch_progress=BatchProgress(batch_size,
-  examples))` (what `date(..., batch_schedule=...)` counts its schedule in),
+  examples))`, the examples exact in two int32 words (what `date(...,
+  batch_schedule=...)` counts its schedule in),
   and metrics gain "batch_size". Adaptive needs `grad_stats=True`.
 
   *Weight-update sharding.* With `shard_update=True` the gradients are
