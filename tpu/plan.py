@@ -14,6 +14,10 @@ this output):
                  bn_group_layout refuses (it lists the nearest that work)
   LEGW recipe    k = B / 1024; peak LR 2^2.5 * sqrt(k); warmup 0.3125 * k
                  epochs; 90 epochs of ImageNet (1,281,167 images); poly power 2
+  compiled       the example's step compiled for each slice by the TPU
+                 compiler (benchmarks/tpu_compile.py's log, --compiled): HBM
+                 per device, estimated step time and images/s. Compiler
+                 estimates, not measurements
 
 Needs date_optax (and so JAX) importable, unlike the gcloud scripts:
 
@@ -143,6 +147,44 @@ def on_slice_table(accels, batches, bn_batch: int) -> str:
   return "\n".join(rows)
 
 
+#: The TPU-compile study's log (benchmarks/tpu_compile.py), read by --compiled.
+COMPILED_LOG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                            "docs", "studies", "tpu_compile", "tpu_compile.jsonl")
+
+
+def compiled_table(log: str) -> str:
+  """The ResNet-50 step as the TPU compiler compiled it for each slice.
+
+  Rows ``r50/<slice>`` (128 images per core) and ``r50-32k/<slice>`` (the
+  seeds' 32K) of the study's log; every number is the compiler's: memory is
+  its per-device account, time its cost model's estimate.
+  """
+  import json  # noqa: PLC0415
+
+  runs = {}
+  with open(log) as f:
+    for line in f:
+      rec = json.loads(line)
+      runs[rec.pop("ident")] = rec
+  rows = [
+    "| row | JAX devices | batch per device | GiB per device (compiler) | HBM per device "
+    "| fits | est. step ms | est. images/s | est. FLOP utilisation |",
+    "|---|---|---|---|---|---|---|---|---|",
+  ]
+  for name in sorted(runs, key=lambda n: (n.split("/")[0], n)):
+    rec = runs[name]
+    if not name.startswith(("r50/", "r50-32k/")) or name.count("/") != 1 or "error" in rec:
+      continue
+    p = rec["programs"][0]
+    rows.append(
+      f"| {name} | {p['num_devices']} | {_num(p['global_batch'] / p['num_devices'])} | "
+      f"{p['total_bytes'] / 2**30:.2f} | {p['hbm_bytes'] / 2**30:g} GiB | "
+      f"{'yes' if p['fits'] else 'no'} | {p['estimated_seconds'] * 1e3:.1f} | "
+      f"{p['examples_per_second']:,.0f} | {p['mfu']:.0%} |"
+    )
+  return "\n".join(rows)
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(
     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -155,6 +197,9 @@ def main(argv=None) -> int:
   )
   p.add_argument("--batch-per-core", type=int, default=BATCH_PER_CORE)
   p.add_argument("--bn-batch", type=int, default=BN_BATCH)
+  p.add_argument("--compiled", default=COMPILED_LOG,
+                 help="the TPU-compile study's log (benchmarks/tpu_compile.py); "
+                      "'' leaves the compiled table out")
   args = p.parse_args(argv)
   if args.batch_per_core <= 0:
     p.error("argument --batch-per-core: must be a positive integer")
@@ -172,6 +217,9 @@ def main(argv=None) -> int:
   print(recipe_table(batches, args.batch_per_core))
   print("\n### Every recipe batch on these slices\n")
   print(on_slice_table(accels, batches, args.bn_batch))
+  if args.compiled and os.path.exists(args.compiled):
+    print("\n### Compiled by the TPU compiler (estimates, not measurements)\n")
+    print(compiled_table(args.compiled))
   return 0
 
 
