@@ -99,6 +99,16 @@ def rows() -> dict[str, dict]:
     out[f"r50/{s}"] = r50_at(s)
   for s in ("v2-512", "v3-512", "v3-1024"):
     out[f"bert-large/{s}"] = _bert(s)
+  out["bert-large-adamw/v3-2048"] = _bert("v3-2048", ["optimizer='adamw'"])
+  out["bert-base/v3-2048"] = _compile_cmd(
+      "bert_lamb", "v3-2048", "examples/bert_lamb/configs/lamb_bert.py:32768,base",
+      ["batch_size=65536", "vocab_size=30522"])
+  for opt in ("lars", "momentum"):
+    out[f"plain/r50/v3-32/{opt}"] = [sys.executable, __file__, "--plain", "v3-32", opt]
+  out["mnist1d-adaptive/v3-2048"] = _compile_cmd(
+      "mnist1d_lstm", "v3-2048", "examples/mnist1d_lstm/configs/adaptive.py",
+      ["base_batch_size=2048", "batch_size=131072"])
+  out["mnist/v3-2048"] = _compile_cmd("mnist_lstm", "v3-2048", None, ["batch_size=32768"])
   out["sync/v3-2048/psum/float32"] = sync("v3-2048", "psum", "float32")
   out["sync/v3-2048/torus/float32"] = sync("v3-2048", "torus", "float32")
   for payload in ("float32", "int8", "int4"):
@@ -109,9 +119,9 @@ def rows() -> dict[str, dict]:
   return {name: {"cmd": cmd} for name, cmd in out.items()}
 
 
-def _bert(accelerator: str) -> list:
+def _bert(accelerator: str, extra: tuple = ()) -> list:
   return _compile_cmd("bert_lamb", accelerator, "examples/bert_lamb/configs/lamb_bert.py:32768",
-                      ["batch_size=65536", "vocab_size=30522", "tokenizer='bpe'"])
+                      ["batch_size=65536", "vocab_size=30522", *extra])
 
 
 # -- rows computed in this process (a subprocess of the driver) ----------------
@@ -176,6 +186,79 @@ def update_row(model: str, opt: str) -> dict:
                               peak_flops=tpu.peak_flops_per_device)
   leaves = len(jax.tree.leaves(params))
   return {"programs": [{"name": f"{opt} update", **report.as_dict()}], "leaves": leaves}
+
+
+def plain_row(accelerator: str, opt: str) -> dict:
+  """ResNet-50's step as plain `jax.jit` (no library step): the reference.
+
+  The example's model and loss (ghost BN 64, bf16, label smoothing), 128
+  images per core, the LARS of the example or momentum SGD through
+  `optax.sgd`; parameters replicated, batch split over the devices, GSPMD's
+  own gradient all-reduce, batch statistics averaged over the devices.
+  """
+  _quiet()
+  import jax  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+  import optax  # noqa: PLC0415
+  from jax.sharding import NamedSharding  # noqa: PLC0415
+  from jax.sharding import PartitionSpec as P  # noqa: PLC0415
+
+  import date_optax  # noqa: PLC0415
+  import date_optax.parallel as dp  # noqa: PLC0415
+  from date_optax._src.parallel.step import compile_report as cr  # noqa: PLC0415
+
+  sys.path.insert(0, ROOT)
+  from examples.resnet50_imagenet import train  # noqa: PLC0415
+  from examples.resnet50_imagenet.configs import default  # noqa: PLC0415
+
+  tpu = dp.tpu_slice(accelerator)
+  mesh = tpu.data_mesh()
+  n = mesh.devices.size
+  config = default.get_config()
+  config.batch_size = 128 * n
+  model = train.create_model(config, n)
+  tx = (train.make_optimizer(config)[0] if opt == "lars"
+        else optax.sgd(0.1, momentum=0.9))
+  variables = train.init_variables(config, model, n, abstract=True)
+  rep, data = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+  abstract = lambda t, s: jax.tree.map(  # noqa: E731
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), t)
+
+  def step(params, stats, opt_state, batch):
+    def loss_fn(p):
+      # Ghost BN inside each device's rows: the model sees one device's share.
+      images = batch["image"].reshape(n, -1, *batch["image"].shape[1:])
+      labels = batch["label"].reshape(n, -1)
+
+      def one(x, y):
+        logits, new = model.apply({"params": p, "batch_stats": stats}, x, train=True,
+                                  mutable=["batch_stats"])
+        smoothed = optax.smooth_labels(jax.nn.one_hot(y, 1000), config.label_smoothing)
+        return optax.softmax_cross_entropy(logits, smoothed).mean(), new["batch_stats"]
+
+      losses, new_stats = jax.vmap(one, spmd_axis_name="data")(images, labels)
+      return losses.mean(), jax.tree.map(lambda s: s.mean(0), new_stats)
+
+    (loss, new_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), new_stats, opt_state, loss
+
+  params = abstract(variables["params"], rep)
+  stats = abstract(variables["batch_stats"], rep)
+  opt_state = abstract(jax.eval_shape(tx.init, variables["params"]), rep)
+  size = config.image_size
+  batch = {"image": jax.ShapeDtypeStruct((config.batch_size, size, size, 3), jnp.bfloat16,
+                                         sharding=data),
+           "label": jax.ShapeDtypeStruct((config.batch_size,), jnp.int32, sharding=data)}
+  del date_optax
+  start = time.perf_counter()
+  compiled = jax.jit(step, donate_argnums=(0, 1, 2)).lower(
+      params, stats, opt_state, batch).compile()
+  report = cr.report_compiled(compiled, num_devices=n, global_batch=config.batch_size,
+                              compile_seconds=time.perf_counter() - start,
+                              device_kind=f"TPU {accelerator.split('-')[0]}",
+                              hbm_bytes=tpu.hbm_per_device, peak_flops=tpu.peak_flops_per_device)
+  return {"programs": [{"name": f"plain jit, {opt}", **report.as_dict()}]}
 
 
 def sync_row(accelerator: str, algorithm: str, payload: str) -> dict:
@@ -381,6 +464,7 @@ def main(argv=None) -> int:
   parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per row")
   parser.add_argument("--out", default=None, help="output prefix (default docs/studies/...)")
   parser.add_argument("--update", nargs=2, metavar=("MODEL", "OPT"), help=argparse.SUPPRESS)
+  parser.add_argument("--plain", nargs=2, metavar=("SLICE", "OPT"), help=argparse.SUPPRESS)
   parser.add_argument("--sync", nargs=3, metavar=("SLICE", "ALG", "PAYLOAD"),
                       help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
@@ -389,6 +473,9 @@ def main(argv=None) -> int:
     return 0
   if args.sync:
     json.dump(sync_row(*args.sync), sys.stdout)
+    return 0
+  if args.plain:
+    json.dump(plain_row(*args.plain), sys.stdout)
     return 0
   prefix = args.out or _paths.study("tpu_compile")
   os.makedirs(os.path.dirname(prefix), exist_ok=True)

@@ -226,22 +226,55 @@ def test_ramp_step_sizes_programs_and_wrong_batch():
     step(state, _batch(0, 32))
 
 
-def test_growing_step_equals_fixed_step_at_each_size():
-  """A step at batch B with k microbatches is the plain step with k microbatches."""
+def _rows_first_reference(batch, replicas, min_microbatches, cap):
+  """The microbatches rows-first gives: the fewest >= the minimum that divide
+  a device's rows into pieces of at most `cap` (None: no cap)."""
+  rows = batch // replicas
+  cap = rows if cap is None else cap
+  return min(m for m in range(min_microbatches, rows + 1) if rows % m == 0 and rows // m <= cap)
+
+
+@pytest.mark.parametrize("cap", [None, 2, 1])
+def test_growing_step_equals_fixed_step_at_each_size(cap):
+  """Rows first: the step at batch B runs each device's B/8 rows in the fewest
+  microbatches of at most `cap` rows, and equals the plain step with them."""
   sched = BatchSchedule.ramp(8, 8, 16, max_batch=32)
   params = {"w": np.ones((3, 1), np.float32)}
   grow = dp.make_train_step(_loss, optax.sgd(0.05), dp.data_mesh(), batch_schedule=sched,
-                            donate=False)
+                            donate=False, max_rows_per_device=cap)
   state = grow.init(params)
+  seen = set()
   for i in range(4):
     b = grow.next_batch_size(state)
+    k = _rows_first_reference(b, 8, 1, cap)
+    assert grow.microbatches_for(b) == k
+    seen.add((b, k))
     plain = dp.make_train_step(_loss, optax.sgd(0.05), dp.data_mesh(), donate=False,
-                               microbatches=b // 8)
+                               microbatches=k)
     ref = plain.init(jax.device_get(state.params))
     ref, m_ref = plain(ref, _batch(i, b))
     state, m = grow(state, _batch(i, b))
     np.testing.assert_array_equal(np.asarray(state.params["w"]), np.asarray(ref.params["w"]))
     assert float(m["loss"]) == float(m_ref["loss"])
+  # No cap: one microbatch at every size (each core's rows grow); cap 1: one
+  # row per microbatch, accumulated (the layout before rows first).
+  expected = {None: {(8, 1), (16, 1), (24, 1)}, 2: {(8, 1), (16, 1), (24, 2)},
+              1: {(8, 1), (16, 2), (24, 3)}}[cap]
+  assert seen <= expected | {(32, _rows_first_reference(32, 8, 1, cap))} and len(seen) >= 3
+
+
+def test_rows_first_keeps_the_minimum_microbatches_and_refuses_a_small_cap():
+  sched = BatchSchedule.doubling(32, 64, max_batch=128)
+  step = dp.make_train_step(_loss, optax.sgd(0.05), dp.data_mesh(), batch_schedule=sched,
+                            microbatches=2, max_rows_per_device=4)
+  # 32 rows: 4 per device in 2 microbatches of 2; 64: 8 per device in 2 of 4;
+  # 128: 16 per device, 4 of 4.
+  assert [step.microbatches_for(b) for b in (32, 64, 128)] == [2, 2, 4]
+  with pytest.raises(ValueError, match=r"max_rows_per_device must be an integer in \[2, inf\], got 1"):
+    dp.make_train_step(_loss, optax.sgd(0.05), dp.data_mesh(), batch_schedule=sched,
+                       microbatches=2, max_rows_per_device=1)
+  with pytest.raises(ValueError, match="max_rows_per_device caps.*needs a batch_schedule"):
+    dp.make_train_step(_loss, optax.sgd(0.05), dp.data_mesh(), max_rows_per_device=4)
 
 
 @pytest.mark.parametrize("kind", ["ramp", "doubling", "adaptive"])

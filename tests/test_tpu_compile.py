@@ -315,6 +315,21 @@ def test_compile_command_reports_every_program_of_an_example():
         p["mfu"], p["flops"] / (p["estimated_seconds"] * 123e12 / 2))
 
 
+@pytest.mark.parametrize("example,config,programs", [
+    ("resnet50_imagenet", "examples/resnet50_imagenet/configs/smoke.py", 1),
+    ("bert_lamb", "examples/bert_lamb/configs/smoke.py", 2),  # two stages
+])
+def test_compile_command_builds_the_examples_own_steps(example, config, programs):
+  out = _cli("--example", example, "--accelerator-type", "v3-8", "--config", config, "--json")
+  assert out.returncode == 0, out.stderr[-2000:]
+  result = json.loads(out.stdout)["programs"]
+  assert len(result) == programs and all(p["fits"] for p in result)
+  if example == "bert_lamb":  # (4 data, 2 model): the smoke config's layout
+    assert [p["global_batch"] for p in result] == [64, 32]
+    groups = {g for p in result for g in p["collective_counts"]}
+    assert "all-reduce" in groups
+
+
 def test_compile_command_prints_a_readable_summary():
   out = _cli("--example", "mnist_lstm", "--accelerator-type", "v2-8",
              "--config", "examples/mnist_lstm/configs/smoke.py")

@@ -812,12 +812,22 @@ def check_schedule(value: Any) -> BatchSchedule | None:
 
 
 def check_for_step(
-    schedule: Any, grad_stats: bool, replicas: int, microbatches: int
+    schedule: Any, grad_stats: bool, replicas: int, microbatches: int,
+    max_rows_per_device: Any = None,
 ) -> BatchSchedule | None:
-  """Validates a step's `batch_schedule` against its replicas and statistics."""
+  """Validates a step's `batch_schedule` (and `max_rows_per_device`) against
+  its replicas and statistics."""
   schedule = check_schedule(schedule)
   if schedule is None:
+    if max_rows_per_device is not None:
+      raise ValueError(
+          "max_rows_per_device caps the rows of a growing batch's microbatches: "
+          f"it needs a batch_schedule (got max_rows_per_device={max_rows_per_device!r} "
+          "and no schedule; a fixed batch sets microbatches itself).")
     return None
+  if max_rows_per_device is not None:
+    first = schedule.start // max(1, replicas * microbatches)
+    validation.check_int("max_rows_per_device", max_rows_per_device, low=max(1, first))
   if schedule.start % (replicas * microbatches):
     raise ValueError(
         f"batch_schedule's start={schedule.start} must split over the {replicas} "

@@ -251,8 +251,8 @@ def compile_target(config: ml_collections.ConfigDict, tpu: dp.TpuSlice) -> list:
   tx, _ = make_optimizer(config)
   step = make_train_step(config, make_mesh(config, tpu), model, tx)
   tokens = jax.ShapeDtypeStruct((1, max_len), jnp.int32)
-  params = jax.eval_shape(lambda key: model.init(key, tokens, train=False)["params"],
-                          jax.random.key(0))
+  params = jax.eval_shape(lambda key, t: model.init(key, t, train=False)["params"],
+                          jax.random.key(0), tokens)
   state = step.abstract_state(params, rng=jax.random.key(0))
   out = []
   for i, stage in enumerate(stage_configs(config)):

@@ -143,6 +143,7 @@ def make_replicated_train_step(
     grad_stats: bool = False,
     grad_stats_decay: float | None = None,
     batch_schedule: BatchSchedule | None = None,
+    max_rows_per_device: int | None = None,
 ) -> ReplicatedTrainStep:
   """Builds the data-parallel step of replicated parameters (`shard_map`).
 
@@ -169,6 +170,7 @@ def make_replicated_train_step(
     grad_stats: measure gradient-noise statistics (needs two or more units).
     grad_stats_decay: their moving-average factor, in [0, 1).
     batch_schedule: a `date_optax.BatchSchedule` (see `make_train_step`).
+    max_rows_per_device: as for `make_train_step`.
 
   Returns:
     A `ReplicatedTrainStep`: `state, metrics = step(state, batch)`, with
@@ -211,9 +213,9 @@ def make_replicated_train_step(
   sync.check_replicas(axes, n)
   decay = gs_lib.check_options(grad_stats, grad_stats_decay, n, config.microbatches)
   schedule = bs_lib.check_for_step(batch_schedule, decay is not None, n,
-                                   config.microbatches)
+                                   config.microbatches, max_rows_per_device)
   return ReplicatedTrainStep(
       loss_fn, optimizer, mesh, grad_sync=sync, config=config, data_axes=axes,
       shard_update=bool(shard_update), grad_stats_decay=decay,
-      batch_schedule=schedule,
+      batch_schedule=schedule, max_rows_per_device=max_rows_per_device,
   )

@@ -228,6 +228,7 @@ def make_sharded_train_step(
     grad_stats: bool = False,
     grad_stats_decay: float | None = None,
     batch_schedule: BatchSchedule | None = None,
+    max_rows_per_device: int | None = None,
 ) -> ShardedTrainStep:
   """Builds the data-parallel step of sharded parameters (one GSPMD `jit`).
 
@@ -282,6 +283,7 @@ def make_sharded_train_step(
     grad_stats: as for `make_replicated_train_step`.
     grad_stats_decay: as for `make_replicated_train_step`.
     batch_schedule: as for `make_train_step`.
+    max_rows_per_device: as for `make_train_step`.
 
   Returns:
     A `ShardedTrainStep`, called and initialised as `make_train_step`'s.
@@ -354,10 +356,10 @@ def make_sharded_train_step(
   sync.check_replicas(axes, n)
   decay = gs_lib.check_options(grad_stats, grad_stats_decay, n, config.microbatches)
   schedule = bs_lib.check_for_step(batch_schedule, decay is not None, n,
-                                   config.microbatches)
+                                   config.microbatches, max_rows_per_device)
   return ShardedTrainStep(
       loss_fn, optimizer, mesh, layout=layout, grad_sync=sync, config=config,
       data_axes=axes,
       shard_update=bool(shard_update), grad_stats_decay=decay,
-      batch_schedule=schedule,
+      batch_schedule=schedule, max_rows_per_device=max_rows_per_device,
   )

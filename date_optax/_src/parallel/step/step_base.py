@@ -62,6 +62,8 @@ class TrainStep:
     grad_stats_decay: the statistics' decay, or None without them.
     batch_schedule: a `date_optax.BatchSchedule`, or None (every call
       takes any batch that splits over replicas × microbatches).
+    max_rows_per_device: with a batch schedule, the most rows of one
+      microbatch on one device (None: no cap).
 
   Returns:
     The step (a callable object).
@@ -89,6 +91,7 @@ class TrainStep:
       shard_update: bool,
       grad_stats_decay: float | None = None,
       batch_schedule: bs_lib.BatchSchedule | None = None,
+      max_rows_per_device: int | None = None,
   ):
     self.loss_fn = loss_fn
     self.optimizer = optimizer
@@ -112,11 +115,8 @@ class TrainStep:
     self._init_cache: dict[Any, Any] = {}
     self.batch_schedule = batch_schedule
     self._tracker = None if batch_schedule is None else bs_lib.BatchTracker(batch_schedule)
-    #: Per-replica rows of one microbatch, fixed for a growing batch.
-    self.microbatch_rows = (
-        None if batch_schedule is None
-        else batch_schedule.start // (self.num_replicas * config.microbatches)
-    )
+    #: The cap on one device's microbatch rows of a growing batch (None: none).
+    self.max_rows_per_device = max_rows_per_device
     self.traces = 0  # programs traced by `_step` (one per distinct batch)
 
   # The step-level options, as attributes (read by code written for the flat
@@ -275,15 +275,31 @@ class TrainStep:
   def _after_update(self, state: TrainState) -> TrainState:
     return state
 
-  def _microbatches_for(self, rows: int) -> int:
-    """Microbatches per replica for a global batch of `rows` (growing batch)."""
+  def microbatches_for(self, rows: int) -> int:
+    """Microbatches per replica of a growing batch's program for `rows` rows.
+
+    Rows first: the fewest microbatches, at least the step's `microbatches`,
+    that divide each device's `rows / replicas` rows into microbatches of
+    at most `max_rows_per_device` rows. The schedule's first batch always
+    has a split (the builder checks it), and every later batch one of at most
+    the first batch's rows per microbatch.
+
+    Args:
+      rows: a global batch size the schedule asks for.
+
+    Returns:
+      The microbatch count of that program.
+    """
     sizes = self.batch_schedule.batch_sizes
     if rows not in sizes:
       raise ValueError(
           f"the batch has {rows} rows, which the batch schedule never asks for "
           f"(its batches: {list(sizes)})."
       )
-    return rows // (self.num_replicas * self.microbatch_rows)
+    per_device = rows // self.num_replicas
+    cap = self.max_rows_per_device or per_device
+    return next(m for m in range(self.config.microbatches, per_device + 1)
+                if per_device % m == 0 and per_device // m <= cap)
 
   def _step(self, state: TrainState, batch: PyTree) -> tuple[TrainState, Metrics]:
     self.traces += 1
@@ -291,7 +307,7 @@ class TrainStep:
     config = self.config
     extra = None
     if self.batch_schedule is not None:
-      config = dataclasses.replace(config, microbatches=self._microbatches_for(rows))
+      config = dataclasses.replace(config, microbatches=self.microbatches_for(rows))
       extra = {"batch_progress": bs_lib.BatchProgress(
           batch_size=jnp.int32(rows), examples=state.batch_schedule.examples)}
     lg.check_batch(batch, self.num_replicas, config.microbatches)

@@ -69,6 +69,7 @@ def make_train_step(
     grad_sync: GradSync | None = None,
     step_config: StepConfig | None = None,
     batch_schedule: BatchSchedule | None = None,
+    max_rows_per_device: int | None = None,
 ) -> TrainStep:
   """Builds a synchronous data-parallel train step, `jit`-compiled over a mesh.
 
@@ -150,12 +151,15 @@ def make_train_step(
   statistics unchanged. Needs n >= 2.
 
   *Growing batch.* With `batch_schedule` (`date_optax.BatchSchedule`:
-  fixed, Megatron's ramp, or adaptive) the per-replica microbatch keeps
-  the shape of the schedule's first batch (`start / (replicas ×
-  microbatches)` rows) and a global batch B runs B / (replicas × rows)
-  accumulated microbatches: one compiled program per distinct batch size
-  (`schedule.batch_sizes`; log2(max/start) + 1 for the adaptive doubling),
-  each with a static `lax.scan`, and the optimizer applied once per step.
+  fixed, Megatron's ramp, or adaptive) rows come first: a global batch B
+  gives each device B / replicas rows, run as the fewest microbatches (at
+  least `microbatches`) that divide them and hold at most
+  `max_rows_per_device` rows each, so a larger batch keeps every core
+  busier and accumulates only above the cap: one compiled program per
+  distinct batch size (`schedule.batch_sizes`; log2(max/start) + 1 for the
+  adaptive doubling), each with a static `lax.scan` over its microbatches,
+  and the optimizer applied once per step. The noise statistics count each
+  program's own microbatches.
   `step.next_batch_size(state)` says how many examples the next call takes
   (a call with another number raises); it never waits for the steps in
   flight: an adaptive schedule decides on the device and its decision of
@@ -260,6 +264,12 @@ def make_train_step(
       flat keywords.
     batch_schedule: a `date_optax.BatchSchedule` to grow the global batch
       (see *Growing batch*), or None.
+    max_rows_per_device: with a `batch_schedule`, the most rows one
+      microbatch of one device may hold (at least the first batch's); a
+      larger batch accumulates microbatches above it. None: no cap, every
+      batch runs in `microbatches` microbatches per device (the fewest that
+      divide its rows). Measure what fits with `date_optax.parallel.
+      compile_report` (per batch size: `schedule.batch_sizes`).
 
   Returns:
     A `TrainStep` (a `ReplicatedTrainStep`, or a `ShardedTrainStep` with
@@ -362,7 +372,7 @@ def make_train_step(
   )
   options = dict(step_config=config, shard_update=shard_update, data_axes=data_axes,
                  grad_stats=grad_stats, grad_stats_decay=grad_stats_decay,
-                 batch_schedule=batch_schedule)
+                 batch_schedule=batch_schedule, max_rows_per_device=max_rows_per_device)
   if param_sharding is None:
     return make_replicated_train_step(loss_fn, optimizer, mesh, grad_sync=sync, **options)
   return make_sharded_train_step(
