@@ -83,7 +83,6 @@ def rows() -> dict[str, dict]:
   out = {
       "r50/v3-32": r50_at("v3-32"),
       "r50/v3-2048": r50_at("v3-2048"),
-      "bert-large/v3-2048": _bert("v3-2048"),
       "r50-32k/v2-512": _compile_cmd("resnet50_imagenet", "v2-512", None, r50_32k["v2-512"]),
       "r50-32k/v3-2048": _compile_cmd("resnet50_imagenet", "v3-2048", None, r50_32k["v3-2048"]),
       "r50-32k/v3-2048/shard_update": _compile_cmd(
@@ -92,23 +91,31 @@ def rows() -> dict[str, dict]:
   for model in ("resnet50", "bert-large"):
     for opt in ("momentum", "lars", "adamw", "lamb"):
       out[f"update/{model}/{opt}"] = [sys.executable, __file__, "--update", model, opt]
+  out["bert-large/v3-2048"] = _bert("v3-2048")
+  for opt in ("lars", "momentum"):
+    out[f"plain/r50/v3-32/{opt}"] = [sys.executable, __file__, "--plain", "v3-32", opt]
   for algorithm, payload in (("psum", "float32"), ("torus", "float32"), ("torus", "int8"),
                              ("torus", "int4"), ("ring", "int8")):
     out[f"sync/v3-128/{algorithm}/{payload}"] = sync("v3-128", algorithm, payload)
+  out["bert-large-adamw/v3-2048"] = _bert("v3-2048", ["optimizer='adamw'"])
   for s in ("v2-512", "v3-128", "v3-512", "v2-32", "v4-128", "v5litepod-256"):
     out[f"r50/{s}"] = r50_at(s)
-  for s in ("v2-512", "v3-512", "v3-1024"):
-    out[f"bert-large/{s}"] = _bert(s)
-  out["bert-large-adamw/v3-2048"] = _bert("v3-2048", ["optimizer='adamw'"])
   out["bert-base/v3-2048"] = _compile_cmd(
       "bert_lamb", "v3-2048", "examples/bert_lamb/configs/lamb_bert.py:32768,base",
       ["batch_size=65536", "vocab_size=30522"])
-  for opt in ("lars", "momentum"):
-    out[f"plain/r50/v3-32/{opt}"] = [sys.executable, __file__, "--plain", "v3-32", opt]
   out["mnist1d-adaptive/v3-2048"] = _compile_cmd(
       "mnist1d_lstm", "v3-2048", "examples/mnist1d_lstm/configs/adaptive.py",
       ["base_batch_size=2048", "batch_size=131072"])
+  # The growing batch on a v3-128: rows first, each program's own estimate.
+  out["growth/v3-128"] = _compile_cmd(
+      "mnist1d_lstm", "v3-128", "examples/mnist1d_lstm/configs/adaptive.py",
+      ["base_batch_size=256", "batch_size=16384"])
   out["mnist/v3-2048"] = _compile_cmd("mnist_lstm", "v3-2048", None, ["batch_size=32768"])
+  # Compile time against the slice, the two back to back on a quiet machine.
+  out["ctime/r50/v3-32"] = r50_at("v3-32")
+  out["ctime/r50/v3-2048"] = r50_at("v3-2048")
+  for s in ("v2-512", "v3-512", "v3-1024"):
+    out[f"bert-large/{s}"] = _bert(s)
   out["sync/v3-2048/psum/float32"] = sync("v3-2048", "psum", "float32")
   out["sync/v3-2048/torus/float32"] = sync("v3-2048", "torus", "float32")
   for payload in ("float32", "int8", "int4"):
@@ -418,6 +425,24 @@ def report(log: str, md: str, png: str | None) -> None:
     lines.append(f"| {s} | {algorithm} | {payload} | {p['estimated_seconds'] * 1e3:.3f} | "
                  f"{p['collective_counts']} | {sum(p['collective_bytes'].values()):,} | "
                  f"{p['compile_seconds']:.1f} |")
+  rec = done.get("growth/v3-128")
+  if rec and "error" not in rec:
+    lines += ["", "## A growing batch on a v3-128: rows first against accumulation only", "",
+              "MNIST-1D LSTM (`configs/adaptive.py`, B0 = 256, 2 rows per device, to 64·B0). "
+              "Rows first: each program's own estimate (one microbatch per device). "
+              "Accumulation only (the layout before rows first): B/B0 microbatches of B0's "
+              "rows, i.e. B/B0 times B0's program (XLA's cost analysis counts a loop body "
+              "once, so this is derived from B0's program, not read from a loop).", "",
+              "| batch | rows per device | est. ms, rows first | est. ms, accumulation "
+              "only | est. µs per example, rows first | accumulation only | ratio |",
+              "|---:|---:|---:|---:|---:|---:|---:|"]
+    progs = rec["programs"]
+    b0, t0 = progs[0]["global_batch"], progs[0]["estimated_seconds"]
+    for p in progs:
+      b, t = p["global_batch"], p["estimated_seconds"]
+      acc = t0 * b / b0
+      lines.append(f"| {b} | {b // p['num_devices']} | {t * 1e3:.3f} | {acc * 1e3:.3f} | "
+                   f"{t / b * 1e6:.4f} | {acc / b * 1e6:.4f} | {acc / t:.1f} |")
   with open(md, "w") as f:
     f.write("\n".join(lines) + "\n")
   print("\n".join(lines))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -371,3 +372,45 @@ def test_collectives_read_replica_groups_and_async_pairs():
   # Without a TPU tile, a 4-bit element counts half a byte.
   assert dp.collectives("%c = s4[100]{0} collective-permute(%w), "
                         "source_target_pairs={{0,1}}")[0]["bytes"] == 50
+
+
+# -- the study's tables ------------------------------------------------------
+
+
+def _program(batch, devices, seconds, **extra):
+  return {"name": f"batch {batch}", "global_batch": batch, "num_devices": devices,
+          "compile_seconds": 1.0, "total_bytes": 2**30, "hbm_bytes": 16 * 2**30, "fits": True,
+          "flops": 1e12, "estimated_seconds": seconds, "examples_per_second": batch / seconds,
+          "mfu": 0.5, "fusions": 10, "loops": 0, "collective_counts": {"all-reduce": 1},
+          "collective_bytes": {"all-reduce": 4e6}, **extra}
+
+
+def test_study_rows_and_time_to_train(tmp_path, monkeypatch):
+  monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+  import tpu_compile  # noqa: PLC0415
+
+  names = tpu_compile.rows()
+  for s in ("v2-32", "v2-512", "v3-32", "v3-128", "v3-512", "v3-2048", "v4-128",
+            "v5litepod-256"):
+    assert f"r50/{s}" in names
+  assert {"r50-32k/v2-512", "r50-32k/v3-2048", "bert-large/v3-2048"} <= set(names)
+  log = tmp_path / "t.jsonl"
+  runs = {
+      "r50-32k/v2-512": {"programs": [_program(32768, 512, 0.1)]},
+      "bert-large/v3-2048": {"programs": [_program(65536, 2048, 0.2),
+                                          _program(32768, 2048, 0.3)]},
+      "update/resnet50/momentum": {"programs": [_program(1, 1, 0.002)], "leaves": 10},
+      "update/resnet50/lars": {"programs": [_program(1, 1, 0.003)], "leaves": 10},
+  }
+  log.write_text("".join(json.dumps({"ident": k, **v}) + "\n" for k, v in runs.items()))
+  tpu_compile.report(str(log), str(tmp_path / "t.md"), None)
+  text = (tmp_path / "t.md").read_text()
+  # 90 epochs of ImageNet at 32K: ceil(90 * 1281167 / 32768) = 3519 steps.
+  r50 = 3519 * 0.1 / 60
+  assert f"| r50-32k/v2-512 | 3519 | 0.1000 | {r50:.2f} |" in text
+  assert f"| {r50 / 7.0:.2f} |" in text
+  # LAMB's BERT: 9/10 of 512M sequences at 64K, 1/10 at 32K.
+  steps = (math.ceil(512e6 * 9 / 10 / 65536), math.ceil(512e6 / 10 / 32768))
+  bert = (steps[0] * 0.2 + steps[1] * 0.3) / 60
+  assert f"| bert-large/v3-2048 | {steps[0]} + {steps[1]} | 0.2000 / 0.3000 | {bert:.2f} |" in text
+  assert "| resnet50 | lars | 3.000 | 1.50 | 10 | 1.00 |" in text

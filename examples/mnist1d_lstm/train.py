@@ -173,7 +173,8 @@ def make_train_step(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, 
     return dp.make_train_step(loss_fn, tx, mesh)
   return dp.make_train_step(loss_fn, tx, mesh, grad_stats=True,
                             microbatches=2 if mesh.devices.size == 1 else 1,
-                            batch_schedule=schedule)
+                            batch_schedule=schedule,
+                            max_rows_per_device=config.get("max_rows_per_device"))
 
 
 def compile_target(config: ml_collections.ConfigDict, tpu: dp.TpuSlice, model: Any = None,

@@ -43,6 +43,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.batch_schedule = config_dict.placeholder(str)  # None
   config.ramp_examples = config_dict.placeholder(int)  # None
   config.ramp_increment = config_dict.placeholder(int)  # None
+  # A growing batch gives each device its rows in one microbatch (rows
+  # first); this caps a microbatch's rows per device (None: no cap).
+  config.max_rows_per_device = config_dict.placeholder(int)  # None
   config.num_devices = None  # None: all devices; the batch is split over them.
   config.seed = 0
   config.log_every_steps = 50
