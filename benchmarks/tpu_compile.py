@@ -310,7 +310,8 @@ def _slim(result: dict) -> dict:
   keep = ("name", "global_batch", "num_devices", "compile_seconds", "argument_bytes",
           "temp_bytes", "output_bytes", "alias_bytes", "total_bytes", "hbm_bytes", "fits",
           "flops", "bytes_accessed", "estimated_seconds", "examples_per_second", "mfu",
-          "fusions", "loops", "collective_counts", "collective_bytes")
+          "fusions", "loops", "collective_counts", "collective_bytes", "error",
+          "required_bytes")
   programs = []
   for p in result["programs"]:
     q = {k: p.get(k) for k in keep}
@@ -334,7 +335,7 @@ def run(names: list[str], log: str, timeout: float) -> None:
     try:
       out = subprocess.run(table[name]["cmd"], cwd=ROOT, capture_output=True, text=True,
                            timeout=timeout, env=env)
-      ok = out.returncode == 0
+      ok = out.returncode == 0 or (out.returncode == 1 and out.stdout.strip())  # 1: no fit
       result = json.loads(out.stdout) if ok else {"error": out.stderr.strip()[-1500:]}
     except subprocess.TimeoutExpired:
       result = {"error": f"compile exceeded the {timeout:.0f} s limit"}
@@ -374,6 +375,12 @@ def report(log: str, md: str, png: str | None) -> None:
                    + " |" * 10)
       continue
     for p in rec["programs"]:
+      if p.get("error"):  # the compiler refused it: it does not fit
+        lines.append(f"| {name} | {p['name']} | {p['num_devices']} | "
+                     f"{p['global_batch'] / p['num_devices']:g} | "
+                     f"{_gib(p['required_bytes'] or 0)} temporaries "
+                     f"({_gib(p['hbm_bytes'])}) | no: {p['error']} |" + " |" * 6)
+        continue
       t = p["estimated_seconds"]
       ar = p["collective_bytes"].get("all-reduce", 0) / 1e6
       cap = "" if not p["hbm_bytes"] else f" ({_gib(p['hbm_bytes'])})"
@@ -388,7 +395,7 @@ def report(log: str, md: str, png: str | None) -> None:
             "|---|---:|---:|---:|---|---:|---:|"]
   for name, (what, minutes) in PUBLISHED.items():
     rec = done.get(name)
-    if not rec or "error" in rec:
+    if not rec or "error" in rec or any(p.get("error") for p in rec["programs"]):
       continue
     if name.startswith("r50"):
       steps = [math.ceil(R50_EPOCHS * IMAGENET / rec["programs"][0]["global_batch"])]
@@ -462,6 +469,8 @@ def _plot(done: dict, png: str) -> None:
   labels, mem, cap, est = [], [], [], []
   for n in names:
     for p in done[n]["programs"]:
+      if p.get("error"):
+        continue
       labels.append(f"{n} {p['name'].split(' (')[0] if 'stage' in p['name'] else ''}".strip())
       mem.append(p["total_bytes"] / 2**30)
       cap.append((p["hbm_bytes"] or 0) / 2**30)

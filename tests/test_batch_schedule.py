@@ -865,3 +865,32 @@ def test_growing_start_options_are_checked():
   # A schedule from B0 runs the baseline's own schedule: nothing to refuse.
   date_optax.date(LEGW_BASE, 16384,
                   batch_schedule=BatchSchedule.doubling(16, 10**5, max_batch=16384))
+
+
+def test_precompile_compiles_every_program_once_and_the_calls_use_them():
+  sched = BatchSchedule.ramp(8, 8, 48, max_batch=32)
+  params = {"w": np.ones((3, 1), np.float32)}
+  build = lambda: dp.make_train_step(_loss, optax.sgd(0.05), dp.data_mesh(),  # noqa: E731
+                                     batch_schedule=sched)
+  step, plain = build(), build()
+  state = step.init(params)
+  times = step.precompile(state, _batch(0, 8))
+  assert list(times) == list(sched.batch_sizes) == [8, 16, 24, 32]
+  assert all(t > 0 for t in times.values()) and step.traces == 4
+  ref = plain.init(params)
+  for i in range(8):
+    state, m = step(state, _batch(i, step.next_batch_size(state)))
+    ref, m_ref = plain(ref, _batch(i, plain.next_batch_size(ref)))
+    assert int(m["batch_size"]) == int(m_ref["batch_size"])
+  assert step.traces == 4  # nothing compiled during the run
+  np.testing.assert_array_equal(np.asarray(state.params["w"]), np.asarray(ref.params["w"]))
+  # In the background: a Future of the same table.
+  other = build()
+  future = other.precompile(other.init(params), _batch(0, 8), background=True)
+  assert sorted(future.result(timeout=300)) == [8, 16, 24, 32]
+
+
+def test_a_schedule_of_many_sizes_warns_with_their_number():
+  sched = BatchSchedule.ramp(8, 8, 1000, max_batch=8 * 20)  # Megatron-style, 20 sizes
+  with pytest.warns(UserWarning, match="20 batch sizes.*step.precompile"):
+    dp.make_train_step(_loss, optax.sgd(0.05), dp.data_mesh(), batch_schedule=sched)

@@ -171,6 +171,20 @@ def test_step_options_compile_for_tpu(options):
     assert r.argument_bytes < 2 * PARAM_BYTES
 
 
+def test_sharded_low_bit_step_compiles_for_tpu():
+  """The sharded builder's low-bit reduce-scatter with error feedback, (4, 2) mesh."""
+  tpu = dp.tpu_slice("v3-8")
+  step = dp.make_sharded_train_step(
+      _loss, date_optax.lamb(1e-3), tpu.mesh(model=2),
+      param_sharding=[(r".*kernel", P(None, "model"))],
+      grad_sync=dp.GradSync("ring", comm_dtype="int8", block_size=32, error_feedback=True))
+  r = _report(step, tpu=tpu)
+  assert r.fits and r.estimated_seconds > 0
+  hops = [c for c in r.collectives if c["kind"] == "collective-permute"]
+  assert hops and {d for c in hops for d in c["dtypes"]} <= {"s8", "f32", "bf16", "u8", "s32"}
+  assert any("s8" in c["dtypes"] for c in hops)
+
+
 def test_every_program_of_a_batch_schedule_compiles():
   tpu = dp.tpu_slice("v3-8")
   schedule = date_optax.BatchSchedule.adaptive(64, max_batch=256)
@@ -414,3 +428,23 @@ def test_study_rows_and_time_to_train(tmp_path, monkeypatch):
   bert = (steps[0] * 0.2 + steps[1] * 0.3) / 60
   assert f"| bert-large/v3-2048 | {steps[0]} + {steps[1]} | 0.2000 / 0.3000 | {bert:.2f} |" in text
   assert "| resnet50 | lars | 3.000 | 1.50 | 10 | 1.00 |" in text
+
+
+def test_a_program_that_does_not_fit_says_by_how_much():
+  tpu = dp.tpu_slice("v2-8")  # 8 GiB per device
+  wide = 1 << 16
+  params = {"w": SDS((wide, wide // 4), jnp.float32)}  # 4 GiB, and Adam's moments
+  step = dp.make_train_step(lambda p, b: jnp.mean((b @ p["w"]) ** 2), optax.adam(1e-3),
+                            tpu.data_mesh(), donate=False)
+  with pytest.raises(ValueError, match=r"does not fit: .* GiB of HBM available \(over by") as e:
+    dp.compile_report(step, step.abstract_state(params), SDS((8, wide), jnp.float32), tpu=tpu)
+  assert e.value.required_bytes > e.value.available_bytes > 7 * 2**30
+
+
+def test_compile_command_says_by_how_much_a_program_does_not_fit():
+  out = _cli("--example", "mnist1d_lstm", "--accelerator-type", "v2-8", "--config",
+             "examples/mnist1d_lstm/configs/smoke.py", "--set", "hidden_size=32768", "--json")
+  assert out.returncode == 1, out.stderr[-2000:]
+  (program,) = json.loads(out.stdout)["programs"]
+  assert program["fits"] is False and "over by" in program["error"]
+  assert program["required_bytes"] > program["hbm_bytes"]

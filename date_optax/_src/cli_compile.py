@@ -142,6 +142,8 @@ def _jsonable(report: Any) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
   """Runs ``date-optax compile``; returns the exit code (2 on bad input)."""
   _quiet_libtpu()
+  from jax import tree_util  # noqa: PLC0415
+
   from date_optax._src.parallel.layout import tpu_slice as ts  # noqa: PLC0415
   from date_optax._src.parallel.step import compile_report as cr  # noqa: PLC0415
 
@@ -170,6 +172,14 @@ def run(args: argparse.Namespace) -> int:
   for name, step, state, batch in programs:
     try:
       report = cr.compile_report(step, state, batch, tpu=tpu)
+    except cr.DoesNotFit as e:  # reported, and the other programs go on
+      rows = int(tree_util.tree_leaves(batch)[0].shape[0])
+      results.append({"name": name, "global_batch": rows, "num_devices": tpu.num_devices,
+                      "fits": False, "error": str(e), "required_bytes": e.required_bytes,
+                      "hbm_bytes": tpu.hbm_per_device})
+      if not args.json:
+        print(f"\n{name}\nbatch {rows} on {tpu.num_devices} devices {e}", flush=True)
+      continue
     except ValueError as e:
       return fail(f"{name}: {e}")
     results.append({"name": name, **_jsonable(report)})
@@ -180,4 +190,5 @@ def run(args: argparse.Namespace) -> int:
                "estimates": "compiler cost model (libtpu), not measured",
                "programs": results}, sys.stdout, indent=1)
     print()
-  return 0
+  # 1: a program does not fit its devices (each one says by how much).
+  return 0 if all(r["fits"] is not False for r in results) else 1

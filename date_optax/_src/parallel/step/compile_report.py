@@ -164,6 +164,45 @@ class CompileReport:
     return "\n".join(lines)
 
 
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+class DoesNotFit(ValueError):
+  """The compiler refused a program that needs more memory than a device has.
+
+  Attributes:
+    required_bytes: what the compiler said the program needs (its
+      temporaries, as the message names them), or None if unreadable.
+    available_bytes: the device memory it had, or None.
+  """
+
+  def __init__(self, message: str, required_bytes: int | None = None,
+               available_bytes: int | None = None):
+    super().__init__(message)
+    self.required_bytes = required_bytes
+    self.available_bytes = available_bytes
+
+  @classmethod
+  def from_error(cls, error: Exception) -> Exception:
+    """The `DoesNotFit` of a compiler out-of-memory error, else `error` itself."""
+    text = str(error)
+    if "RESOURCE_EXHAUSTED" not in text and "Ran out of memory" not in text:
+      return error
+    amount = r"\(([\d.]+)([KMGT]?)i?B?\)"
+    need = re.search(r"required for ([^(]*?) " + amount, text)
+    have = re.search(r"available HBM " + amount, text)
+    to_bytes = lambda m, i: int(float(m.group(i)) * _UNITS[m.group(i + 1)])  # noqa: E731
+    required = to_bytes(need, 2) if need else None
+    available = to_bytes(have, 1) if have else None
+    what = need.group(1) if need else "the program"
+    first = text.split("HLO module:")[0].strip().splitlines()[0]
+    message = (f"does not fit: the compiler needs {required / 2**30:.2f} GiB for {what} per "
+               f"device, {available / 2**30:.2f} GiB of HBM available (over by "
+               f"{(required - available) / 2**30:.2f} GiB)" if need and have else
+               f"does not fit: {first}")
+    return cls(message, required, available)
+
+
 def _cost(compiled: Any) -> dict[str, float]:
   cost = compiled.cost_analysis()
   if isinstance(cost, (list, tuple)):  # older JAX: one dict per program
@@ -217,6 +256,12 @@ def compile_report(step: Any, state: Any, batch: PyTree, *, tpu: Any = None) -> 
   Returns:
     A `CompileReport`.
 
+  Raises:
+    ValueError: the program does not fit its device's memory (the TPU
+      compiler refuses such a program): the message says by how much, and
+      the error's ``required_bytes`` and ``available_bytes`` hold the
+      compiler's numbers; or the batch does not split over the replicas.
+
   Examples:
     >>> import jax, jax.numpy as jnp, optax
     >>> import date_optax.parallel as dp
@@ -234,7 +279,10 @@ def compile_report(step: Any, state: Any, batch: PyTree, *, tpu: Any = None) -> 
     renting it.
   """
   start = time.perf_counter()
-  compiled = step.compile(state, batch)
+  try:
+    compiled = step.compile(state, batch)
+  except jax.errors.JaxRuntimeError as e:
+    raise DoesNotFit.from_error(e) from e
   seconds = time.perf_counter() - start
   devices = step.mesh.devices.flat
   first = next(iter(devices))

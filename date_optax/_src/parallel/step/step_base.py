@@ -10,7 +10,10 @@ both builders take.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import time
+import warnings
 import weakref
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -117,6 +120,15 @@ class TrainStep:
     self._tracker = None if batch_schedule is None else bs_lib.BatchTracker(batch_schedule)
     #: The cap on one device's microbatch rows of a growing batch (None: none).
     self.max_rows_per_device = max_rows_per_device
+    # Programs compiled ahead by `precompile`, by (jit program, batch rows).
+    self._ahead: dict[tuple[int, int], Any] = {}
+    if batch_schedule is not None and len(batch_schedule.batch_sizes) > MANY_PROGRAMS:
+      warnings.warn(
+          f"the batch schedule has {len(batch_schedule.batch_sizes)} batch sizes: the "
+          f"step compiles {len(batch_schedule.batch_sizes)} programs, each the first time "
+          "its size comes up (every host waits for it); step.precompile(state, batch) "
+          "compiles them all up front (in the background with background=True).",
+          stacklevel=3)
     self.traces = 0  # programs traced by `_step` (one per distinct batch)
 
   # The step-level options, as attributes (read by code written for the flat
@@ -445,6 +457,71 @@ class TrainStep:
     """
     return self.lower(state, batch).compile()
 
+  def precompile(
+      self, state: TrainState, batch: PyTree, *, background: bool = False,
+      max_workers: int | None = None,
+  ) -> dict[int, float] | concurrent.futures.Future:
+    """Compiles every program of the batch schedule now (or one without).
+
+    A growing batch compiles one program per batch size, by default the
+    first time that size comes up, a stall of every host at a moment an
+    adaptive schedule does not announce. This compiles them all up front,
+    in threads (XLA compiles without the GIL), and the calls then use them.
+
+    Args:
+      state: the state the calls will take (concrete or `abstract_state`).
+      batch: one batch, any rows (arrays or `jax.ShapeDtypeStruct`s): its
+        leaves' trailing shapes and dtypes make each program's batch.
+      background: return at once with a `concurrent.futures.Future` of the
+        result; a call that needs a program before it is ready compiles it
+        itself.
+      max_workers: compile threads (default: as many as programs, at most 4).
+
+    Returns:
+      ``{batch size: compile seconds}`` (or a Future of it), in the
+      schedule's order; a step without a schedule compiles `batch`'s size.
+
+    Examples:
+      >>> import numpy as np, optax, date_optax
+      >>> import date_optax.parallel as dp
+      >>> sched = date_optax.BatchSchedule.doubling(16, 64, max_batch=64)
+      >>> step = dp.make_train_step(lambda p, b: ((b @ p) ** 2).mean(), optax.sgd(0.1),
+      ...                           dp.data_mesh(), batch_schedule=sched)
+      >>> state = step.init(np.ones((4, 1), np.float32))
+      >>> sorted(step.precompile(state, np.ones((16, 4), np.float32)))
+      [16, 32, 64]
+
+    References:
+      MaxText, ``train_compile.py`` (compiling ahead of time); Megatron-LM's
+      batch ramp (one program per size).
+    """
+    sizes = (self.batch_schedule.batch_sizes if self.batch_schedule is not None
+             else (int(np.shape(jax.tree.leaves(batch)[0])[0]),))
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), state)
+    program = self._compiled_for(state)
+
+    def one(rows: int) -> float:
+      start = time.perf_counter()
+      shaped = jax.tree.map(
+          lambda x: jax.ShapeDtypeStruct((rows, *np.shape(x)[1:]), x.dtype), batch)
+      self._ahead[(id(program), rows)] = self.compile(abstract, shaped)
+      return time.perf_counter() - start
+
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers or min(4, len(sizes)))
+    futures = [pool.submit(one, rows) for rows in sizes]
+
+    def collect() -> dict[int, float]:
+      return {rows: f.result() for rows, f in zip(sizes, futures)}
+
+    if background:
+      done = pool.submit(collect)
+      pool.shutdown(wait=False)
+      return done
+    try:
+      return collect()
+    finally:
+      pool.shutdown()
+
   def next_batch_size(self, state: TrainState) -> int | None:
     """The global batch the next call on `state` must be given.
 
@@ -472,7 +549,15 @@ class TrainStep:
             f"{rows} rows; fetch step.next_batch_size(state) examples."
         )
     program = self._compiled_for(state)
-    state, metrics = program(state, batch)
+    ahead = self._ahead.get((id(program), int(np.shape(jax.tree.leaves(batch)[0])[0])))
+    try:
+      # A program compiled ahead takes exactly its layouts; anything else
+      # (a state restored in another layout) goes through the jit.
+      state, metrics = ahead(state, batch) if ahead else program(state, batch)
+    except (ValueError, TypeError):
+      if ahead is None:
+        raise
+      state, metrics = program(state, batch)
     self._last_out = (weakref.ref(state), program)
     if want is not None:
       self._tracker.record(want, state, metrics)
@@ -480,6 +565,10 @@ class TrainStep:
       check_metrics(metrics, self.max_consecutive_skips)
     return state, metrics
 
+
+
+#: A batch schedule with more sizes than this warns at build (one program each).
+MANY_PROGRAMS = 16
 
 
 def _is_abstract(tree: Any) -> bool:
