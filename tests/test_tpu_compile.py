@@ -252,9 +252,12 @@ def test_low_bit_payloads_travel_in_their_type(comm_dtype, wire):
     assert c["bytes"] == c["elements"]
 
 
-def test_tpu_v3_does_not_pack_4_bit_arrays():
-  """Bytes per element the TPU compiler allots, read from memory_analysis."""
-  devices = dp.tpu_slice("v3-8").devices[:2]
+@pytest.mark.parametrize("accelerator,four_bit", [
+    ("v2-8", 1.0), ("v3-8", 1.0), ("v4-8", 0.5), ("v5litepod-8", 0.5)])
+def test_which_tpus_pack_4_bit_arrays(accelerator, four_bit):
+  """Bytes per element the TPU compiler allots, read from memory_analysis:
+  v2 and v3 keep a 4-bit element in a byte, v4 and v5e pack two."""
+  devices = dp.tpu_slice(accelerator).devices[:2]
   mesh = jax.sharding.Mesh(np.array(devices), ("d",))
   n = 1 << 16
   stored = {}
@@ -262,9 +265,12 @@ def test_tpu_v3_does_not_pack_4_bit_arrays():
     f = jax.jit(jax.shard_map(lambda v: jax.lax.ppermute(v, "d", [(0, 1), (1, 0)]),
                               mesh=mesh, in_specs=P("d"), out_specs=P("d")))
     x = SDS((2 * n,), dtype, sharding=NamedSharding(mesh, P("d")))
-    memory = f.lower(x).compile().memory_analysis()
-    stored[jnp.dtype(dtype).name] = memory.argument_size_in_bytes / n
-  assert stored == {"float32": 4.0, "bfloat16": 2.0, "int8": 1.0, "int4": 1.0}
+    compiled = f.lower(x).compile()
+    stored[jnp.dtype(dtype).name] = compiled.memory_analysis().argument_size_in_bytes / n
+    # The collectives' reader counts the bytes the layout gives, the same.
+    (hop,) = dp.collectives(compiled.as_text())
+    assert hop["bytes"] == stored[jnp.dtype(dtype).name] * hop["elements"]
+  assert stored == {"float32": 4.0, "bfloat16": 2.0, "int8": 1.0, "int4": four_bit}
 
 
 def test_fsdp_argument_bytes_fall_with_the_model_axis():
