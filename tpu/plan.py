@@ -176,11 +176,13 @@ def compiled_table(log: str) -> str:
     if not name.startswith(("r50/", "r50-32k/")) or name.count("/") != 1 or "error" in rec:
       continue
     p = rec["programs"][0]
+    t = p["estimated_seconds"]  # None: the cost model gives no time (v4, v5e)
+    timing = ("no estimate | | " if t is None else
+              f"{t * 1e3:.1f} | {p['examples_per_second']:,.0f} | {p['mfu']:.0%} ")
     rows.append(
       f"| {name} | {p['num_devices']} | {_num(p['global_batch'] / p['num_devices'])} | "
       f"{p['total_bytes'] / 2**30:.2f} | {p['hbm_bytes'] / 2**30:g} GiB | "
-      f"{'yes' if p['fits'] else 'no'} | {p['estimated_seconds'] * 1e3:.1f} | "
-      f"{p['examples_per_second']:,.0f} | {p['mfu']:.0%} |"
+      f"{'yes' if p['fits'] else 'no'} | {timing}|"
     )
   return "\n".join(rows)
 
