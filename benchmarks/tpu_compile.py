@@ -143,10 +143,11 @@ def _bert(accelerator: str, extra: tuple = ()) -> list:
 
 
 def _quiet():
-  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-  os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-  os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v3-8")
+  """A compile-only process: the CPU platform and libtpu's compile-only env."""
+  from date_optax._src.parallel.layout.tpu_slice import COMPILE_ONLY_ENV  # noqa: PLC0415
+
+  for key, value in COMPILE_ONLY_ENV.items():
+    os.environ.setdefault(key, value)
   os.environ["JAX_PLATFORMS"] = "cpu"
 
 

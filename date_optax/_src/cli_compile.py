@@ -78,11 +78,10 @@ def _quiet_libtpu() -> None:
   """
   import jax  # noqa: PLC0415
 
+  from date_optax._src.parallel.layout.tpu_slice import COMPILE_ONLY_ENV  # noqa: PLC0415
+
   jax.config.update("jax_platforms", "cpu")
-  # ALLOW_MULTIPLE_LIBTPU_LOAD: compile-only processes may share the host
-  # (libtpu otherwise holds /tmp/libtpu_lockfile for one process).
-  for key, value in (("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"), ("TPU_SKIP_MDS_QUERY", "1"),
-                     ("TPU_WORKER_HOSTNAMES", "localhost"), ("TPU_ACCELERATOR_TYPE", "v3-8")):
+  for key, value in COMPILE_ONLY_ENV.items():
     os.environ.setdefault(key, value)
 
 

@@ -25,6 +25,17 @@ from date_optax._src.parallel.layout.mesh import data_mesh, torus_mesh
 
 GiB = 1 << 30
 
+#: The environment of a process that only compiles for TPUs (no TPU used):
+#: libtpu's one-process lock file shared, and no probing for TPU VM metadata.
+#: Set by `date-optax compile` and the TPU-compile study before libtpu
+#: loads; never on a TPU VM that trains.
+COMPILE_ONLY_ENV = {
+    "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+    "TPU_SKIP_MDS_QUERY": "1",
+    "TPU_WORKER_HOSTNAMES": "localhost",
+    "TPU_ACCELERATOR_TYPE": "v3-8",
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class _Generation:
