@@ -62,7 +62,9 @@ SLICES = ["v2-32", "v2-512", "v3-32", "v3-128", "v3-512", "v3-2048", "v4-128", "
 
 
 def _compile_cmd(example: str, accelerator: str, config: str | None, sets: list[str]) -> list:
-  cmd = [sys.executable, "-m", "date_optax._src.cli", "compile", "--example", example,
+  # The console script beside this Python (the venv's bin/).
+  cli = os.path.join(os.path.dirname(sys.executable), "date-optax")
+  cmd = [cli, "compile", "--example", example,
          "--accelerator-type", accelerator, "--json"]
   if config:
     cmd += ["--config", config]
@@ -144,9 +146,9 @@ def _bert(accelerator: str, extra: tuple = ()) -> list:
 
 def _quiet():
   """A compile-only process: the CPU platform and libtpu's compile-only env."""
-  from date_optax._src.parallel.layout.tpu_slice import COMPILE_ONLY_ENV  # noqa: PLC0415
+  import date_optax.parallel as dp  # noqa: PLC0415
 
-  for key, value in COMPILE_ONLY_ENV.items():
+  for key, value in dp.TpuSlice.compile_only_env().items():
     os.environ.setdefault(key, value)
   os.environ["JAX_PLATFORMS"] = "cpu"
 
@@ -179,7 +181,6 @@ def update_row(model: str, opt: str) -> dict:
 
   import date_optax  # noqa: PLC0415
   import date_optax.parallel as dp  # noqa: PLC0415
-  from date_optax._src.parallel.step import compile_report as cr  # noqa: PLC0415
 
   params = _param_tree(model)
   tpu = dp.tpu_slice("v3-8")
@@ -196,10 +197,9 @@ def update_row(model: str, opt: str) -> dict:
   start = time.perf_counter()
   compiled = jax.jit(lambda g, s, p: optax.apply_updates(p, tx.update(g, s, p)[0])).lower(
       params, state, params).compile()
-  report = cr.report_compiled(compiled, num_devices=1, global_batch=1,
-                              compile_seconds=time.perf_counter() - start,
-                              device_kind="TPU v3", hbm_bytes=tpu.hbm_per_device,
-                              peak_flops=tpu.peak_flops_per_device)
+  report = dp.CompileReport.from_compiled(
+      compiled, num_devices=1, global_batch=1, tpu=tpu,
+      compile_seconds=time.perf_counter() - start, device_kind="TPU v3")
   leaves = len(jax.tree.leaves(params))
   return {"programs": [{"name": f"{opt} update", **report.as_dict()}], "leaves": leaves}
 
@@ -221,7 +221,6 @@ def plain_row(accelerator: str, opt: str) -> dict:
 
   import date_optax  # noqa: PLC0415
   import date_optax.parallel as dp  # noqa: PLC0415
-  from date_optax._src.parallel.step import compile_report as cr  # noqa: PLC0415
 
   sys.path.insert(0, ROOT)
   from examples.resnet50_imagenet import train  # noqa: PLC0415
@@ -270,10 +269,9 @@ def plain_row(accelerator: str, opt: str) -> dict:
   start = time.perf_counter()
   compiled = jax.jit(step, donate_argnums=(0, 1, 2)).lower(
       params, stats, opt_state, batch).compile()
-  report = cr.report_compiled(compiled, num_devices=n, global_batch=config.batch_size,
-                              compile_seconds=time.perf_counter() - start,
-                              device_kind=f"TPU {accelerator.split('-')[0]}",
-                              hbm_bytes=tpu.hbm_per_device, peak_flops=tpu.peak_flops_per_device)
+  report = dp.CompileReport.from_compiled(
+      compiled, num_devices=n, global_batch=config.batch_size, tpu=tpu,
+      compile_seconds=time.perf_counter() - start, device_kind=f"TPU {accelerator[:2]}")
   return {"programs": [{"name": f"plain jit, {opt}", **report.as_dict()}]}
 
 
@@ -285,7 +283,6 @@ def sync_row(accelerator: str, algorithm: str, payload: str) -> dict:
   from jax.sharding import PartitionSpec as P  # noqa: PLC0415
 
   import date_optax.parallel as dp  # noqa: PLC0415
-  from date_optax._src.parallel.step import compile_report as cr  # noqa: PLC0415
 
   tpu = dp.tpu_slice(accelerator)
   mesh = tpu.torus_mesh() if algorithm == "torus" else tpu.data_mesh()
@@ -303,10 +300,9 @@ def sync_row(accelerator: str, algorithm: str, payload: str) -> dict:
                             check_vma=False))
   start = time.perf_counter()
   compiled = f.lower(grads).compile()
-  report = cr.report_compiled(compiled, num_devices=n, global_batch=n,
-                              compile_seconds=time.perf_counter() - start,
-                              device_kind=f"TPU {accelerator.split('-')[0]}",
-                              hbm_bytes=tpu.hbm_per_device, peak_flops=tpu.peak_flops_per_device)
+  report = dp.CompileReport.from_compiled(
+      compiled, num_devices=n, global_batch=n, tpu=tpu,
+      compile_seconds=time.perf_counter() - start, device_kind=f"TPU {accelerator[:2]}")
   return {"programs": [{"name": f"{algorithm} {payload}", **report.as_dict()}],
           "mesh": dict(mesh.shape)}
 

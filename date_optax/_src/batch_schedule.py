@@ -10,10 +10,11 @@ consumed are counted exactly in two int32 words (``E = high·2**31 + low``),
 so the count and the learning rate's clock in examples never wrap, without
 ``jax_enable_x64``.
 
-The train step (``make_train_step(..., batch_schedule=...)``) keeps the
-per-replica microbatch shape fixed and grows the batch through the number
-of accumulated microbatches. The host must know a step's batch before it
-dispatches the step (to fetch that many examples and pick the program), so:
+The train step (``make_train_step(..., batch_schedule=...)``) compiles one
+program per batch size and gives each device its share of the rows, in as
+few microbatches as ``max_rows_per_device`` allows (rows first). The host
+must know a step's batch before it dispatches the step (to fetch that many
+examples and pick the program), so:
 
 * ``fixed``, ``ramp`` and ``doubling`` are pure functions of the examples consumed, which
   the host counts itself;
@@ -38,112 +39,26 @@ import numpy as np
 from flax import serialization
 
 from date_optax._src import validation
+from date_optax._src.examples_clock import (  # noqa: F401 - used here and re-exported
+    _WORD_BITS,
+    MAX_BATCH,
+    MAX_EXAMPLES,
+    add_examples,
+    as_examples_words,
+    divmod_examples,
+    examples_int,
+    examples_words,
+)
+from date_optax._src.examples_clock import host_value as _host
 
 #: The kinds of :class:`BatchSchedule`.
 KINDS = ("fixed", "ramp", "adaptive", "doubling")
-
-#: Largest number of examples the state counts exactly: two int32 words of
-#: 31 bits each, ``E = high·2**31 + low`` (before the two-word count, 2**31 − 1).
-MAX_EXAMPLES = 2**62 - 1
-
-#: Largest batch (``start``, ``max_batch``, ``increment``): an int32.
-MAX_BATCH = 2**31 - 1
-
-# The base of the two-word count.
-_WORD_BITS = 31
-_WORD = 1 << _WORD_BITS
-_LOW_MASK = _WORD - 1
 
 # Length of the int32 record of a schedule's settings kept in the state
 # (ramp_examples in two words: entry 4 the low one, entry 10 the high one).
 _SPEC_LEN = 11
 # The record before the two-word count: ramp_examples in entry 4 alone.
 _LEGACY_SPEC_LEN = 10
-
-
-def examples_words(examples: int) -> np.ndarray:
-  """An exact count of examples as two int32 words ``[high, low]`` (host).
-
-  ``examples = high·2**31 + low`` with ``0 <= low < 2**31``.
-
-  Args:
-    examples: a count in ``[0, MAX_EXAMPLES]``.
-
-  Returns:
-    A NumPy int32 array of shape ``(2,)``.
-
-  Examples:
-    >>> from date_optax._src.batch_schedule import examples_words
-    >>> examples_words(3 * 10**9).tolist()
-    [1, 852516352]
-  """
-  e = validation.check_int("examples", examples, low=0, high=MAX_EXAMPLES)
-  return np.asarray([e >> _WORD_BITS, e & _LOW_MASK], np.int32)
-
-
-def examples_int(words: Any) -> int:
-  """The Python int a two-word count (or a legacy int32 scalar) holds."""
-  w = np.asarray(_host(words)).astype(np.int64).reshape(-1)
-  if w.size == 1:  # a count saved before the two-word layout
-    return int(w[0])
-  return (int(w[0]) << _WORD_BITS) + int(w[1])
-
-
-def as_examples_words(examples: Any) -> jax.Array:
-  """A count as int32 words ``[high, low]``: a scalar (< 2**31) is the low word.
-
-  Scalars are what a checkpoint written before the two-word count holds, and
-  what a hand-made :class:`BatchProgress` may give.
-  """
-  x = jnp.asarray(examples)
-  if x.shape == (2,):
-    return x.astype(jnp.int32)
-  if x.shape != ():
-    raise ValueError(
-        f"examples must be a count: a scalar below 2**31 or int32 words "
-        f"[high, low] of shape (2,), got shape {x.shape}."
-    )
-  return jnp.stack([jnp.zeros((), jnp.int32), x.astype(jnp.int32)])
-
-
-def add_examples(words: jax.Array, batch_size: Any) -> jax.Array:
-  """``words + batch_size`` with the carry (exact; `batch_size` < 2**31)."""
-  words = as_examples_words(words)
-  low = words[1].astype(jnp.uint32) + jnp.asarray(batch_size).astype(jnp.uint32)
-  carry = (low >> _WORD_BITS).astype(jnp.int32)
-  low = (low & jnp.uint32(_LOW_MASK)).astype(jnp.int32)
-  return jnp.stack([words[0] + carry, low])
-
-
-def divmod_examples(words: Any, divisor: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """Exact ``divmod(E, divisor)`` of a two-word count, in 32-bit arithmetic.
-
-  Long division of ``E = high·2**31 + low`` by a constant: ``high`` first,
-  then its remainder followed by the bits of ``low``, a few bits at a time
-  (as many as keep ``remainder·2**bits`` below ``2**32``).
-
-  Args:
-    words: int32 ``[high, low]`` (or a scalar count below 2**31).
-    divisor: a Python int in ``[1, 2**31 − 1]``.
-
-  Returns:
-    ``(q_high, q_low, r)`` int32 with ``E = (q_high·2**31 + q_low)·divisor + r``,
-    ``0 <= q_low < 2**31`` and ``0 <= r < divisor``.
-  """
-  d = validation.check_int("divisor", divisor, low=1, high=MAX_BATCH)
-  words = as_examples_words(words)
-  q_high, r = words[0] // d, (words[0] % d).astype(jnp.uint32)
-  low = words[1].astype(jnp.uint32)
-  width = 32 - d.bit_length()  # r < d, so r·2**width + digit < 2**32
-  ud = jnp.uint32(d)
-  q, pos = jnp.zeros((), jnp.uint32), _WORD_BITS
-  while pos > 0:
-    c = min(width, pos)
-    pos -= c
-    r = (r << c) | ((low >> pos) & jnp.uint32((1 << c) - 1))
-    q = (q << c) | (r // ud)
-    r = r % ud
-  return q_high, q.astype(jnp.int32), r.astype(jnp.int32)
 
 
 def _upgrade_spec(spec: np.ndarray) -> np.ndarray:
@@ -284,13 +199,6 @@ class BatchProgress(NamedTuple):
 
   batch_size: jax.Array
   examples: jax.Array
-
-
-def _host(x: Any) -> np.ndarray:
-  """A replicated array's value on this host (its first local copy)."""
-  if isinstance(x, jax.Array):
-    return np.asarray(x.addressable_data(0))
-  return np.asarray(x)
 
 
 def _f32_bits(x: float) -> int:
@@ -745,59 +653,6 @@ class BatchSchedule:
     target = jnp.int32(min(self.factor * batch_size, self.max_batch))
     return new.replace(next_batch=jnp.where(grow, target, state.next_batch),
                        next_step=jnp.where(grow, effect, state.next_step))
-
-
-class BatchTracker:
-  """The host's view of a schedule's progress: the batch of the next step.
-
-  It counts the steps and examples it dispatched and, for an adaptive
-  schedule, reads each device decision `lag` steps late (by then the step
-  that made it has finished, so the read does not wait). A state it did
-  not produce (fresh, or restored from a checkpoint) is read once.
-  """
-
-  def __init__(self, schedule: BatchSchedule):
-    self.schedule = schedule
-    self._token: Any = None  # the examples array of the last state we returned
-    self._pending: list[tuple[int, Any]] = []
-
-  def _sync(self, state: Any) -> None:
-    bs = state.batch_schedule
-    self.schedule.check_state(bs)
-    host = (state.step, bs.batch_size, bs.next_batch, bs.next_step)
-    self.step, self.batch, nb, ns = (int(_host(x)) for x in host)
-    self.examples = examples_int(bs.examples)
-    self._decision = (nb, ns)
-    self._pending = []
-    self._token = bs.examples
-
-  def next_batch_size(self, state: Any) -> int:
-    """The global batch of the next step on `state`."""
-    if state.batch_schedule is None or state.batch_schedule.examples is not self._token:
-      self._sync(state)
-    if self.schedule.kind != "adaptive":
-      return self.schedule.batch_size_at(self.examples)
-    s = self.schedule.lag
-    while self._pending and self._pending[0][0] <= self.step - 1 - s:
-      _, arrays = self._pending.pop(0)
-      self._decision = tuple(int(_host(x)) for x in arrays)
-    nb, ns = self._decision
-    return nb if self.step >= ns else self.batch
-
-  def record(self, batch_size: int, new_state: Any, metrics: Any) -> None:
-    """Notes that a step ran with `batch_size` and returned `new_state`.
-
-    An adaptive decision is read from the metrics (the state's buffers are
-    donated to the next step).
-    """
-    bs = new_state.batch_schedule
-    if self.schedule.kind == "adaptive":
-      self._pending.append(
-          (self.step, (metrics["next_batch_size"], metrics["next_batch_step"])))
-    self.step += 1
-    self.batch = batch_size
-    self.examples += batch_size
-    self._token = bs.examples
 
 
 def check_schedule(value: Any) -> BatchSchedule | None:

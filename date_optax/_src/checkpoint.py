@@ -30,11 +30,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from date_optax._src import batch_schedule as bs_lib
 from date_optax._src import layer_ratios as layer_ratios_lib
 from date_optax._src import validation
+from date_optax._src.checkpoint_fingerprints import fingerprints as _fingerprints
 
 # Format 2 adds per-leaf fingerprints to the metadata; format-1 checkpoints
 # (no fingerprints) still restore, unverified. Format 3 adds every leaf's
@@ -116,52 +116,6 @@ def _ocp():
         "extra has it too)."
     ) from e
   return ocp
-
-
-def _as_u32(x: jax.Array) -> jax.Array:
-  """The bits of `x` as uint32 words (trailing axis for wide dtypes)."""
-  if jnp.issubdtype(x.dtype, jnp.complexfloating):
-    return jnp.stack([_as_u32(jnp.real(x)), _as_u32(jnp.imag(x))], axis=-1)
-  if x.dtype == jnp.bool_:
-    return x.astype(jnp.uint32)
-  width = x.dtype.itemsize
-  if width >= 4:
-    return lax.bitcast_convert_type(x, jnp.uint32)
-  unsigned = {1: jnp.uint8, 2: jnp.uint16}[width]
-  return lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
-
-
-def _leaf_fingerprint(x: jax.Array) -> jax.Array:
-  """Two position-weighted sums of a leaf's bits, mod 2**32.
-
-  Any changed, lost or moved word changes them (a bit-exact comparison is
-  what an exact resume needs); computed where the array lives, so a sharded
-  or multi-host array is never gathered.
-  """
-  w = _as_u32(jnp.asarray(x))
-  pos = jnp.zeros(w.shape, jnp.uint32)
-  for axis in range(w.ndim):
-    stride = int(np.prod(w.shape[axis + 1 :], dtype=np.int64)) & 0xFFFFFFFF
-    pos = pos + lax.broadcasted_iota(jnp.uint32, w.shape, axis) * jnp.uint32(stride)
-  mix = pos * jnp.uint32(2654435761) + jnp.uint32(1)
-  return jnp.stack([jnp.sum(w * mix, dtype=jnp.uint32),
-                    jnp.sum(w ^ (pos * jnp.uint32(40503)), dtype=jnp.uint32)])
-
-
-@jax.jit
-def _fingerprints_jit(leaves: list[jax.Array]) -> jax.Array:
-  if not leaves:
-    return jnp.zeros((0, 2), jnp.uint32)
-  return jnp.stack([_leaf_fingerprint(x) for x in leaves])
-
-
-def _fingerprints(tree: Any) -> list[list[int]]:
-  """Per-leaf fingerprints of an encoded (raw-key) state, as JSON ints."""
-  leaves = [x if isinstance(x, jax.Array) else np.asarray(x) for x in jax.tree.leaves(tree)]
-  out = _fingerprints_jit(leaves)
-  # The result is replicated: any local copy holds all of it (multi-host too).
-  local = np.asarray(out.addressable_shards[0].data)
-  return local.astype(np.int64).tolist()
 
 
 def tree_checksum(tree: Any) -> str:

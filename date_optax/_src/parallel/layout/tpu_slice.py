@@ -214,6 +214,17 @@ class TpuSlice:
     x = int(self.topology.split(":")[1].split("x")[0])
     return torus_mesh(x, self.num_devices // x, axis_names=axis_names, devices=self.devices)
 
+  @staticmethod
+  def compile_only_env() -> dict[str, str]:
+    """Environment variables for a process that only compiles for TPUs.
+
+    libtpu lets one process per host load it (``/tmp/libtpu_lockfile``) and
+    probes for TPU VM metadata when it loads; a process that compiles and
+    never runs on a TPU sets these first (`date-optax compile` does). Never
+    on a TPU VM that trains.
+    """
+    return dict(COMPILE_ONLY_ENV)
+
   def as_dict(self) -> dict[str, Any]:
     """The slice's facts as JSON-ready values (devices counted, not listed)."""
     return {**dataclasses.asdict(self), "num_devices": self.num_devices,

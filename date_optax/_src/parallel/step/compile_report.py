@@ -123,6 +123,32 @@ class CompileReport:
     """The number of collectives of each kind."""
     return dict(collections.Counter(c["kind"] for c in self.collectives))
 
+  @classmethod
+  def from_compiled(cls, compiled: Any, *, num_devices: int, global_batch: int,
+                    compile_seconds: float, tpu: Any = None,
+                    device_kind: str = "") -> CompileReport:
+    """The report of any compiled program (`jax.jit(f).lower(...).compile()`).
+
+    `compile_report` makes it for a train step; this takes programs of your
+    own (an optimizer update alone, a collective alone).
+
+    Args:
+      compiled: a `jax.stages.Compiled`.
+      num_devices: devices of its mesh.
+      global_batch: the rows it takes (1 where that means nothing).
+      compile_seconds: how long its compile took.
+      tpu: the `TpuSlice` it was compiled for (HBM and peak per device), or None.
+      device_kind: the target's name, e.g. ``"TPU v3"``.
+
+    Returns:
+      A `CompileReport`.
+    """
+    return report_compiled(
+        compiled, num_devices=num_devices, global_batch=global_batch,
+        compile_seconds=compile_seconds, device_kind=device_kind,
+        hbm_bytes=None if tpu is None else tpu.hbm_per_device,
+        peak_flops=None if tpu is None else tpu.peak_flops_per_device)
+
   def as_dict(self) -> dict[str, Any]:
     """JSON-ready values, the derived ones (fits, throughput, MFU) included."""
     out = dataclasses.asdict(self)

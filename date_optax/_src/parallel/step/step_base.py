@@ -37,6 +37,7 @@ from date_optax._src.parallel.layout.distributed import host_local_to_global, re
 from date_optax._src.parallel.layout.mesh import auto_axes_mesh
 from date_optax._src.parallel.step import grad_stats as gs_lib
 from date_optax._src.parallel.step import local_grads as lg
+from date_optax._src.parallel.step.batch_tracker import BatchTracker
 from date_optax._src.parallel.step.replica_step import ReplicaResult, apply_update
 from date_optax._src.parallel.step.step_config import StepConfig, step_config_from
 from date_optax._src.parallel.step.train_state import Metrics, TrainState, check_metrics
@@ -117,7 +118,7 @@ class TrainStep:
     self._last_out: tuple[weakref.ref, Any] | None = None
     self._init_cache: dict[Any, Any] = {}
     self.batch_schedule = batch_schedule
-    self._tracker = None if batch_schedule is None else bs_lib.BatchTracker(batch_schedule)
+    self._tracker = None if batch_schedule is None else BatchTracker(batch_schedule)
     #: The cap on one device's microbatch rows of a growing batch (None: none).
     self.max_rows_per_device = max_rows_per_device
     # Programs compiled ahead by `precompile`, by (jit program, batch rows).
