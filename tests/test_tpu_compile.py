@@ -336,6 +336,7 @@ def test_compile_command_reports_every_program_of_an_example():
         p["mfu"], p["flops"] / (p["estimated_seconds"] * 123e12 / 2))
 
 
+@pytest.mark.slow  # 30 s: the TPU part of the default run stays about a minute
 @pytest.mark.parametrize("example,config,programs", [
     ("resnet50_imagenet", "examples/resnet50_imagenet/configs/smoke.py", 1),
     ("bert_lamb", "examples/bert_lamb/configs/smoke.py", 2),  # two stages
