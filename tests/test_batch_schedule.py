@@ -888,6 +888,12 @@ def test_precompile_compiles_every_program_once_and_the_calls_use_them():
   other = build()
   future = other.precompile(other.init(params), _batch(0, 8), background=True)
   assert sorted(future.result(timeout=300)) == [8, 16, 24, 32]
+  # precompile(state), as the issue writes it: the shapes of a batch it has run.
+  third = build()
+  with pytest.raises(ValueError, match=r"precompile\(state, batch\)"):
+    third.precompile(third.init(params))
+  s3, _ = third(third.init(params), _batch(0, 8))
+  assert list(third.precompile(s3)) == [8, 16, 24, 32]
 
 
 def test_a_schedule_of_many_sizes_warns_with_their_number():

@@ -313,9 +313,7 @@ def compile_report(step: Any, state: Any, batch: PyTree, *, tpu: Any = None) -> 
   devices = step.mesh.devices.flat
   first = next(iter(devices))
   rows = int(jax.tree.leaves(batch)[0].shape[0])
-  return report_compiled(
+  return CompileReport.from_compiled(
       compiled, num_devices=step.mesh.devices.size, global_batch=rows,
-      compile_seconds=seconds, device_kind=str(getattr(first, "device_kind", first.platform)),
-      hbm_bytes=None if tpu is None else tpu.hbm_per_device,
-      peak_flops=None if tpu is None else tpu.peak_flops_per_device,
-  )
+      compile_seconds=seconds, tpu=tpu,
+      device_kind=str(getattr(first, "device_kind", first.platform)))

@@ -123,6 +123,7 @@ class TrainStep:
     self.max_rows_per_device = max_rows_per_device
     # Programs compiled ahead by `precompile`, by (jit program, batch rows).
     self._ahead: dict[tuple[int, int], Any] = {}
+    self._row_spec: Any = None  # one batch row's shapes, from the last trace
     if batch_schedule is not None and len(batch_schedule.batch_sizes) > MANY_PROGRAMS:
       warnings.warn(
           f"the batch schedule has {len(batch_schedule.batch_sizes)} batch sizes: the "
@@ -316,6 +317,10 @@ class TrainStep:
 
   def _step(self, state: TrainState, batch: PyTree) -> tuple[TrainState, Metrics]:
     self.traces += 1
+    # One row's shapes and dtypes, for `precompile(state)` (traced once per
+    # program, not per call).
+    self._row_spec = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(np.shape(x)[1:], x.dtype), batch)
     rows = int(np.shape(jax.tree.leaves(batch)[0])[0])
     config = self.config
     extra = None
@@ -459,7 +464,7 @@ class TrainStep:
     return self.lower(state, batch).compile()
 
   def precompile(
-      self, state: TrainState, batch: PyTree, *, background: bool = False,
+      self, state: TrainState, batch: PyTree = None, *, background: bool = False,
       max_workers: int | None = None,
   ) -> dict[int, float] | concurrent.futures.Future:
     """Compiles every program of the batch schedule now (or one without).
@@ -472,7 +477,9 @@ class TrainStep:
     Args:
       state: the state the calls will take (concrete or `abstract_state`).
       batch: one batch, any rows (arrays or `jax.ShapeDtypeStruct`s): its
-        leaves' trailing shapes and dtypes make each program's batch.
+        leaves' trailing shapes and dtypes make each program's batch. None:
+        those of the batches this step has run or lowered (a ValueError
+        before it has seen one).
       background: return at once with a `concurrent.futures.Future` of the
         result; a call that needs a program before it is ready compiles it
         itself.
@@ -496,6 +503,13 @@ class TrainStep:
       MaxText, ``train_compile.py`` (compiling ahead of time); Megatron-LM's
       batch ramp (one program per size).
     """
+    if batch is None:
+      if self._row_spec is None:
+        raise ValueError(
+            "precompile(state) takes its batch's shapes from a batch this step has "
+            "run or lowered, and it has seen none: pass one, precompile(state, batch).")
+      batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct((1, *x.shape), x.dtype),
+                           self._row_spec)
     sizes = (self.batch_schedule.batch_sizes if self.batch_schedule is not None
              else (int(np.shape(jax.tree.leaves(batch)[0])[0]),))
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), state)
