@@ -317,8 +317,7 @@ class TrainStep:
 
   def _step(self, state: TrainState, batch: PyTree) -> tuple[TrainState, Metrics]:
     self.traces += 1
-    # One row's shapes and dtypes, for `precompile(state)` (traced once per
-    # program, not per call).
+    # One row's shapes and dtypes, for `precompile(state)` (once per trace).
     self._row_spec = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(np.shape(x)[1:], x.dtype), batch)
     rows = int(np.shape(jax.tree.leaves(batch)[0])[0])
