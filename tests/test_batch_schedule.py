@@ -1,6 +1,7 @@
 """BatchSchedule: decisions against references written from the math, the
 growing step (programs, exact resume) and the errors of bad input."""
 
+import math
 from fractions import Fraction
 
 import jax
@@ -27,24 +28,45 @@ def ramp_reference(start, increment, ramp_examples, max_batch, consumed):
 
 
 def adaptive_reference(noise_scales, *, start, max_batch, factor, threshold,
-                       min_steps, lag, calibration):
-  """The batch of every step of the adaptive rule: grow by `factor` when a
-  finite calibration * B_simple >= threshold * B (an infinite or NaN
-  measurement grows nothing), one change pending at a time, each change
-  `lag` steps after the step that decided it and at least `min_steps` steps
-  after the previous change; never above max_batch."""
+                       min_steps, lag, calibration, hold_examples=0,
+                       guard_margin=np.inf, losses=None, skipped=None, decay=0.9):
+  """The batch of every step of the adaptive rule. The trigger holds on a
+  step when a finite calibration * B_simple >= threshold * B (an infinite or
+  NaN measurement never triggers), the step was not skipped and the loss's
+  recent average (half-life hold_examples) is at most its long average
+  (decay per `start` examples) plus guard_margin times its size. The batch grows by
+  `factor` when the trigger has held on consecutive steps whose batches add
+  up to hold_examples or more, one change pending at a time, each change
+  `lag` steps after the step that decided it and at least `min_steps`
+  steps, skipped ones not counted, after the previous change; never above
+  max_batch. A growth starts the stretch again."""
+  n = len(noise_scales)
+  losses = np.ones(n) if losses is None else losses
+  skipped = np.zeros(n, bool) if skipped is None else skipped
   batch, last_change, pending, out = start, 0, None, []
+  held, recent, long_ = 0, np.nan, np.nan
   for t, ns in enumerate(noise_scales):
     if pending is not None and pending[1] == t:
       if pending[0] != batch:
         last_change = t
       batch, pending = pending[0], None
     out.append(batch)
+    if skipped[t]:
+      last_change += 1
+    elif np.isfinite(losses[t]):
+      dr = 0.5 ** (batch / hold_examples) if hold_examples else 0.0
+      recent = losses[t] if np.isnan(recent) else dr * recent + (1 - dr) * losses[t]
+      d = decay ** (batch / start)
+      long_ = losses[t] if np.isnan(long_) else d * long_ + (1 - d) * losses[t]
+    calm = guard_margin == np.inf or recent - long_ <= guard_margin * abs(long_)
+    trigger = (np.isfinite(ns) and calibration * ns >= threshold * batch
+               and not skipped[t] and calm)
+    held = held + batch if trigger else 0
     effect = t + 1 + lag
-    if (pending is None and batch < max_batch
-        and np.isfinite(ns) and calibration * ns >= threshold * batch
+    if (pending is None and batch < max_batch and trigger and held >= hold_examples
         and effect - last_change >= min_steps):
       pending = (min(factor * batch, max_batch), effect)
+      held = 0
   return out
 
 
@@ -84,9 +106,12 @@ def test_fixed_and_sizes():
       8, 24, 72, 216)
 
 
-def _simulate_device(schedule, noise_scales):
+def _simulate_device(schedule, noise_scales, losses=None, skipped=None, decay=0.9):
   """Runs `schedule.update` under jit with the host tracker's lagged reads."""
-  update = jax.jit(schedule.update, static_argnums=2)
+  update = jax.jit(schedule.update, static_argnums=2, static_argnames="decay")
+  n = len(noise_scales)
+  losses = np.ones(n, np.float32) if losses is None else losses
+  skipped = np.zeros(n, bool) if skipped is None else skipped
   state, batches, decisions = schedule.init(), [], []
   batch, nb, ns = schedule.start, schedule.start, 0
   for t, noise in enumerate(noise_scales):
@@ -96,7 +121,9 @@ def _simulate_device(schedule, noise_scales):
       nb, ns = seen[-1]
     batch = nb if t >= ns else batch
     batches.append(batch)
-    state = update(state, jnp.int32(t), batch, jnp.float32(noise))
+    state = update(state, jnp.int32(t), batch, jnp.float32(noise),
+                   loss=jnp.float32(losses[t]), skipped=jnp.asarray(skipped[t]),
+                   decay=decay ** (batch / schedule.start))
     decisions.append((t, (int(state.next_batch), int(state.next_step))))
   return batches, state
 
@@ -107,7 +134,8 @@ def test_adaptive_matches_reference(seed):
   kw = dict(start=8, max_batch=8 * 2**int(rng.integers(1, 5)), factor=2,
             threshold=float(rng.choice([1.0, 2.0, 3.0])),
             min_steps=int(rng.integers(3, 8)), lag=int(rng.integers(1, 3)),
-            calibration=float(rng.choice([1.0, 10.0])))
+            calibration=float(rng.choice([1.0, 10.0])), hold_examples=0,
+            guard_margin=np.inf)
   kw["min_steps"] = max(kw["min_steps"], kw["lag"] + 1)
   # A noise scale that grows during training, with noise (and inf/NaN).
   ns = np.exp(np.linspace(1, 7, 80) + rng.normal(0, 0.5, 80)).astype(np.float32)
@@ -121,22 +149,48 @@ def test_adaptive_matches_reference(seed):
   assert all(b2 >= b1 for b1, b2 in zip(want, want[1:]))  # never shrinks
 
 
-def test_adaptive_never_grows_on_an_unmeasured_noise_scale():
-  # B_simple is inf while the |G|^2 estimate is not positive (the first
-  # steps): no growth then; the first finite value past the threshold grows.
-  schedule = BatchSchedule.adaptive(8, max_batch=64, min_steps=3, lag=1)
-  ns = np.array([np.inf] * 30 + [np.nan] * 5 + [1e6] * 20, np.float32)
-  batches, _ = _simulate_device(schedule, ns)
-  assert batches[:37] == [8] * 37
-  assert batches[37] == 16 and batches[-1] == 64
+@pytest.mark.parametrize("seed", range(6))
+def test_adaptive_stretch_guard_and_skips_match_reference(seed):
+  # The stretch (hold_examples), the runaway guard on a noisy loss with
+  # bursts, and skipped steps, against the reference written from the rule.
+  rng = np.random.default_rng(100 + seed)
+  kw = dict(start=8, max_batch=8 * 2**int(rng.integers(2, 5)), factor=2,
+            threshold=float(rng.choice([1.0, 2.0])), min_steps=int(rng.integers(2, 6)),
+            lag=1, calibration=1.0, hold_examples=int(rng.choice([0, 8, 24, 40])),
+            guard_margin=float(rng.choice([0.05, 0.2])))
+  n = 120
+  ns = np.exp(np.linspace(2, 8, n) + rng.normal(0, 0.3, n)).astype(np.float32)
+  losses = (2.0 * np.exp(-np.arange(n) / 60) * (1 + rng.normal(0, 0.05, n)))
+  burst = int(rng.integers(20, 70))
+  losses[burst:burst + 15] *= np.linspace(1.5, 3.0, 15)  # an instability
+  losses = losses.astype(np.float32)
+  skipped = rng.random(n) < 0.08
+  losses[skipped] = np.nan
+  schedule = BatchSchedule.adaptive(**kw)
+  batches, state = _simulate_device(schedule, ns, losses, skipped, decay=0.9)
+  want = adaptive_reference(ns.astype(np.float64), losses=losses.astype(np.float64),
+                            skipped=skipped, decay=0.9, **kw)
+  assert batches == want
+  assert state.num_examples() == sum(want)
+  skipped_examples = sum(b for b, s in zip(want, skipped) if s)
+  assert list(np.asarray(state.skipped)) == [0, skipped_examples]
 
 
-def test_spec_round_trip():
-  s = BatchSchedule.adaptive(16, max_batch=256, threshold=1.5, min_steps=7, lag=3,
-                             calibration=0.25)
-  assert BatchSchedule.from_spec(s.spec()) == s
-  r = BatchSchedule.ramp(16, 16, 480, max_batch=64)
-  assert BatchSchedule.from_spec(r.init().spec) == r
+def test_guard_holds_growth_while_the_loss_runs_away():
+  # The trigger holds at every step (a huge noise scale); the loss climbs
+  # over steps 30-45: no growth is decided there, and growth resumes once
+  # the recent average is back under the long one.
+  n, ns = 120, np.full(120, 1e9, np.float32)
+  losses = np.ones(n, np.float32)
+  losses[30:45] = np.linspace(1.2, 4.0, 15)
+  kw = dict(max_batch=8 * 2**8, min_steps=6, lag=1, hold_examples=8)
+  batches, _ = _simulate_device(BatchSchedule.adaptive(8, **kw), ns, losses, decay=0.999)
+  assert batches[33] < batches[-1]
+  frozen = batches[33:47]
+  assert len(set(frozen)) == 1, frozen
+  off = BatchSchedule.adaptive(8, guard_margin=math.inf, **kw)
+  unguarded, _ = _simulate_device(off, ns, losses, decay=0.999)
+  assert len(set(unguarded[33:47])) > 1
 
 
 @pytest.mark.parametrize("make,match", [
@@ -320,13 +374,15 @@ def test_adaptive_step_follows_reference():
   step = dp.make_train_step(_loss, optax.sgd(0.05), dp.data_mesh(), batch_schedule=sched,
                             grad_stats=True)
   state = step.init({"w": np.zeros((3, 1), np.float32)})
-  sizes, noise = [], []
+  sizes, noise, losses = [], [], []
   for i in range(16):
     state, m = step(state, _batch(i, step.next_batch_size(state)))
     sizes.append(int(m["batch_size"]))
     noise.append(float(m["grad_noise_scale"]))
+    losses.append(float(m["loss"]))
   want = adaptive_reference(noise, start=16, max_batch=128, factor=2, threshold=0.05,
-                            min_steps=4, lag=2, calibration=1.0)
+                            min_steps=4, lag=2, calibration=1.0, hold_examples=64,
+                            guard_margin=0.1, losses=np.asarray(losses), decay=0.99)
   assert sizes == want
   assert step.traces == len(set(sizes)) <= len(sched.batch_sizes)
   assert len(sched.batch_sizes) == int(np.log2(128 / 16)) + 1
@@ -468,7 +524,8 @@ def test_sharded_step_grows_too():
   from jax.sharding import PartitionSpec as P
 
   mesh = jax.make_mesh((4, 2), ("data", "model"))
-  sched = BatchSchedule.adaptive(8, max_batch=32, min_steps=2, lag=1, threshold=1e-6)
+  sched = BatchSchedule.adaptive(8, max_batch=32, min_steps=2, lag=1, threshold=1e-6,
+                                  hold_examples=0)
   step = dp.make_train_step(_loss, optax.sgd(0.05), mesh, batch_schedule=sched,
                             grad_stats=True, param_sharding=[("w", P("model", None))])
   state = step.init({"w": np.zeros((4, 1), np.float32)})
@@ -686,19 +743,23 @@ def test_clock_and_batches_are_exact_at_3e9_examples_and_resume(tmp_path):
                                                      examples)
 
 
-def _legacy(state):
-  """`state` in the layout before the two-word count: an int32 scalar count
-  and a 10-entry spec (ramp_examples in one word)."""
+def _legacy(state, generation=1):
+  """`state` in an older layout: generation 2 has no stretch, loss averages
+  or skipped count and an 11-entry spec; generation 1 also counts in an
+  int32 scalar and has a 10-entry spec (ramp_examples in one word)."""
   bs = state.batch_schedule
   e = bs.num_examples()
   assert e < 2**31
   spec = np.asarray(bs.spec)
   assert spec[10] == 0
-  return state.replace(batch_schedule=bs.replace(
-      examples=jnp.int32(e), spec=jnp.asarray(spec[:10])))
+  bs = bs.replace(held=None, loss_avg=None, skipped=None, spec=jnp.asarray(spec[:11]))
+  if generation == 1:
+    bs = bs.replace(examples=jnp.int32(e), spec=jnp.asarray(spec[:10]))
+  return state.replace(batch_schedule=bs)
 
 
-def test_a_checkpoint_of_the_int32_count_restores(tmp_path):
+@pytest.mark.parametrize("generation", [1, 2])
+def test_a_checkpoint_of_an_older_layout_restores(tmp_path, generation):
   from flax import serialization
 
   sched = BatchSchedule.ramp(16, 16, 300, max_batch=64)
@@ -708,7 +769,7 @@ def test_a_checkpoint_of_the_int32_count_restores(tmp_path):
   step = build()
   state, sizes_a, _ = _run(step, step.init(params), 5)
   _, sizes_b, losses_b = _run(build(), state, 4, start=5)
-  old = _legacy(jax.device_get(state))
+  old = _legacy(jax.device_get(state), generation)
   with CheckpointManager(tmp_path, async_save=False) as mngr:
     mngr.save(5, old)
     fresh = build()
@@ -716,12 +777,15 @@ def test_a_checkpoint_of_the_int32_count_restores(tmp_path):
   assert restored.batch_schedule.examples.shape == (2,)
   assert restored.batch_schedule.num_examples() == sum(sizes_a)
   assert BatchSchedule.from_spec(restored.batch_schedule.spec) == sched
+  assert int(restored.batch_schedule.held) == 0
+  assert restored.batch_schedule.skipped.tolist() == [0, 0]
   _, sizes_c, losses_c = _run(fresh, restored, 4, start=5)
   assert (sizes_c, losses_c) == (sizes_b, losses_b)
   # flax's msgpack reads the old layout too.
   back = serialization.from_bytes(build().init(params), serialization.to_bytes(old))
   assert back.batch_schedule.num_examples() == sum(sizes_a)
-  assert np.asarray(back.batch_schedule.spec).shape == (11,)
+  assert np.asarray(back.batch_schedule.spec).shape == (13,)
+  assert np.isnan(np.asarray(back.batch_schedule.loss_avg)).all()
 
 
 def test_a_run_longer_than_the_count_is_refused():
@@ -790,11 +854,13 @@ def _compare_with_plain(batch, steps, **kw):
   """date(base, B, batch_schedule=fixed(B)) against date(base, B), step by step."""
   sched = BatchSchedule.fixed(batch)
   stats = kw.get("lr_scaling") == "gain"
+  # The same smoothing on both (a schedule's default is per example seen).
+  decay = 0.9 if stats else None
   grow = dp.make_train_step(
       _affine_loss, date_optax.date(LEGW_BASE, batch, batch_schedule=sched, **kw),
-      dp.data_mesh(), batch_schedule=sched, grad_stats=stats)
+      dp.data_mesh(), batch_schedule=sched, grad_stats=stats, grad_stats_decay=decay)
   plain = dp.make_train_step(_affine_loss, date_optax.date(LEGW_BASE, batch, **kw),
-                             dp.data_mesh(), grad_stats=stats)
+                             dp.data_mesh(), grad_stats=stats, grad_stats_decay=decay)
   state, ref = grow.init(_linear_params()), plain.init(_linear_params())
   lrs, lrs_ref = [], []
   for i in range(steps):
@@ -900,3 +966,57 @@ def test_a_schedule_of_many_sizes_warns_with_their_number():
   sched = BatchSchedule.ramp(8, 8, 1000, max_batch=8 * 20)  # Megatron-style, 20 sizes
   with pytest.warns(UserWarning, match="20 batch sizes.*step.precompile"):
     dp.make_train_step(_loss, optax.sgd(0.05), dp.data_mesh(), batch_schedule=sched)
+
+
+def _mean_loss(params, batch):
+  """Half the squared distance to the examples: G = w − μ, tr Σ = d·σ²."""
+  return 0.5 * jnp.mean(jnp.sum((params["w"] - batch["x"]) ** 2, axis=-1))
+
+
+def _growth_steps(microbatches, steps=110):
+  """The steps at which an adaptive run on the 8 devices changes its batch,
+  with the same global batches split into 8 x `microbatches` gradients.
+  B_simple = d·σ²/|w − μ|² grows as (1 − η)^(−2t) until the noise floor."""
+  sched = BatchSchedule.adaptive(64, max_batch=64 * 16, min_steps=4, lag=1)
+  step = dp.make_train_step(_mean_loss, optax.sgd(0.1), dp.data_mesh(),
+                            microbatches=microbatches, batch_schedule=sched,
+                            grad_stats=True)
+  state, sizes = step.init({"w": np.zeros((256,), np.float32)}), []
+  for i in range(steps):
+    b = step.next_batch_size(state)
+    x = 1.0 + np.random.default_rng(i).normal(size=(b, 256)).astype(np.float32)
+    state, m = step(state, {"x": x})
+    sizes.append(int(m["batch_size"]))
+  return [i for i in range(1, steps) if sizes[i] != sizes[i - 1]], sizes
+
+
+def test_growth_does_not_depend_on_the_number_of_partial_gradients():
+  # The smoothing is per example and the trigger must hold over a stretch:
+  # 8 and 64 partial gradients of the same batches grow at the same steps
+  # (within one min_steps).
+  eight, sizes8 = _growth_steps(1)
+  sixty_four, sizes64 = _growth_steps(8)
+  assert len(eight) >= 3, sizes8
+  assert len(eight) == len(sixty_four), (sizes8, sizes64)
+  assert max(abs(a - b) for a, b in zip(eight, sixty_four)) <= 4, (eight, sixty_four)
+
+
+def test_a_skipped_step_moves_neither_the_clock_nor_the_decision():
+  # A NaN batch at step 3: its examples are read (the data order goes on)
+  # but the learning rate's clock, min_steps and the stretch do not count it.
+  sched = BatchSchedule.fixed(16)
+  tx = date_optax.date(LEGW_BASE, 16, batch_schedule=sched)
+  step = dp.make_train_step(_affine_loss, tx, dp.data_mesh(), batch_schedule=sched)
+  state, lrs = step.init(_linear_params()), []
+  for i in range(6):
+    batch = _affine_batch(i, 16)
+    if i == 3:
+      batch["y"][0] = np.nan
+    state, m = step(state, batch)
+    lrs.append(float(m["learning_rate"]))
+  assert bool(m["skipped"]) is False and int(state.total_skips) == 1
+  assert state.batch_schedule.num_examples() == 6 * 16
+  assert state.batch_schedule.skipped.tolist() == [0, 16]
+  # The steps after the skip run at the iterations 4 and 5 of LEGW's clock.
+  want = [legw_reference(s, 16) for s in (0, 1, 2, 3, 3, 4)]
+  np.testing.assert_allclose(lrs[:3] + lrs[4:], want[:3] + want[4:], rtol=1e-6)

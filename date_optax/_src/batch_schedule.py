@@ -32,13 +32,25 @@ import dataclasses
 import math
 from typing import Any, NamedTuple
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import serialization
 
 from date_optax._src import validation
+from date_optax._src.batch_schedule_state import (  # noqa: F401 - re-exported
+    DEFAULT_GUARD_MARGIN,
+    DEFAULT_HOLD_STARTS,
+    KINDS,
+    LEGACY_GENERATIONS,
+    SPEC_LEN,
+    BatchScheduleState,
+    bits_f32,
+    f32_bits,
+    has_state,
+    legacy_layout,
+    upgrade_spec,
+    upgraded_layout,
+)
 from date_optax._src.examples_clock import (  # noqa: F401 - used here and re-exported
     _WORD_BITS,
     MAX_BATCH,
@@ -50,136 +62,6 @@ from date_optax._src.examples_clock import (  # noqa: F401 - used here and re-ex
     examples_words,
 )
 from date_optax._src.examples_clock import host_value as _host
-
-#: The kinds of :class:`BatchSchedule`.
-KINDS = ("fixed", "ramp", "adaptive", "doubling")
-
-# Length of the int32 record of a schedule's settings kept in the state
-# (ramp_examples in two words: entry 4 the low one, entry 10 the high one).
-_SPEC_LEN = 11
-# The record before the two-word count: ramp_examples in entry 4 alone.
-_LEGACY_SPEC_LEN = 10
-
-
-def _upgrade_spec(spec: np.ndarray) -> np.ndarray:
-  """A settings record saved before the two-word count, in today's layout."""
-  spec = np.asarray(spec).reshape(-1)
-  if spec.size == _LEGACY_SPEC_LEN:
-    return np.concatenate([spec, np.zeros((1,), spec.dtype)])
-  return spec
-
-
-class BatchScheduleState(flax.struct.PyTreeNode):
-  """The progress of a :class:`BatchSchedule`: int32 arrays in the train state.
-
-  Attributes:
-    batch_size: the global batch of the last step taken (the schedule's
-      start before the first step).
-    examples: examples consumed so far (skipped steps included: their data
-      was read), exact as two int32 words ``[high, low]``,
-      ``E = high·2**31 + low`` (up to :data:`MAX_EXAMPLES`); read it with
-      :meth:`num_examples`. A checkpoint written before the two-word count
-      (an int32 scalar) restores into this layout.
-    last_change: the step at which the batch last changed (0 at the start).
-    next_batch: the batch an adaptive schedule decided to grow to (or the
-      current one when no growth is pending).
-    next_step: the step from which `next_batch` applies.
-    spec: the schedule's settings (int32 vector), so that a checkpoint
-      restored under a different schedule is refused.
-
-  Examples:
-    >>> import date_optax
-    >>> state = date_optax.BatchSchedule.fixed(64).init()
-    >>> int(state.batch_size), state.num_examples(), state.examples.tolist()
-    (64, 0, [0, 0])
-  """
-
-  batch_size: jax.Array
-  examples: jax.Array
-  last_change: jax.Array
-  next_batch: jax.Array
-  next_step: jax.Array
-  spec: jax.Array
-
-  def num_examples(self) -> int:
-    """The examples consumed, as an exact Python int (reads the device).
-
-    Returns:
-      ``high·2**31 + low`` of :attr:`examples` (this host's copy).
-    """
-    return examples_int(self.examples)
-
-
-def _state_to_dict(state: BatchScheduleState) -> dict:
-  return {f.name: serialization.to_state_dict(getattr(state, f.name))
-          for f in dataclasses.fields(state)}
-
-
-def _state_from_dict(target: BatchScheduleState, saved: dict) -> BatchScheduleState:
-  """flax's state dict -> the state; one saved before the two-word count is upgraded."""
-  names = [f.name for f in dataclasses.fields(target)]
-  if set(saved) != set(names):
-    raise ValueError(
-        f"a BatchScheduleState has the fields {names}; the saved state has "
-        f"{sorted(saved)} (at {serialization.current_path()})."
-    )
-  values = {n: serialization.from_state_dict(getattr(target, n), saved[n], name=n)
-            for n in names}
-  if np.shape(values["examples"]) == ():
-    values["examples"] = examples_words(int(np.asarray(values["examples"])))
-  values["spec"] = _upgrade_spec(np.asarray(values["spec"]))
-  return target.replace(**values)
-
-
-# flax.serialization (msgpack) reads a state saved before the two-word count.
-serialization.register_serialization_state(
-    BatchScheduleState, _state_to_dict, _state_from_dict, override=True)
-
-
-def _is_state(x: Any) -> bool:
-  return isinstance(x, BatchScheduleState)
-
-
-def legacy_layout(abstract: Any) -> Any:
-  """`abstract` with each :class:`BatchScheduleState` in the layout before the
-  two-word count (int32 scalar `examples`, a 10-entry `spec`): the target
-  that reads such a checkpoint."""
-
-  def old(x):
-    if not _is_state(x):
-      return x
-    like = lambda leaf, shape: jax.ShapeDtypeStruct(
-        shape, jnp.int32, sharding=getattr(leaf, "sharding", None))
-    return x.replace(examples=like(x.examples, ()),
-                     spec=like(x.spec, (_LEGACY_SPEC_LEN,)))
-
-  return jax.tree.map(old, abstract, is_leaf=_is_state)
-
-
-def has_state(tree: Any) -> bool:
-  """Whether `tree` holds a :class:`BatchScheduleState`."""
-  return any(_is_state(x) for x in jax.tree.leaves(tree, is_leaf=_is_state))
-
-
-def upgraded_layout(restored: Any, abstract: Any) -> Any:
-  """`restored` (read with :func:`legacy_layout`'s target) in today's layout,
-  placed as `abstract` says."""
-
-  def new(a, r):
-    if not _is_state(a):
-      return r
-
-    def convert(examples, spec):
-      words = jnp.stack([jnp.zeros((), jnp.int32), jnp.asarray(examples, jnp.int32)])
-      return words, jnp.concatenate([spec, jnp.zeros((1,), spec.dtype)])
-
-    shardings = (getattr(a.examples, "sharding", None), getattr(a.spec, "sharding", None))
-    if None in shardings:
-      shardings = None
-    words, spec = jax.jit(convert, out_shardings=shardings)(r.examples, r.spec)
-    return r.replace(examples=words, spec=spec)
-
-  return jax.tree.map(new, abstract, restored, is_leaf=_is_state)
 
 
 class BatchProgress(NamedTuple):
@@ -201,12 +83,8 @@ class BatchProgress(NamedTuple):
   examples: jax.Array
 
 
-def _f32_bits(x: float) -> int:
-  return int(np.asarray(x, np.float32).view(np.int32))
-
-
-def _bits_f32(x: int) -> float:
-  return float(np.asarray(x, np.int32).view(np.float32))
+def _margin_code(margin: float) -> int:
+  return -1 if margin == math.inf else round(margin * 1e6)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -242,17 +120,23 @@ class BatchSchedule:
   **Adaptive** (Merrill et al. 2025's batch-size warmup; Pollux's
   re-decided batch): at step ``t`` with batch ``B``, the measured critical
   batch is ``B_crit = calibration · B_simple`` (the step's smoothed simple
-  noise scale, McCandlish et al. 2018). When ``B_crit`` is finite and
-  ``B_crit >= threshold · B``, ``B < max_batch``, no growth is pending and
-  the change would come at least ``min_steps`` steps after the last one,
-  the batch becomes ``min(factor · B, max_batch)`` from step
-  ``t + 1 + lag``. It never shrinks. An infinite ``B_simple`` (the
-  smoothed ``|G|²`` estimate not yet positive: the statistics have not
-  separated the gradient from its noise, as in the first steps) grows
-  nothing: measured, growing on it doubled the batch every ``min_steps``
-  steps from the start and cost up to 2.8 points. The decision is made on
-  the device from replicated statistics, so every process takes it
-  identically.
+  noise scale, McCandlish et al. 2018, smoothed per example seen, so the
+  same whatever the number of devices). The *trigger* holds on a step when
+  ``B_crit`` is finite, ``B_crit >= threshold · B``, the step was not
+  skipped, and the *runaway guard* passes: the loss's recent average (a
+  half-life of ``hold_examples``) is at most ``(1 + guard_margin)`` times
+  its long average (the statistics' smoothing). The batch grows when the
+  trigger has held without a break over at least ``hold_examples``
+  examples, ``B < max_batch``, no growth is pending and the change would
+  come at least ``min_steps`` steps after the last one (skipped steps not
+  counted): it becomes ``min(factor · B, max_batch)`` from step
+  ``t + 1 + lag``, and the stretch starts again. It never shrinks. An
+  infinite ``B_simple`` (the smoothed ``|G|²`` estimate not yet positive:
+  the statistics have not separated the gradient from its noise, as in the
+  first steps) grows nothing: measured, growing on it doubled the batch
+  every ``min_steps`` steps from the start and cost up to 2.8 points. The
+  decision is made on the device from replicated statistics, so every
+  process takes it identically.
 
   Args:
     kind: one of :data:`KINDS`; use the constructors instead.
@@ -270,6 +154,12 @@ class BatchSchedule:
       host reads decisions this many steps late, so they never stall it).
     calibration: the multiple of ``B_simple`` taken as the critical batch,
       > 0 (Merrill et al. found B_simple underestimates it under Adam).
+    hold_examples: ``adaptive`` only: the examples over which the trigger
+      must hold before the batch grows, in ``[0, 2**31 − 1]``; None:
+      ``4 · start`` (0 for the other kinds).
+    guard_margin: ``adaptive`` only: the runaway guard's margin, in
+      ``[0, 1000]`` (kept to 1e-6), or ``math.inf`` to turn the guard off;
+      None: 0.1 (0 for the other kinds).
 
   Returns:
     The schedule (a frozen dataclass, validated when built).
@@ -308,6 +198,8 @@ class BatchSchedule:
   min_steps: int = 1
   lag: int = 1
   calibration: float = 1.0
+  hold_examples: int | None = None
+  guard_margin: float | None = None
 
   def __post_init__(self) -> None:
     validation.check_choice("kind", self.kind, KINDS)
@@ -352,6 +244,22 @@ class BatchSchedule:
           "threshold", self.threshold, low=0.0, low_inclusive=False)))
       set_("calibration", float(validation.check_real(
           "calibration", self.calibration, low=0.0, low_inclusive=False)))
+      hold = (min(DEFAULT_HOLD_STARTS * start, MAX_BATCH) if self.hold_examples is None
+              else self.hold_examples)
+      set_("hold_examples", validation.check_int("hold_examples", hold, low=0,
+                                                 high=MAX_BATCH))
+      margin = DEFAULT_GUARD_MARGIN if self.guard_margin is None else self.guard_margin
+      if not (isinstance(margin, (int, float)) and margin == math.inf):
+        margin = validation.check_real("guard_margin", margin, low=0.0, high=1000.0)
+        margin = round(float(margin) * 1e6) / 1e6  # kept to 1e-6 in the state
+      set_("guard_margin", float(margin))
+    else:
+      for name in ("hold_examples", "guard_margin"):
+        if getattr(self, name) not in (None, 0):
+          raise ValueError(f"{name} belongs to an adaptive schedule; a {self.kind} "
+                           f"schedule does not take it (got {getattr(self, name)!r}).")
+      set_("hold_examples", 0)
+      set_("guard_margin", 0.0)
 
   # -- constructors ---------------------------------------------------------
 
@@ -451,6 +359,8 @@ class BatchSchedule:
       min_steps: int = 10,
       lag: int = 2,
       calibration: float = 1.0,
+      hold_examples: int | None = None,
+      guard_margin: float | None = None,
   ) -> BatchSchedule:
     """Grows the batch by `factor` when the measured critical batch passes it.
 
@@ -467,6 +377,13 @@ class BatchSchedule:
       lag: how many steps after its decision a change applies, >= 1.
       calibration: the multiple of ``B_simple`` taken as the critical
         batch, > 0.
+      hold_examples: the examples over which the trigger must hold without
+        a break (a skipped step or the guard breaks it) before the batch
+        grows, in ``[0, 2**31 − 1]``; None: ``4 · start``. In examples, so
+        the stretch does not depend on the number of devices.
+      guard_margin: the runaway guard: growth holds while the loss's recent
+        average exceeds ``(1 + guard_margin)`` times its long average; >= 0,
+        ``math.inf`` turns it off; None: 0.1.
 
     Returns:
       A :class:`BatchSchedule` of kind ``"adaptive"``.
@@ -485,7 +402,8 @@ class BatchSchedule:
     """
     return cls(kind="adaptive", start=start, max_batch=max_batch, factor=factor,
                threshold=threshold, min_steps=min_steps, lag=lag,
-               calibration=calibration)
+               calibration=calibration, hold_examples=hold_examples,
+               guard_margin=guard_margin)
 
   # -- what it allows -------------------------------------------------------
 
@@ -568,25 +486,29 @@ class BatchSchedule:
     """The settings as an int32 vector (stored in the state).
 
     ``ramp_examples`` takes two words: entry 4 its low 31 bits, entry 10
-    the rest (a record of 10 entries, from before, reads as high word 0).
+    the rest (a record of 10 entries, from before, reads as high word 0);
+    entries 11 and 12 are `hold_examples` and `guard_margin` in millionths
+    (−1 for off; a record without them reads as the defaults).
     """
     high, low = (int(w) for w in examples_words(self.ramp_examples))
     out = [KINDS.index(self.kind), self.start, self.max_batch, self.increment,
-           low, self.factor, _f32_bits(self.threshold),
-           self.min_steps, self.lag, _f32_bits(self.calibration), high]
-    assert len(out) == _SPEC_LEN
+           low, self.factor, f32_bits(self.threshold),
+           self.min_steps, self.lag, f32_bits(self.calibration), high,
+           self.hold_examples, _margin_code(self.guard_margin)]
+    assert len(out) == SPEC_LEN
     return np.asarray(out, np.int32)
 
   @classmethod
   def from_spec(cls, spec: Any) -> BatchSchedule:
     """The schedule an int32 `spec` vector records (see :meth:`spec`)."""
-    s = [int(x) for x in _upgrade_spec(np.asarray(spec))]
-    if len(s) != _SPEC_LEN or not 0 <= s[0] < len(KINDS):
+    s = [int(x) for x in upgrade_spec(np.asarray(spec))]
+    if len(s) != SPEC_LEN or not 0 <= s[0] < len(KINDS):
       raise ValueError(f"not a batch-schedule spec: {s!r}.")
     return cls(kind=KINDS[s[0]], start=s[1], max_batch=s[2], increment=s[3],
                ramp_examples=(s[10] << _WORD_BITS) + s[4], factor=s[5],
-               threshold=_bits_f32(s[6]), min_steps=s[7], lag=s[8],
-               calibration=_bits_f32(s[9]))
+               threshold=bits_f32(s[6]), min_steps=s[7], lag=s[8],
+               calibration=bits_f32(s[9]), hold_examples=s[11],
+               guard_margin=math.inf if s[12] < 0 else s[12] / 1e6)
 
   def init(self) -> BatchScheduleState:
     """The state before the first step."""
@@ -594,7 +516,9 @@ class BatchSchedule:
     return BatchScheduleState(
         batch_size=i(self.start), examples=jnp.zeros((2,), jnp.int32),
         last_change=i(0), next_batch=i(self.start), next_step=i(0),
-        spec=jnp.asarray(self.spec()),
+        spec=jnp.asarray(self.spec()), held=i(0),
+        loss_avg=jnp.full((2,), jnp.nan, jnp.float32),
+        skipped=jnp.zeros((2,), jnp.int32),
     )
 
   def check_state(self, state: Any) -> None:
@@ -605,7 +529,7 @@ class BatchSchedule:
           "it with this step's init, or restore a checkpoint saved by a step "
           "with batch_schedule."
       )
-    saved = _upgrade_spec(_host(state.spec))
+    saved = upgrade_spec(_host(state.spec))
     if not np.array_equal(saved, self.spec()):
       try:
         theirs = repr(BatchSchedule.from_spec(saved))
@@ -619,40 +543,58 @@ class BatchSchedule:
 
   def update(
       self, state: BatchScheduleState, step: jax.Array, batch_size: int,
-      noise_scale: jax.Array | None = None,
+      noise_scale: jax.Array | None = None, *, loss: Any = None,
+      skipped: Any = None, decay: float | None = None,
   ) -> BatchScheduleState:
     """The state after step `step` ran with `batch_size` (inside the step).
 
-    Straight-line int32 arithmetic (the examples count with its carry into
-    the high word); an adaptive schedule also decides from `noise_scale`
-    (B_simple, replicated) whether to grow. A state of the layout before
-    the two-word count (an int32 scalar) is returned in today's layout.
+    Straight-line arithmetic (the examples counts with their carry into the
+    high word). A skipped step (`skipped`, a bool array) reads its examples
+    but adds them to `skipped` too (the learning rate's clock stays), does
+    not count towards ``min_steps`` and breaks an adaptive schedule's
+    stretch. An adaptive schedule also folds the `loss` into its averages
+    (the long one with `decay`, the step's statistics' decay at this batch)
+    and decides from `noise_scale` (B_simple, replicated) whether to grow.
     """
     b = jnp.int32(batch_size)
     step = jnp.asarray(step, jnp.int32)
+    skip = jnp.zeros((), bool) if skipped is None else jnp.asarray(skipped, bool)
+    fresh = self.init()
+    held, loss_avg, skipped_ex = (fresh.held, fresh.loss_avg, fresh.skipped) \
+        if state.held is None else (state.held, state.loss_avg, state.skipped)
     changed = b != state.batch_size
-    last_change = jnp.where(changed, step, state.last_change)
-    spec = state.spec
-    if np.shape(spec) == (_LEGACY_SPEC_LEN,):
-      spec = jnp.concatenate([jnp.asarray(spec, jnp.int32), jnp.zeros((1,), jnp.int32)])
+    last_change = jnp.where(changed, step, state.last_change) + skip.astype(jnp.int32)
     new = state.replace(batch_size=jnp.broadcast_to(b, ()),
                         examples=add_examples(state.examples, b),
-                        last_change=last_change, spec=spec)
+                        last_change=last_change, spec=jnp.asarray(self.spec()),
+                        held=held, loss_avg=loss_avg,
+                        skipped=jnp.where(skip, add_examples(skipped_ex, b), skipped_ex))
     if self.kind != "adaptive":
       return new
-    if noise_scale is None:
-      raise ValueError("an adaptive batch schedule needs the step's noise scale "
-                       "(grad_stats=True).")
-    effect = step + 1 + self.lag
+    if noise_scale is None or loss is None or decay is None:
+      raise ValueError("an adaptive batch schedule needs the step's noise scale, "
+                       "loss and statistics' decay (grad_stats=True).")
+    loss = jnp.asarray(loss, jnp.float32)
+    recent_decay = 0.5 ** (batch_size / self.hold_examples) if self.hold_examples else 0.0
+    d = jnp.asarray([recent_decay, decay], jnp.float32)
+    folded = jnp.where(jnp.isnan(loss_avg), loss, d * loss_avg + (1 - d) * loss)
+    loss_avg = jnp.where(jnp.isfinite(loss) & ~skip, folded, loss_avg)
+    calm = (loss_avg[0] - loss_avg[1] <= jnp.float32(self.guard_margin)
+            * jnp.abs(loss_avg[1])) | (self.guard_margin == math.inf)
     critical = jnp.float32(self.calibration) * jnp.asarray(noise_scale, jnp.float32)
+    trigger = (jnp.isfinite(critical)  # an unmeasured noise scale never grows it
+               & (critical >= jnp.float32(self.threshold) * jnp.float32(batch_size))
+               & ~skip & calm)
+    held = jnp.where(trigger, jnp.where(held > MAX_BATCH - b, MAX_BATCH, held + b), 0)
+    effect = step + 1 + self.lag
     grow = ((step >= state.next_step)
             & (effect - last_change >= self.min_steps)
-            & jnp.isfinite(critical)  # an unmeasured noise scale never grows it
-            & (critical >= jnp.float32(self.threshold) * jnp.float32(batch_size))
+            & trigger & (held >= self.hold_examples)
             & (batch_size < self.max_batch))
     target = jnp.int32(min(self.factor * batch_size, self.max_batch))
     return new.replace(next_batch=jnp.where(grow, target, state.next_batch),
-                       next_step=jnp.where(grow, effect, state.next_step))
+                       next_step=jnp.where(grow, effect, state.next_step),
+                       held=jnp.where(grow, 0, held), loss_avg=loss_avg)
 
 
 def check_schedule(value: Any) -> BatchSchedule | None:

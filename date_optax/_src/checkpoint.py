@@ -252,28 +252,27 @@ def _check_fits(abstract: Any, saved: list[list[Any]]) -> None:
       )
 
 
-def _fitting_layout(abstract: Any, check: Any) -> tuple[Any, bool, bool]:
+def _fitting_layout(abstract: Any, check: Any) -> tuple[Any, bool, int]:
   """`abstract`, or the first older layout of it that passes `check`.
 
   Older checkpoints hold one trust-ratio array per parameter leaf where a
   `LayerRatios` record now holds one vector (`unpacked_records`), or a
   batch schedule's examples as an int32 scalar before the two-word count
-  (`batch_schedule.legacy_layout`), or both. `check(target)` raises when a
-  target does not fit; when no layout fits, the error for `abstract` itself
-  is raised. Returns the target and whether records are unpacked and batch
-  schedules in the old layout.
+  or without the adaptive rule's stretch and guard
+  (`batch_schedule.legacy_layout`, by generation), or both. `check(target)`
+  raises when a target does not fit; when no layout fits, the error for
+  `abstract` itself is raised. Returns the target, whether records are unpacked and the batch
+  schedules' older generation (0: today's).
   """
   try:
     check(abstract)
-    return abstract, False, False
+    return abstract, False, 0
   except ValueError as first:
     error = first
-  legacy_too = bs_lib.has_state(abstract)
-  for unpacked, legacy in ((True, False), (False, True), (True, True)):
-    if legacy and not legacy_too:
-      continue
+  gens = bs_lib.LEGACY_GENERATIONS if bs_lib.has_state(abstract) else ()
+  for unpacked, legacy in [(True, 0)] + [(u, g) for g in gens for u in (False, True)]:
     target = layer_ratios_lib.unpacked_records(abstract) if unpacked else abstract
-    target = bs_lib.legacy_layout(target) if legacy else target
+    target = bs_lib.legacy_layout(target, legacy) if legacy else target
     try:
       check(target)
     except ValueError:

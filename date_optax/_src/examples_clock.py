@@ -121,3 +121,12 @@ def divmod_examples(words: Any, divisor: int) -> tuple[jax.Array, jax.Array, jax
     q = (q << c) | (r // ud)
     r = r % ud
   return q_high, q.astype(jnp.int32), r.astype(jnp.int32)
+
+
+def sub_examples(words: Any, other: Any) -> jax.Array:
+  """``words − other`` of two two-word counts (exact; ``other <= words``)."""
+  words, other = as_examples_words(words), as_examples_words(other)
+  low = words[1] - other[1]
+  borrow = low < 0
+  low = jnp.where(borrow, (low.astype(jnp.uint32) + jnp.uint32(_WORD)).astype(jnp.int32), low)
+  return jnp.stack([words[0] - other[0] - borrow.astype(jnp.int32), low])

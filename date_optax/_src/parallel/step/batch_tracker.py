@@ -1,17 +1,58 @@
-"""The host's view of a growing batch: the batch of the next step, unwaited.
+"""A growing batch inside the step, and the host's view of it.
 
-`BatchTracker` counts what the train step dispatched and reads an adaptive
-schedule's device decisions `lag` steps late, so that `step.next_batch_size`
-never waits for the steps in flight.
+Inside the step: the optimizer's progress (`schedule_progress`), the
+statistics' decay at the step's batch (`decay_at`: smoothing per example
+seen) and the schedule's update after the optimizer (`schedule_step`). On
+the host, `BatchTracker` counts what the train step dispatched and reads an
+adaptive schedule's device decisions `lag` steps late, so that
+`step.next_batch_size` never waits for the steps in flight.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from date_optax._src.batch_schedule import BatchSchedule
-from date_optax._src.examples_clock import examples_int
+import jax.numpy as jnp
+
+from date_optax._src.batch_schedule import BatchProgress, BatchSchedule
+from date_optax._src.examples_clock import examples_int, sub_examples
 from date_optax._src.examples_clock import host_value as _host
+from date_optax._src.gain import noise_scale
+from date_optax._src.parallel.step import grad_stats as gs_lib
+
+
+def schedule_progress(state: Any, rows: int) -> BatchProgress:
+  """What the optimizer is told: the batch, and the examples of the steps
+  it applied (a skipped step's examples do not move its clock)."""
+  examples = state.examples
+  if state.skipped is not None:
+    examples = sub_examples(examples, state.skipped)
+  return BatchProgress(batch_size=jnp.int32(rows), examples=examples)
+
+
+def decay_at(decay: float | None, rows: int, schedule: BatchSchedule) -> float | None:
+  """The statistics' decay for a step of `rows` examples: `decay` per
+  `schedule.start` examples, so the smoothing is per example seen."""
+  return None if decay is None else float(decay) ** (rows / schedule.start)
+
+
+def schedule_step(
+    schedule: BatchSchedule, state: Any, new_state: Any, metrics: dict, rows: int,
+    decay: float | None,
+) -> Any:
+  """`new_state` with the schedule's state after the step (`metrics` gains
+  the batch, and an adaptive schedule's decision)."""
+  measured = None
+  if new_state.grad_stats is not None:
+    measured = noise_scale(gs_lib.smoothed(new_state.grad_stats, rows))
+  new_state = new_state.replace(batch_schedule=schedule.update(
+      state.batch_schedule, state.step, rows, measured, loss=metrics["loss"],
+      skipped=metrics["skipped"], decay=decay))
+  metrics["batch_size"] = jnp.int32(rows)
+  if schedule.kind == "adaptive":
+    metrics["next_batch_size"] = new_state.batch_schedule.next_batch
+    metrics["next_batch_step"] = new_state.batch_schedule.next_step
+  return new_state
 
 
 class BatchTracker:

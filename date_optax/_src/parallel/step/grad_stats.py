@@ -58,15 +58,26 @@ class GradStatsState(flax.struct.PyTreeNode):
     return cls(sq_norm=z, trace_cov=z, weight=z, count=jnp.zeros((), jnp.int32))
 
 
+#: A growing batch's default smoothing: the decay per start batch of
+#: examples (a half-life of about 13.5 start batches), whatever the devices.
+SCHEDULE_DECAY = 0.95
+
+
 def default_decay(units: int) -> float:
   """fairscale's smoothing: ``max(1 − n/1000, 0) ** n`` per step for n units."""
   return max(1.0 - units / 1000.0, 0.0) ** units
 
 
 def check_options(
-    grad_stats: Any, decay: Any, replicas: int, microbatches: int
+    grad_stats: Any, decay: Any, replicas: int, microbatches: int,
+    batch_schedule: Any = None,
 ) -> float | None:
-  """Validates the step's `grad_stats`/`grad_stats_decay`; the decay or None."""
+  """Validates the step's `grad_stats`/`grad_stats_decay`; the decay or None.
+
+  With a `batch_schedule` the decay is per ``batch_schedule.start``
+  examples (the step at batch B applies ``decay ** (B / start)``) and its
+  default is :data:`SCHEDULE_DECAY`; without, per step, fairscale's.
+  """
   on = validation.check_bool("grad_stats", grad_stats)
   if not on:
     if decay is not None:
@@ -81,7 +92,7 @@ def check_options(
         "microbatches=2 (or more) to measure on one device."
     )
   if decay is None:
-    return default_decay(units)
+    return SCHEDULE_DECAY if batch_schedule is not None else default_decay(units)
   return float(
       validation.check_real("grad_stats_decay", decay, low=0.0, high=1.0,
                             high_inclusive=False)

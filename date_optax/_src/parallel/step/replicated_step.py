@@ -211,7 +211,8 @@ def make_replicated_train_step(
   )
   n = compat.mesh_axis_sizes(mesh, axes)
   sync.check_replicas(axes, n)
-  decay = gs_lib.check_options(grad_stats, grad_stats_decay, n, config.microbatches)
+  decay = gs_lib.check_options(grad_stats, grad_stats_decay, n, config.microbatches,
+                               batch_schedule)
   schedule = bs_lib.check_for_step(batch_schedule, decay is not None, n,
                                    config.microbatches, max_rows_per_device)
   return ReplicatedTrainStep(

@@ -28,7 +28,6 @@ from jax.sharding import PartitionSpec as P
 
 from date_optax._src import batch_schedule as bs_lib
 from date_optax._src import validation
-from date_optax._src.gain import noise_scale
 from date_optax._src.parallel import compat
 from date_optax._src.parallel.comm import update_sharding as us
 from date_optax._src.parallel.comm.error_feedback import ErrorFeedbackState
@@ -37,7 +36,12 @@ from date_optax._src.parallel.layout.distributed import host_local_to_global, re
 from date_optax._src.parallel.layout.mesh import auto_axes_mesh
 from date_optax._src.parallel.step import grad_stats as gs_lib
 from date_optax._src.parallel.step import local_grads as lg
-from date_optax._src.parallel.step.batch_tracker import BatchTracker
+from date_optax._src.parallel.step.batch_tracker import (
+    BatchTracker,
+    decay_at,
+    schedule_progress,
+    schedule_step,
+)
 from date_optax._src.parallel.step.replica_step import ReplicaResult, apply_update
 from date_optax._src.parallel.step.step_config import StepConfig, step_config_from
 from date_optax._src.parallel.step.train_state import Metrics, TrainState, check_metrics
@@ -321,12 +325,11 @@ class TrainStep:
     self._row_spec = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(np.shape(x)[1:], x.dtype), batch)
     rows = int(np.shape(jax.tree.leaves(batch)[0])[0])
-    config = self.config
-    extra = None
+    config, extra, decay = self.config, None, self.grad_stats_decay
     if self.batch_schedule is not None:
       config = dataclasses.replace(config, microbatches=self.microbatches_for(rows))
-      extra = {"batch_progress": bs_lib.BatchProgress(
-          batch_size=jnp.int32(rows), examples=state.batch_schedule.examples)}
+      extra = {"batch_progress": schedule_progress(state.batch_schedule, rows)}
+      decay = decay_at(decay, rows, self.batch_schedule)
     lg.check_batch(batch, self.num_replicas, config.microbatches)
     batch = jax.tree.map(
         lambda x: lax.with_sharding_constraint(x, self.batch_sharding), batch
@@ -337,20 +340,12 @@ class TrainStep:
         state, result, self.optimizer, config,
         units=self.num_replicas * config.microbatches,
         global_batch=rows,
-        grad_stats_decay=self.grad_stats_decay,
+        grad_stats_decay=decay,
         extra_args=extra,
         grad_keys=self._grad_keys(state.params),
     )
     if self.batch_schedule is not None:
-      measured = None
-      if new_state.grad_stats is not None:
-        measured = noise_scale(gs_lib.smoothed(new_state.grad_stats, rows))
-      new_state = new_state.replace(batch_schedule=self.batch_schedule.update(
-          state.batch_schedule, state.step, rows, measured))
-      metrics["batch_size"] = jnp.int32(rows)
-      if self.batch_schedule.kind == "adaptive":
-        metrics["next_batch_size"] = new_state.batch_schedule.next_batch
-        metrics["next_batch_step"] = new_state.batch_schedule.next_step
+      new_state = schedule_step(self.batch_schedule, state, new_state, metrics, rows, decay)
     return self._after_update(new_state), metrics
 
   # -- calling --------------------------------------------------------------

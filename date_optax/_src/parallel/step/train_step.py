@@ -253,9 +253,12 @@ def make_train_step(
       `sync_gradients`.
     grad_stats: measure gradient-noise statistics (see above); needs more
       than one replica or `microbatches >= 2`.
-    grad_stats_decay: the moving-average factor per step, in [0, 1); None
-      means fairscale AdaScale's default for n units,
-      `max(1 - n/1000, 0) ** n` (0.938 for 8 units).
+    grad_stats_decay: the moving-average factor, in [0, 1): per step for a
+      fixed batch, where None means fairscale AdaScale's default for n
+      units, `max(1 - n/1000, 0) ** n` (0.938 for 8 units); with a
+      `batch_schedule` per `start` examples (a step of batch B applies
+      `decay ** (B / start)`: smoothing per example seen, the same for any
+      number of devices), where None means 0.95.
     grad_sync: a `GradSync` holding `grad_reduce`, `comm_dtype`, `aps`,
       `rounding`, `block_size`, `measured_shift` and `error_feedback` (and a
       torus `grid`); give it or those flat keywords.
