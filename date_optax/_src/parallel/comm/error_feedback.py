@@ -12,16 +12,19 @@ applied at each hop.
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from date_optax._src import validation
 from date_optax._src.parallel.comm import low_precision as lp
 from date_optax._src.types import PyTree
 
-#: The algorithms whose hops this library performs (and can feed back).
-HOP_ALGORITHMS = ("ring", "torus")
+#: The algorithms with a second rounding stage to feed back (`hop` not None):
+#: the hops of "ring"/"torus", the owner's rounding of "two_shot".
+HOP_ALGORITHMS = ("ring", "torus", "two_shot")
 #: The dtypes the residuals may be stored in (`GradSync.residual_dtype`).
 RESIDUAL_DTYPES = ("float32", "bfloat16")
 
@@ -116,7 +119,8 @@ class ErrorFeedbackState(NamedTuple):
 
   @classmethod
   def zeros(
-      cls, tree: PyTree, grad_sync: Any, replicas: int | None = None
+      cls, tree: PyTree, grad_sync: Any, replicas: int | None = None, *,
+      chunks: int | None = None,
   ) -> ErrorFeedbackState:
     """Fresh residuals for gradients shaped like `tree` under `grad_sync`.
 
@@ -126,15 +130,32 @@ class ErrorFeedbackState(NamedTuple):
         hop residuals.
       replicas: with a number, every leaf gets a leading replica axis of
         that length (the layout of a step over a mesh).
+      chunks: the number N of replicas the reduction runs over (default:
+        `replicas`), an integer >= 1; "two_shot" needs it (its `hop` holds
+        one flat `(ceil(size / N),)` chunk per leaf), the others ignore it.
 
     Returns:
       Zeros of `grad_sync.residual_dtype` (float32 by default): `worker`
-      shaped like `tree`, `hop` too or None.
+      shaped like `tree`; `hop` shaped like it ("ring", "torus"), one
+      `(ceil(size / N),)` chunk per leaf ("two_shot"), or None ("psum").
+
+    Raises:
+      ValueError: "two_shot" with neither `chunks` nor `replicas`, or
+        `chunks` below 1.
     """
     lead = () if replicas is None else (replicas,)
     dtype = jnp.dtype(getattr(grad_sync, "residual_dtype", "float32"))
-    zeros = lambda: jax.tree.map(lambda x: jnp.zeros(lead + jnp.shape(x), dtype), tree)
-    return cls(zeros(), zeros() if grad_sync.algorithm in HOP_ALGORITHMS else None)
+    zeros = lambda shape: jax.tree.map(lambda x: jnp.zeros(lead + shape(x), dtype), tree)
+    chunks = replicas if chunks is None else validation.check_int("chunks", chunks, low=1)
+    if grad_sync.algorithm == "two_shot":
+      if chunks is None:
+        raise ValueError(
+            "two_shot's server residual is 1/N of each gradient: pass chunks=N (the "
+            "number of replicas) or replicas=N."
+        )
+      return cls(zeros(jnp.shape), zeros(lambda x: (-(-math.prod(jnp.shape(x)) // chunks),)))
+    return cls(zeros(jnp.shape), zeros(jnp.shape) if grad_sync.algorithm in HOP_ALGORITHMS
+               else None)
 
 
 def compress(x: jax.Array, fmt: Any, sync: Any) -> jax.Array:
