@@ -87,11 +87,18 @@ class ErrorFeedbackState(NamedTuple):
   stored. Both are kept in the units of the gradient (APS shifts and block
   scales are undone), so they survive a change of scale between steps.
 
+  "two_shot" (1-bit Adam's reduce-scatter, `two_shot.two_shot_sum`) rounds
+  each element twice: the worker rule above on each chunk it sends, and
+  the owner's rule on the float32 sum of its chunk, `f` then the owner's
+  *server* residual, one flat `(ceil(size / N),)` chunk per leaf (chunk k
+  of the leaf flattened and zero-padded to a multiple of N, or under
+  `shard_update` replica k's shard): `1 + 1/N` gradients per device.
+
   Attributes:
     worker: the residual of this replica's own compressed contribution,
       float32 (or `residual_dtype`), shaped like the gradients.
     hop: the residuals of the messages this device rounds on the way,
-      like `worker`; None for "psum".
+      like `worker`; this device's chunks for "two_shot"; None for "psum".
 
   Examples:
     >>> import jax.numpy as jnp
@@ -103,6 +110,9 @@ class ErrorFeedbackState(NamedTuple):
     >>> dp.ErrorFeedbackState.zeros({"w": jnp.ones(3)}, dp.GradSync(
     ...     "psum", comm_dtype="int8", error_feedback=True)).hop is None
     True
+    >>> two = dp.GradSync("two_shot", comm_dtype="int4", error_feedback=True)
+    >>> dp.ErrorFeedbackState.zeros({"w": jnp.ones((2, 3))}, two, chunks=4).hop["w"].shape
+    (2,)
 
   References:
     Karimireddy et al., "Error Feedback Fixes SignSGD and other Gradient
