@@ -83,7 +83,12 @@ class ErrorFeedbackState(NamedTuple):
   a bfloat16 one); with "psum" (no hops to feed back: `hop` is None) one
   copy, 4 bytes per element. `GradSync(residual_dtype="bfloat16")` stores
   them in bfloat16 and halves that (4 bytes per element, 2 with "psum");
-  the arithmetic stays float32. Padding of the packed buffer is never
+  the arithmetic stays float32, but each step's rounding of a residual to
+  bfloat16 (at most 2^-9 of it) is not fed back: it is lost. After 24
+  constant int4 steps that lost 9e-5 of the exact sum ("ring"; 9e-5 with
+  "two_shot"), against 4e-8 (float32 additions) with float32 residuals,
+  and moved the result 1.57 % from float32 instead of 1.55 % (0.81 %
+  instead of 0.80 %). Padding of the packed buffer is never
   stored. Both are kept in the units of the gradient (APS shifts and block
   scales are undone), so they survive a change of scale between steps.
 

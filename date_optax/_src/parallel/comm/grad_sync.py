@@ -83,8 +83,8 @@ class GradSync:
       `ErrorFeedbackState` in `TrainState.grad_residual`. Needs a
       low-precision `comm_dtype`.
     residual_dtype: how the residuals are stored, "float32" (default) or
-      "bfloat16" (half the memory, measured as accurate; the arithmetic
-      stays float32). Only with `error_feedback=True`.
+      "bfloat16" (half the memory; the arithmetic stays float32, the
+      residual's own rounding to bfloat16 is lost). Only with error feedback.
 
   An integer payload ("int8", "int4") with no scaling at all (`aps=False`,
   no `block_size`, no `measured_shift`), rounded to nearest and without
@@ -448,8 +448,8 @@ def sync_gradients(
   et al. 2021): every partial sum `p` a "ring"/"torus" device forwards and
   the chunk it gathers (or rounds as its shard with `scatter`), or the sum
   a "two_shot" owner sends, goes as `C(p + f)`, `f' = p + f - C(p + f)`
-  kept. With both, the sum over steps of the means plus the residuals left
-  equals the exact sum: nothing is lost, only delayed.
+  kept. With both (float32), the sum over steps of the means plus the
+  residuals left is the exact sum: nothing is lost, only delayed.
   `residual` is an `ErrorFeedbackState` (zeros at the start:
   `ErrorFeedbackState.zeros(grads, grad_sync)`); a bare pytree is the worker
   residual alone (the one-stage rule: the hops' roundings are not fed back)
