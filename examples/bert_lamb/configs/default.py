@@ -104,7 +104,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.microbatches = 2
   config.half_precision = True
   # Gradient communication (`date_optax.parallel.GradSync`): the all-reduce
-  # ("psum", "ring" or "torus"; the torus needs two data axes, so
+  # ("psum", "ring", "torus" or "two_shot"; the torus needs two data axes, so
   # param_sharding=(); with param_sharding each device reduces its model
   # shard over "data"), the payload format ("float32" is exact, or
   # "bfloat16", "float8_e4m3fn", "int8", "int4", "float4_e2m1fn", ...),

@@ -59,7 +59,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Parallelism: the optimizer state split over the replicas (weight-update
   # sharding) or not, and the gradient all-reduce
-  # (`date_optax.parallel.GradSync`: "psum", "ring" or "torus"; the torus runs
+  # (`date_optax.parallel.GradSync`: "psum", "ring", "torus" or "two_shot"; the torus runs
   # on an X x Y mesh of the slice's chip torus; payload "float32" exact, or
   # "bfloat16", "int8", "int4", ...; see examples/bert_lamb/configs/default.py).
   config.shard_update = False

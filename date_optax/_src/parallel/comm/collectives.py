@@ -419,6 +419,17 @@ def _psum_scatter(
   return fmt.decode(lax.psum_scatter(fmt.encode(x), axes, scatter_dimension=0)), None
 
 
+def _all_to_all_scatter(
+    x: jax.Array, axes: Any, grid: Any, fmt: Any = None, gids: Any = None, feedback: Any = None,
+) -> tuple[jax.Array, None]:
+  """Exact reduce-scatter of "two_shot": row k of every device reaches device k
+  in one `all_to_all` and is summed there (its payload formats: `two_shot`)."""
+  if fmt is not None or feedback is not None:
+    raise ValueError("two_shot's low-precision payload is two_shot.two_shot_sum's.")
+  axes = compat.as_tuple(axes)
+  return jnp.sum(lax.all_to_all(x, axes, 0, 0, tiled=True), axis=0), None
+
+
 _ALGORITHMS: dict[str, _Algorithm] = {
     "psum": _Algorithm(
         reduce_scatter=_psum_scatter,
@@ -426,6 +437,10 @@ _ALGORITHMS: dict[str, _Algorithm] = {
     ),
     "ring": _Algorithm(_on_ring(_ring_reduce_scatter), _on_ring(_ring_all_gather)),
     "torus": _Algorithm(_on_torus(_torus_reduce_scatter), _on_torus(_torus_all_gather)),
+    "two_shot": _Algorithm(
+        reduce_scatter=_all_to_all_scatter,
+        all_gather=lambda x, axes, grid: lax.all_gather(x, compat.as_tuple(axes), axis=0),
+    ),
 }
 
 #: The all-reduce algorithms by name.

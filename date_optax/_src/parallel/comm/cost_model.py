@@ -1,4 +1,4 @@
-"""Alpha-beta cost model of all-reduce algorithms on rings and 2-D tori."""
+"""Alpha-beta cost model of all-reduce algorithms: rings, 2-D tori, two-shot."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 from date_optax._src import validation
 from date_optax._src.parallel.comm import low_precision
 
-COST_ALGORITHMS = ("ring", "torus")
+COST_ALGORITHMS = ("ring", "torus", "two_shot")
 
 
 class AllReduceCost(NamedTuple):
@@ -40,6 +40,12 @@ def _torus(x: int, y: int, m: float, per_message: float = 0.0) -> tuple[int, flo
   vertical = 2 * (x - 1) / x * (m / 2 + m / (2 * y)) + 4 * (x - 1) * per_message
   horizontal = 2 * (y - 1) / y * (m / 2 + m / (2 * x)) + 4 * (y - 1) * per_message
   return 2 * (x - 1) + 2 * (y - 1), max(vertical, horizontal)
+
+
+def _two_shot(p: int, m: float, per_message: float = 0.0) -> tuple[int, float]:
+  """An all-to-all and an all-gather: 2 steps; each device's link carries the
+  (p-1)/p of M that leaves it in each, in p-1 messages per collective."""
+  return 2, 2 * (p - 1) / p * m + 2 * (p - 1) * per_message
 
 
 def _scale_bits(fmt: Any) -> int:
@@ -82,6 +88,13 @@ def allreduce_cost(
     its links there; the model counts those bytes in the link totals but not
     the queueing they add. On a 1×P torus this is exactly the ring over P
     devices.
+  * "two_shot": 1-bit Adam's compressed reduce-scatter (`GradSync("two_shot")`)
+    on a switched network where each device has one link to it: one
+    all-to-all and one all-gather, `2` steps whatever `P` (a collective's
+    `P-1` messages leave at once), and each device's link carries
+    `2(P-1)/P · M` bytes, as a ring's does. On a torus without a switch
+    the all-to-all's messages would travel several hops; the model does
+    not price that routing. The mesh shape is flattened.
 
   *Payload dtype.* `nbytes` is the size of the buffer in float32, as the
   gradients are stored; with `comm_dtype` the payload that moves is
@@ -105,7 +118,7 @@ def allreduce_cost(
   or the measured shift; the default here (False) keeps the payload alone.
 
   Args:
-    algorithm: "ring" or "torus".
+    algorithm: "ring", "torus" or "two_shot".
     mesh_shape: number of devices, or the torus shape `(X, Y)` ("torus" needs
       two dimensions; "ring" flattens any shape).
     nbytes: size `M` of the buffer to sum, in bytes.
@@ -143,6 +156,11 @@ def allreduce_cost(
     >>> round(mx.bytes_per_link / fp8.bytes_per_link, 6)
     1.03125
 
+    Two-shot: two rounds, the ring's bytes per link.
+
+    >>> dp.allreduce_cost("two_shot", 256, 1e6, alpha=1e-6, beta=1e-9).latency_steps
+    2
+
   References:
     Ying et al., "Image Classification at Supercomputer Scale", 2018,
     https://arxiv.org/abs/1811.06992; Patarasuk and Yuan, "Bandwidth optimal
@@ -150,7 +168,10 @@ def allreduce_cost(
     Thakur, Rabenseifner and Gropp, "Optimization of Collective Communication
     Operations in MPICH", 2005 (the alpha-beta model); Han, Demmel and You,
     "Auto-Precision Scaling for Distributed Deep Learning", 2020,
-    https://arxiv.org/abs/2003.00119 (low-precision payloads).
+    https://arxiv.org/abs/2003.00119 (low-precision payloads); Tang et al.,
+    "1-bit Adam: Communication Efficient Large-Scale Training with Adam's
+    Convergence Speed", ICML 2021, https://arxiv.org/abs/2102.02888
+    (two-shot).
   """
   validation.check_choice("algorithm", algorithm, COST_ALGORITHMS)
   shape = (mesh_shape,) if isinstance(mesh_shape, int) else tuple(mesh_shape)
@@ -184,12 +205,10 @@ def allreduce_cost(
     raise ValueError(
         f"the torus algorithm needs mesh_shape=(X, Y), got mesh_shape={mesh_shape!r}."
     )
-  if algorithm == "ring":
-    steps, per_link = _ring(math.prod(shape), m, per_message)
-  else:
-    steps, per_link = _torus(*shape, m, per_message)
+  cost = {"ring": lambda *a: _ring(math.prod(shape), *a), "torus": lambda *a: _torus(
+      *shape, *a), "two_shot": lambda *a: _two_shot(math.prod(shape), *a)}[algorithm]
+  steps, per_link = cost(m, per_message)
   if aps:
-    extra = _ring(math.prod(shape), 8.0 * layers) if algorithm == "ring" else _torus(
-        *shape, 8.0 * layers)
+    extra = cost(8.0 * layers)
     steps, per_link = steps + extra[0], per_link + extra[1]
   return AllReduceCost(steps, per_link, alpha * steps + beta * per_link)

@@ -1,19 +1,14 @@
 """Gradient synchronisation: its options in one config, and the one reduction.
 
-Every data-parallel step combines the replicas' gradients here, exactly once:
-the `shard_map` and `pmap` steps call `sync_gradients` from their shared
-per-replica body (`replica_step.replica_step`), for an all-reduce mean or,
-with weight-update sharding, a reduce-scatter mean. The options travel as one
-frozen `GradSync`, validated when it is built: the algorithm ("psum", "ring",
-"torus"), the torus layout (`grid`), the payload format (`comm_dtype`),
-Auto-Precision Scaling (`aps`), the rounding, the scales measured at every
-hop (`block_size`, `measured_shift`) and error feedback (`error_feedback`:
-the residual of every rounding, each replica's and each hop's, carried in
-the train state, is added the next time the same place is sent).
+Every data-parallel step combines the replicas' gradients here, exactly once
+(`replica_step.replica_step` calls `sync_gradients`), for an all-reduce mean
+or, with weight-update sharding, a reduce-scatter mean. The options travel as
+one frozen `GradSync`, validated when it is built: the algorithm, the torus
+layout, the payload format, APS, the rounding, the scales measured at every
+hop and error feedback (every rounding's residual, carried in the state).
 
-The algorithms themselves (neighbour exchanges, packing) live in
-`collectives`; the formats and APS in `low_precision`. This module wires them
-together once, for both all-reduce and reduce-scatter.
+The algorithms live in `collectives` and `two_shot`, the formats and APS in
+`low_precision`; this module wires them together once.
 """
 
 from __future__ import annotations
@@ -31,6 +26,7 @@ from date_optax._src.parallel import compat
 from date_optax._src.parallel.comm import collectives, low_bit_sum
 from date_optax._src.parallel.comm import error_feedback as ef
 from date_optax._src.parallel.comm import low_precision as lp
+from date_optax._src.parallel.comm import two_shot as ts
 from date_optax._src.parallel.comm import update_sharding as us
 from date_optax._src.parallel.comm.collectives import ALGORITHMS, acc_dtype
 from date_optax._src.parallel.comm.low_precision import CommFormat
@@ -48,8 +44,11 @@ class GradSync:
 
   Args:
     algorithm: "psum" (`lax.psum`, XLA picks the schedule), "ring" (one ring
-      over all replicas, `ring_all_reduce`) or "torus" (two-phase 2-D torus,
-      `torus_all_reduce`). The steps' flat keyword is `grad_reduce`.
+      over all replicas, `ring_all_reduce`), "torus" (two-phase 2-D torus,
+      `torus_all_reduce`) or "two_shot" (1-bit Adam's compressed
+      reduce-scatter: one `all_to_all`, a float32 sum at each chunk's owner,
+      one `all_gather`; two roundings per element). The steps' flat keyword
+      is `grad_reduce`.
     grid: for "torus" over a single axis (a `pmap` axis, or one data axis of
       a mesh), its `(X, Y)` layout, row-major; None with two data axes (a
       `torus_mesh`). Only with `algorithm="torus"`.
@@ -60,7 +59,7 @@ class GradSync:
     aps: Auto-Precision Scaling of each layer by a power of two before the
       cast. None (with `block_size` and `measured_shift` unset) picks the
       default scaling of a format of at most 8 bits: block scales of 32
-      over "ring" and "torus", APS over "psum"; bfloat16 gets neither.
+      over "ring", "torus" and "two_shot", APS over "psum"; bfloat16 none.
       `aps=True` or `aps=False` given turns the default blocks off. `aps=True`
       needs a low-precision `comm_dtype`.
     rounding: "nearest" or "stochastic" (unbiased; needs a low-precision
@@ -70,22 +69,22 @@ class GradSync:
       MX-style block scaling, an integer in [1, 65536] (MX uses 32): every
       message carries one power-of-two scale per block of one layer,
       measured on what is sent at every hop. Needs a low-precision
-      `comm_dtype` and "ring" or "torus"; APS then defaults to off. Stored
+      `comm_dtype` and not "psum"; APS then defaults to off. Stored
       resolved: `GradSync("ring", comm_dtype="int8").block_size == 32`.
     measured_shift: one power-of-two scale per layer piece of every
       message, measured at every hop instead of APS's worst case `N · M`.
-      Needs a low-precision `comm_dtype` and "ring" or "torus"; excludes
-      `block_size`.
+      Needs a low-precision `comm_dtype`, not "psum"; excludes `block_size`.
     error_feedback: keep the residual of every rounding and add it the next
       time the same place is sent: each replica's contribution (EF-SGD,
       Karimireddy et al. 2019) and, over "ring"/"torus", every hop's partial
-      sum and the gather's payload (1-bit Adam's server error), as
+      sum and the gather's payload, over "two_shot" the owner's sum (1-bit
+      Adam's server error, 1/N of the gradient), as
       `sync_gradients(..., residual=)` describes; the steps carry an
       `ErrorFeedbackState` in `TrainState.grad_residual`. Needs a
       low-precision `comm_dtype`.
     residual_dtype: how the residuals are stored, "float32" (default) or
-      "bfloat16" (half the memory, measured as accurate; the arithmetic
-      stays float32). Only with `error_feedback=True`.
+      "bfloat16" (half the memory; the arithmetic stays float32, the
+      residual's own rounding to bfloat16 is lost). Only with error feedback.
 
   An integer payload ("int8", "int4") with no scaling at all (`aps=False`,
   no `block_size`, no `measured_shift`), rounded to nearest and without
@@ -121,6 +120,8 @@ class GradSync:
     False
     >>> dp.GradSync("ring", comm_dtype="int4", error_feedback=True).error_feedback
     True
+    >>> dp.GradSync("two_shot", comm_dtype="int4", error_feedback=True).block_size
+    32
 
   References:
     Ying et al., "Image Classification at Supercomputer Scale", 2018; Han,
@@ -130,7 +131,8 @@ class GradSync:
     https://arxiv.org/abs/1502.02551; Open Compute Project, "OCP
     Microscaling Formats (MX) Specification v1.0", 2023 (block scales);
     Karimireddy et al., "Error Feedback Fixes SignSGD and other Gradient
-    Compression Schemes", ICML 2019, https://arxiv.org/abs/1901.09847.
+    Compression Schemes", ICML 2019, https://arxiv.org/abs/1901.09847;
+    Tang et al., "1-bit Adam", ICML 2021, https://arxiv.org/abs/2102.02888.
   """
 
   algorithm: str = "psum"
@@ -284,8 +286,8 @@ def _exact_sum(xs: list[jax.Array], axes: Any, sync: GradSync) -> list[jax.Array
   """Exact all-reduce of whole leaves: one psum each, or packed for a ring/torus."""
   if sync.algorithm == "psum":
     return collectives.psum_all_reduce(xs, axes)
-  if sync.algorithm == "ring":
-    return collectives.ring_all_reduce(xs, axes)
+  if sync.algorithm in ("ring", "two_shot"):  # two_shot: an all-to-all, an all-gather
+    return collectives._reduce_tree(xs, collectives.blockwise_all_reduce(sync.algorithm, axes))
   return collectives.torus_all_reduce(xs, axes, grid=sync.grid)
 
 
@@ -389,15 +391,19 @@ def _reduce(
     # back after.
     shift = lambda d, j, sign: d if scaling is None else jnp.ldexp(
         d, sign * scaling.exponents[j])
-    dev_fmt = lp.device_format(fmt, axes, key)
-    if new_res is not None:  # send C(p), keep p - C(p)
+    dev_fmt, two = lp.device_format(fmt, axes, key), sync.algorithm == "two_shot"
+    sent = None  # C(p) sent, p - C(p) kept (two_shot compresses as it sends)
+    if new_res is not None and not two:
       sent = [ef.compress(x, dev_fmt, sync) for x in xs]
-      for j, i in enumerate(low):
-        new_res[i] = shift(xs[j] - sent[j], j, -1).astype(res_leaves[i].dtype)
-      xs = sent
     hops = None if new_hop is None else [
         shift(hop_leaves[i].astype(jnp.float32), j, 1) for j, i in enumerate(low)]
-    reduced, hops = _sum(xs, [dims[i] for i in low], axes, sync, n, dev_fmt, hops)
+    if two:
+      reduced, hops, sent = ts.two_shot_sum(xs, [dims[i] for i in low], axes, sync, n,
+                                            dev_fmt, hops)
+    else:
+      reduced, hops = _sum(sent or xs, [dims[i] for i in low], axes, sync, n, dev_fmt, hops)
+    for j, i in enumerate(low if new_res is not None else ()):
+      new_res[i] = shift(xs[j] - sent[j], j, -1).astype(res_leaves[i].dtype)
     for j, i in enumerate(low):
       r = reduced[j] if scaling is None else scaling.undo(j, reduced[j])
       out[i] = r.astype(leaves[i].dtype)
@@ -436,16 +442,14 @@ def sync_gradients(
   (`ErrorFeedbackState` has the rule and the memory it takes). The worker
   stage (EF-SGD, Karimireddy et al. 2019): this replica's share `x = g / N`
   (float32) is sent as `C(x + e)` and `e' = x + e - C(x + e)` is kept, `C`
-  its own quantisation before the sum: rounding to `comm_dtype` after the
-  APS shift (chosen from `max|x + e|` over the replicas and undone on
-  `e'`), or with `block_size` / `measured_shift` the scaled rounding with
-  scales measured on this replica's blocks / leaf. The hop stage (1-bit
-  Adam's server error, Tang et al. 2021), "ring" and "torus" only: every
-  partial sum `p` this device forwards, and the reduced chunk it sends in
-  the gather (or rounds as its shard with `scatter`), is sent as
-  `C(p + f)` and `f' = p + f - C(p + f)` is kept, one residual per element
-  of the gradient. With both, the sum over steps of the means plus the
-  residuals left equals the exact sum: nothing is lost, only delayed.
+  its quantisation (after the APS shift from `max|x + e|`, undone on `e'`;
+  or with scales measured on its blocks / leaf, in "two_shot"'s chunk
+  layout for "two_shot"). The hop stage (1-bit Adam's server error, Tang
+  et al. 2021): every partial sum `p` a "ring"/"torus" device forwards and
+  the chunk it gathers (or rounds as its shard with `scatter`), or the sum
+  a "two_shot" owner sends, goes as `C(p + f)`, `f' = p + f - C(p + f)`
+  kept. With both (float32), the sum over steps of the means plus the
+  residuals left is the exact sum: nothing is lost, only delayed.
   `residual` is an `ErrorFeedbackState` (zeros at the start:
   `ErrorFeedbackState.zeros(grads, grad_sync)`); a bare pytree is the worker
   residual alone (the one-stage rule: the hops' roundings are not fed back)
@@ -559,10 +563,10 @@ def all_reduce(
   they are summed in float32, rounded to the format, and for "ring" and
   "torus" every partial sum is rounded to the format again before it is sent
   to the next device, as hardware adding in the format would; the final sum
-  is rounded once more and gathered in the format, so all devices agree.
-  "psum" casts, calls `lax.psum` on the format and casts back (XLA on CPU
-  accumulates it wider and rounds once; other backends may differ). Integer
-  formats round to nearest and saturate at ±qmax before sending.
+  is rounded once more and gathered in the format, so all devices agree;
+  "two_shot" rounds twice (each chunk as sent, each owner's sum). "psum"
+  calls `lax.psum` on the format (XLA on CPU accumulates it wider and
+  rounds once). Integers round to nearest and saturate at ±qmax.
 
   With `aps` (Auto-Precision Scaling, default on for formats of 8 bits or
   fewer) each leaf is multiplied before the cast by `2^k`,
@@ -605,25 +609,23 @@ def all_reduce(
   Args:
     tree: a pytree of arrays.
     axis_name: an axis name or a tuple of names (two for "torus").
-    algorithm: "psum" (`lax.psum`), "ring" (`ring_all_reduce`) or "torus"
-      (`torus_all_reduce`).
+    algorithm: "psum", "ring", "torus" or "two_shot", as for `GradSync`.
     grid: for "torus" over a single axis, its `(X, Y)` layout.
     comm_dtype: None or "float32" (exact, float32 accumulation), or one of
       "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8", "int4",
       "float4_e2m1fn" (names or dtypes).
     aps: scale each leaf by a power of two before the cast. None: the
-      default scaling of `GradSync` (block scales of 32 over "ring" and
-      "torus", APS over "psum", for formats of at most 8 bits; neither for
-      bfloat16). Needs a low-precision `comm_dtype`.
+      default scaling of `GradSync` (block scales of 32 but over "psum",
+      which gets APS, for formats of at most 8 bits; neither for bfloat16).
     rounding: "nearest" (default) or "stochastic" (needs a low-precision
       `comm_dtype` and a `key`).
     key: a PRNG key (`jax.random.key` or a raw `PRNGKey`) for
       `rounding="stochastic"`; not used otherwise.
     block_size: None (the default scaling, as for `aps`) or the elements per
       block scale, an integer in [1, 65536] (MX uses 32); needs a
-      low-precision `comm_dtype` and "ring" or "torus".
+      low-precision `comm_dtype` and not "psum".
     measured_shift: one scale per layer piece of every message, measured at
-      every hop (needs a low-precision `comm_dtype` and "ring" or "torus";
+      every hop (needs a low-precision `comm_dtype` and not "psum";
       excludes `block_size`, whose blocks are measured already).
 
   Returns:

@@ -369,7 +369,7 @@ def resolve_scaling(
   measured shift APS defaults to off (the scales measured at every hop
   replace the fixed per-layer shift); `aps=True` beside them is allowed.
   With none of the three given, a format of at most 8 bits gets block
-  scales of `DEFAULT_BLOCK_SIZE` over "ring" or "torus" and APS over
+  scales of `DEFAULT_BLOCK_SIZE` over "ring", "torus" or "two_shot" and APS over
   "psum" (or an unknown algorithm); bfloat16 gets neither.
 
   Raises:
@@ -407,11 +407,12 @@ def resolve_scaling(
       )
     if algorithm == "psum":
       raise ValueError(
-          f"{what} needs algorithm 'ring' or 'torus' (the scales travel beside "
-          "the payload on every hop; lax.psum has no hops to measure), got 'psum'."
+          f"{what} needs algorithm 'ring' or 'torus' (or 'two_shot': the scales "
+          "travel beside the payload of every message; lax.psum has no messages "
+          "to measure), got 'psum'."
       )
   if (aps is None and not scaled and fmt is not None and fmt.bits <= 8
-      and algorithm in ("ring", "torus")):
+      and algorithm in ("ring", "torus", "two_shot")):
     # The default for 8 bits or fewer over hops that carry scales: MX-style
     # blocks (docs/guide/low_precision_communication.md, "Which default").
     block_size, scaled = DEFAULT_BLOCK_SIZE, True

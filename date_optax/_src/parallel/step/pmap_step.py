@@ -18,6 +18,7 @@ import numpy as np
 import optax
 
 from date_optax._src.parallel.comm.collectives import most_square_grid
+from date_optax._src.parallel.comm.error_feedback import ErrorFeedbackState
 from date_optax._src.parallel.comm.grad_sync import GradSync, grad_sync_from
 from date_optax._src.parallel.step import grad_stats as gs_lib
 from date_optax._src.parallel.step import local_grads as lg
@@ -25,7 +26,6 @@ from date_optax._src.parallel.step.replica_step import apply_update, replica_ste
 from date_optax._src.parallel.step.step_base import (
     check_fn_and_optimizer,
     check_state,
-    zero_residuals,
 )
 from date_optax._src.parallel.step.step_config import StepConfig, step_config_from
 from date_optax._src.parallel.step.train_state import Metrics, TrainState, check_metrics
@@ -122,7 +122,8 @@ class PmapTrainStep:
     if self.grad_stats_decay is not None:
       state = state.replace(grad_stats=gs_lib.GradStatsState.zeros())
     if self.error_feedback:
-      state = state.replace(grad_residual=zero_residuals(state.params, self.grad_sync))
+      state = state.replace(grad_residual=ErrorFeedbackState.zeros(
+          state.params, self.grad_sync, chunks=self.num_replicas))
     n = self.num_replicas
     stacked = jax.tree.map(
         lambda x: jnp.broadcast_to(x, (n,) + jnp.shape(x)), state

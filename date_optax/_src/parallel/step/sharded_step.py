@@ -28,6 +28,7 @@ from date_optax._src import batch_schedule as bs_lib
 from date_optax._src.batch_schedule import BatchSchedule
 from date_optax._src.parallel import compat
 from date_optax._src.parallel.comm.collectives import acc_dtype
+from date_optax._src.parallel.comm.error_feedback import ErrorFeedbackState
 from date_optax._src.parallel.comm.grad_sync import GradSync, grad_sync_from
 from date_optax._src.parallel.layout import param_sharding as ps
 from date_optax._src.parallel.step import grad_stats as gs_lib
@@ -99,6 +100,26 @@ class ShardedTrainStep(TrainStep):
         lambda _, s: sharded_sync.stacked_spec(s, self.data_axes),
         params, self.param_specs(params),
     )
+
+  def zero_residuals(self, params: PyTree) -> ErrorFeedbackState:
+    """Fresh residuals; "two_shot"'s server residual is 1/N of each model shard
+    (`sharded_sync.two_shot_hop`)."""
+    state = super().zero_residuals(params)
+    if self.grad_sync.algorithm != "two_shot":
+      return state
+    dtype = jnp.dtype(self.grad_sync.residual_dtype)
+    return state._replace(hop=jax.tree.map(
+        lambda p, s: jnp.zeros(self._hop(p, s)[0], dtype), params, self.param_specs(params)))
+
+  def _hop(self, leaf: Any, spec: P) -> tuple[tuple[int, int], P]:
+    return sharded_sync.two_shot_hop(jnp.shape(leaf), spec, self.mesh, self.data_axes)
+
+  def _residual_shardings(self, residual: Any, params: PyTree, named: Any) -> Any:
+    out = super()._residual_shardings(residual, params, named)
+    if self.grad_sync.algorithm != "two_shot" or not isinstance(out, ErrorFeedbackState):
+      return out
+    return out._replace(hop=jax.tree.map(
+        lambda p, s: named(self._hop(p, s)[1]), params, self.param_specs(params)))
 
   def param_specs(self, params: PyTree) -> PyTree:
     """The `PartitionSpec` of every parameter, from the declared layout."""

@@ -28,6 +28,7 @@ from collections.abc import Hashable
 from typing import Any
 
 import jax
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from date_optax._src.parallel import compat
@@ -40,6 +41,23 @@ from date_optax._src.types import PyTree
 def stacked_spec(spec: P, data_axes: tuple[Hashable, ...]) -> P:
   """The spec of a per-replica stack of a leaf laid out as `spec`."""
   return P(us.axes_entry(data_axes), *spec)
+
+
+def two_shot_hop(
+    shape: tuple[int, ...], spec: P, mesh: jax.sharding.Mesh, data_axes: tuple[Hashable, ...]
+) -> tuple[tuple[int, int], P]:
+  """The stacked "two_shot" server residual of a leaf laid out as `spec`.
+
+  Each device owns `ceil(local / n)` elements of its model shard (`local`
+  elements, `n` replicas): stacked, `(n, m · ceil(local / n))` laid out as
+  `P(data_axes, model_axes)`, `m` the model shards of the leaf. Returns
+  `(shape, spec)`.
+  """
+  model = tuple(a for e in spec if e is not None for a in compat.as_tuple(e))
+  shards = compat.mesh_axis_sizes(mesh, model) if model else 1
+  n = compat.mesh_axis_sizes(mesh, data_axes)
+  local = int(np.prod(shape)) // shards
+  return (n, shards * -(-local // n)), P(us.axes_entry(data_axes), *([model] if model else []))
 
 
 def reduce_stacked(
@@ -92,8 +110,11 @@ def reduce_stacked(
   if not feedback:
     res_spec = None
   elif isinstance(residual, ErrorFeedbackState):  # worker and hop residuals
-    res_spec = ErrorFeedbackState(worker=stacked,
-                                  hop=None if residual.hop is None else stacked)
+    hop = None if residual.hop is None else stacked
+    if grad_sync.algorithm == "two_shot":  # the server residual: 1/N of each shard
+      hop = jax.tree.map(lambda r, s: two_shot_hop(r.shape[1:], s, mesh, data_axes)[1],
+                         residual.worker, param_specs, is_leaf=lambda x: isinstance(x, P))
+    res_spec = ErrorFeedbackState(worker=stacked, hop=hop)
   else:  # a bare pytree: the worker residual alone
     res_spec = stacked
   fn = compat.shard_map(

@@ -200,6 +200,10 @@ class TrainStep:
       return ErrorFeedbackState(worker=tree(residual.worker), hop=tree(residual.hop))
     return tree(residual)
 
+  def zero_residuals(self, params: PyTree) -> ErrorFeedbackState:
+    """Fresh residuals, one per replica (`ErrorFeedbackState.zeros`)."""
+    return ErrorFeedbackState.zeros(params, self.grad_sync, self.num_replicas)
+
   def residual_specs(self, params: PyTree) -> PyTree:
     """The `PartitionSpec` of every error-feedback residual (a leading replica
     axis split over the data axes)."""
@@ -257,8 +261,7 @@ class TrainStep:
         if self.grad_stats_decay is not None:
           state = state.replace(grad_stats=gs_lib.GradStatsState.zeros())
         if self.error_feedback:
-          state = state.replace(
-              grad_residual=zero_residuals(p, self.grad_sync, self.num_replicas))
+          state = state.replace(grad_residual=self.zero_residuals(p))
         if self.batch_schedule is not None:
           state = state.replace(batch_schedule=self.batch_schedule.init())
         return state
@@ -646,14 +649,6 @@ def check_state(state: Any, *, error_feedback: bool, grad_stats: bool) -> None:
         "the smoothed statistics; build the state with this step's init "
         "(TrainState.create leaves it None)."
     )
-
-
-def zero_residuals(params: PyTree, grad_sync: Any, replicas: int | None = None) -> Any:
-  """Fresh error-feedback residuals for `params` (`ErrorFeedbackState.zeros`).
-
-  With `replicas` every leaf gets a leading replica axis of that length.
-  """
-  return ErrorFeedbackState.zeros(params, grad_sync, replicas)
 
 
 def check_fn_and_optimizer(loss_fn: Any, optimizer: Any) -> None:

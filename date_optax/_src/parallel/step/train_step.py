@@ -247,8 +247,9 @@ def make_train_step(
       residuals live in `state.grad_residual`, an `ErrorFeedbackState`
       (`worker` and `hop`, float32, each one copy of the parameters per
       replica with a leading replica axis split over the data axes; `hop`
-      is None for "psum"; bfloat16 with `GradSync(residual_dtype=
-      "bfloat16")`), are checkpointed with the state and kept unchanged by
+      is None for "psum", 1/N of it for "two_shot"; bfloat16, whose own
+      rounding is lost, with `GradSync(residual_dtype="bfloat16")`), are
+      checkpointed with the state and kept unchanged by
       a skipped step. Needs a low-precision `comm_dtype`. See
       `sync_gradients`.
     grad_stats: measure gradient-noise statistics (see above); needs more

@@ -1,0 +1,381 @@
+"""GradSync("two_shot"): the compressed reduce-scatter of 1-bit Adam, against NumPy.
+
+The reference follows the description (Tang et al. 2021), not the code: each
+replica r adds its worker residual to its share, `p = g_r / N + e_r`, cuts
+every leaf into N chunks (flattened and zero-padded to a multiple of N, or
+with weight-update sharding the leaf's shards), rounds every chunk once with
+a scale per block of BLOCK elements (blocks never cross a leaf) and keeps
+`e_r' = p - C(p)`; owner k sums the N chunks k it receives, adds its server
+residual `s_k` (1/N of the leaf), rounds the sum once and keeps the rest;
+everyone gets every owner's rounded chunk. The model and the dyadic data are
+those of tests/test_error_feedback.py, so every value is exact in float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import date_optax.parallel as dp
+from date_optax._src.parallel import compat
+
+LR = 0.5
+BLOCK = 8
+ROWS = 32  # rows of the global batch
+
+
+def _loss(params, batch):
+  return jnp.mean(jnp.sum(batch["x"] * params["w"], axis=(1, 2)) + batch["z"] @ params["b"])
+
+
+def _params():
+  rng = np.random.default_rng(0)
+  return {"w": rng.integers(-64, 65, size=(16, 8)).astype(np.float32) / 64,
+          "b": rng.integers(-64, 65, size=(3,)).astype(np.float32) / 64}
+
+
+def _batch(seed, bits=6):
+  rng = np.random.default_rng(seed)
+  k = 2**bits
+  return {"x": rng.integers(-k, k + 1, size=(ROWS, 16, 8)).astype(np.float32) / k,
+          "z": rng.integers(-k, k + 1, size=(ROWS, 3)).astype(np.float32) / k * 2.0**-16}
+
+
+def _local_grads(batch, n):
+  """Each replica's gradient, (n, ...) float64 (exact: dyadic means)."""
+  x = batch["x"].reshape(n, ROWS // n, 16, 8).astype(np.float64).mean(1)
+  z = batch["z"].reshape(n, ROWS // n, 3).astype(np.float64).mean(1)
+  return {"w": x, "b": z}
+
+
+def _block_round(v, qmax=127.0):
+  """One int8 message with a power-of-two scale per block of BLOCK, measured on
+  it: 2^e round(v 2^-e), e the smallest with max|block| 2^-e <= qmax."""
+  v = np.pad(v, (0, (-v.size) % BLOCK))
+  out = np.zeros_like(v)
+  for i in range(0, v.size, BLOCK):
+    b = v[i : i + BLOCK]
+    m = np.abs(b).max()
+    if m == 0:
+      continue
+    e = math.ceil(math.log2(m / qmax))
+    while m * 2.0**-e > qmax:
+      e += 1
+    while m * 2.0 ** -(e - 1) <= qmax:
+      e -= 1
+    out[i : i + BLOCK] = np.clip(np.round(b * 2.0**-e), -qmax, qmax) * 2.0**e
+  return out
+
+
+def _chunks(a, n, axis):
+  """A leaf as n chunks (n, c): its shards along `axis`, or flattened and padded."""
+  if axis is not None:
+    return np.moveaxis(a, axis, 0).reshape(n, -1)
+  flat = a.reshape(-1)
+  return np.pad(flat, (0, (-flat.size) % n)).reshape(n, -1)
+
+
+def _unchunk(rows, shape, axis):
+  if axis is not None:
+    moved = (shape[axis],) + tuple(s for i, s in enumerate(shape) if i != axis)
+    return np.moveaxis(rows.reshape(moved), 0, axis)
+  return rows.reshape(-1)[: math.prod(shape)].reshape(shape)
+
+
+def _two_shot(contrib, worker, server, axis, feedback=True):
+  """One two-shot reduction of one leaf over n replicas.
+
+  contrib, worker: (n, *shape) (each replica's share g / N, its residual);
+  server: (n, c) (owner k's residual of its chunk k). Returns the reduced
+  leaf, the new worker and server residuals."""
+  n, shape = contrib.shape[0], contrib.shape[1:]
+  p = contrib + worker if feedback else contrib
+  sent = np.stack([_chunks(p[r], n, axis) for r in range(n)])  # (n replicas, n chunks, c)
+  c = sent.shape[2]
+  sent = np.stack([[_block_round(sent[r, k])[:c] for k in range(n)] for r in range(n)])
+  new_worker = np.stack([p[r] - _unchunk(sent[r], shape, axis) for r in range(n)])
+  total = sent.sum(axis=0)  # owner k's float32 sum of the n chunks k
+  t = total + server if feedback else total
+  out = np.stack([_block_round(t[k])[:c] for k in range(n)])
+  new_server = t - out
+  if not feedback:
+    new_worker, new_server = worker, server
+  return _unchunk(out, shape, axis), new_worker, new_server
+
+
+def _reference(batches, n, split, feedback=True):
+  """SGD(LR) over the steps: params, worker residuals, server residuals."""
+  params = {k: v.astype(np.float64) for k, v in _params().items()}
+  worker = {k: np.zeros((n,) + v.shape) for k, v in params.items()}
+  server = {k: np.zeros((n, -(-v.size // n))) for k, v in params.items()}
+  for batch in batches:
+    g = _local_grads(batch, n)
+    for k in params:
+      mean, worker[k], server[k] = _two_shot(g[k] / n, worker[k], server[k], split.get(k),
+                                             feedback)
+      params[k] = params[k] - LR * mean
+  return params, worker, server
+
+
+BATCHES = [_batch(s) for s in range(1, 6)]
+
+
+def _check(state, params, worker=None, server=None):
+  for k in params:
+    np.testing.assert_allclose(np.asarray(state.params[k]), params[k], rtol=1e-6, atol=1e-12)
+    if worker is not None:
+      np.testing.assert_allclose(np.asarray(state.grad_residual.worker[k]), worker[k],
+                                 rtol=1e-6, atol=1e-12)
+      np.testing.assert_allclose(np.asarray(state.grad_residual.hop[k]), server[k],
+                                 rtol=1e-6, atol=1e-12)
+
+
+@pytest.mark.parametrize("shard_update,feedback", [
+    (False, True), (True, True), (False, False)])
+def test_two_shot_matches_numpy_over_five_steps(shard_update, feedback):
+  """The replicated builder, 8 replicas, int8 with blocks of 8: parameters and
+  both residuals after each of 5 steps, against the description in NumPy."""
+  step = dp.make_train_step(_loss, optax.sgd(LR), dp.data_mesh(), donate=False,
+                            grad_reduce="two_shot", comm_dtype="int8", block_size=BLOCK,
+                            error_feedback=feedback, shard_update=shard_update)
+  state = step.init(_params())
+  split = {"w": 0} if shard_update else {}  # b (3,) does not split over 8
+  for t in range(1, len(BATCHES) + 1):
+    state, metrics = step(state, BATCHES[t - 1])
+    assert not bool(metrics["skipped"])
+    params, worker, server = _reference(BATCHES[:t], 8, split, feedback)
+    _check(state, params, *((worker, server) if feedback else ()))
+  if feedback:  # both stages round something on these data
+    assert np.abs(np.asarray(state.grad_residual.hop["w"])).max() > 0
+    assert np.abs(np.asarray(state.grad_residual.worker["w"])).max() > 0
+  else:
+    assert state.grad_residual is None
+
+
+@pytest.mark.parametrize("shard_update", [False, True])
+def test_two_shot_on_the_sharded_builder_matches_numpy(shard_update):
+  """A (4 data, 2 model) mesh with w split over "model": every model shard of w
+  is reduced on its own over the 4 replicas (its server residual: 1/4 of the
+  shard), b whole on every device; 5 steps against NumPy."""
+  mesh = jax.make_mesh((4, 2), ("data", "model"))
+  step = dp.make_train_step(_loss, optax.sgd(LR), mesh, donate=False,
+                            param_sharding=[("w", P("model"))], grad_reduce="two_shot",
+                            comm_dtype="int8", block_size=BLOCK, error_feedback=True,
+                            shard_update=shard_update)
+  state = step.init(_params())
+  hop = state.grad_residual.hop
+  assert hop["w"].shape == (4, 2 * 16) and hop["w"].sharding.spec == P("data", "model")
+  assert hop["b"].shape == (4, 1)
+  n = 4
+  params = {k: v.astype(np.float64) for k, v in _params().items()}
+  worker = {k: np.zeros((n,) + v.shape) for k, v in params.items()}
+  server = {"w": np.zeros((n, 32)), "b": np.zeros((n, 1))}
+  for batch in BATCHES:
+    state, _ = step(state, batch)
+    g = _local_grads(batch, n)
+    mean_w = []
+    for m in range(2):  # model shard m: rows 8m..8m+8 of w, a (8, 8) leaf
+      rows, cols = slice(8 * m, 8 * m + 8), slice(16 * m, 16 * m + 16)
+      out, worker["w"][:, rows], server["w"][:, cols] = _two_shot(
+          g["w"][:, rows] / n, worker["w"][:, rows], server["w"][:, cols],
+          0 if shard_update else None)
+      mean_w.append(out)
+    mean_b, worker["b"], server["b"] = _two_shot(g["b"] / n, worker["b"], server["b"], None)
+    params = {"w": params["w"] - LR * np.concatenate(mean_w), "b": params["b"] - LR * mean_b}
+    _check(state, params, worker, server)
+
+
+def test_pmap_two_shot_equals_the_mesh_step_bit_for_bit():
+  sync = dp.GradSync("two_shot", comm_dtype="int4", rounding="stochastic",
+                     error_feedback=True)
+  config = dp.StepConfig(donate=False)
+  pmap = dp.make_pmap_train_step(_loss, optax.sgd(LR), grad_sync=sync, step_config=config)
+  jit = dp.make_replicated_train_step(_loss, optax.sgd(LR), dp.data_mesh(), grad_sync=sync,
+                                      step_config=config)
+  a, b = pmap.init(_params()), jit.init(_params())
+  for batch in BATCHES[:3]:
+    a, _ = pmap(a, batch)
+    b, _ = jit(b, batch)
+  for x, y in zip(jax.tree.leaves(b.grad_residual), jax.tree.leaves(a.grad_residual),
+                  strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  np.testing.assert_array_equal(np.asarray(b.params["w"]), np.asarray(a.params["w"][0]))
+  assert a.grad_residual.hop["w"].shape == (8, 16)
+
+
+def _constant_batch():
+  rng = np.random.default_rng(7)
+  return {"x": rng.normal(size=(ROWS, 16, 8)).astype(np.float32),
+          "z": (rng.normal(size=(ROWS, 3)) * 1e-3).astype(np.float32)}
+
+
+def _held(res, k, n, shape, axis):
+  """What the residuals hold, summed over devices, in the leaf's layout."""
+  worker = np.asarray(res.worker[k], np.float64).sum(0)
+  return worker + _unchunk(np.asarray(res.hop[k], np.float64), shape, axis)
+
+
+@pytest.mark.parametrize("mesh_kind,options", [
+    ("data", {"comm_dtype": "int4"}),
+    ("data", {"comm_dtype": "float8_e4m3fn", "aps": True, "shard_update": True}),
+    ("torus", {"comm_dtype": "int8", "measured_shift": True, "rounding": "stochastic"}),
+    ("data", {"comm_dtype": "int4", "residual_dtype": "bfloat16"}),
+], ids=["int4-blocks", "fp8-aps-sharded", "torus-int8-shift-stochastic", "int4-bf16-residuals"])
+def test_nothing_is_lost_only_delayed(mesh_kind, options):
+  """SGD(1.0) from zero on a constant gradient: after 6 steps the parameters
+  are the exact sum of the means minus what the residuals hold (worker
+  residuals summed over replicas, plus the owners' chunks put back in place).
+  A rounding without its residual would break the equality."""
+  steps, batch = 6, _constant_batch()
+  mesh = dp.torus_mesh(2, 4) if mesh_kind == "torus" else dp.data_mesh()
+  g = _local_grads(batch, 8)
+  exact = {k: -steps * g[k].mean(0) for k in g}
+  shard_update = options.pop("shard_update", False)
+  step = dp.make_train_step(_loss, optax.sgd(1.0), mesh, donate=False,
+                            shard_update=shard_update,
+                            grad_sync=dp.GradSync("two_shot", error_feedback=True, **options))
+  state = step.init(jax.tree.map(np.zeros_like, _params()))
+  for _ in range(steps):
+    state, _ = step(state, batch)
+  for k in exact:
+    axis = 0 if shard_update and k == "w" else None
+    gap = np.asarray(state.params[k], np.float64) - exact[k]
+    held = _held(state.grad_residual, k, 8, exact[k].shape, axis)
+    # bfloat16 storage rounds each residual once more (not fed back): 2^-9
+    # of what it holds.
+    tol = 1e-5 if "residual_dtype" not in options else 2e-3
+    np.testing.assert_allclose(gap, held, rtol=0, atol=tol * np.abs(exact[k]).max())
+  assert np.abs(np.asarray(state.grad_residual.hop["w"], np.float32)).max() > 0
+
+
+def test_constant_gradient_int4_ends_within_2_percent_of_float32():
+  """The issue-34 case (24 steps, int4, blocks of 32) over two_shot: two
+  roundings per element instead of one per hop, both fed back."""
+  steps, batch = 24, _constant_batch()
+  g = _local_grads(batch, 8)
+  exact = {k: -steps * g[k].mean(0) for k in g}
+  step = dp.make_train_step(_loss, optax.sgd(1.0), dp.data_mesh(), donate=False,
+                            grad_reduce="two_shot", comm_dtype="int4", error_feedback=True)
+  state = step.init(jax.tree.map(np.zeros_like, _params()))
+  for _ in range(steps):
+    state, _ = step(state, batch)
+  errors = {k: float(np.linalg.norm(np.asarray(state.params[k]) - exact[k])
+                     / np.linalg.norm(exact[k])) for k in exact}
+  print(f"two_shot int4, 24 steps, |p - p_float32| / |p_float32|: {errors}")
+  assert max(errors.values()) < 0.02, errors
+
+
+@pytest.mark.parametrize("residual_dtype,itemsize", [("float32", 4), ("bfloat16", 2)])
+def test_residual_memory_is_one_and_one_nth_gradient(residual_dtype, itemsize):
+  """Per device: the worker residual is one gradient, the server residual
+  ceil(size / N) per leaf; the ring keeps two gradients."""
+  sync = dp.GradSync("two_shot", comm_dtype="int8", error_feedback=True,
+                     residual_dtype=residual_dtype)
+  step = dp.make_train_step(_loss, optax.sgd(LR), dp.data_mesh(), grad_sync=sync)
+  state = step.init(_params())
+  sizes = [v.size for v in jax.tree.leaves(_params())]
+  per_device = dp.bytes_per_device(state.grad_residual)
+  assert per_device == itemsize * sum(s + -(-s // 8) for s in sizes)  # (128+16) + (3+1)
+  ring = dp.make_train_step(_loss, optax.sgd(LR), dp.data_mesh(), grad_sync=dp.GradSync(
+      "ring", comm_dtype="int8", error_feedback=True, residual_dtype=residual_dtype))
+  ring_bytes = dp.bytes_per_device(ring.init(_params()).grad_residual)
+  assert ring_bytes == 2 * itemsize * sum(sizes)
+  print(f"residual bytes per device ({residual_dtype}): two_shot {per_device}, "
+        f"ring {ring_bytes}, gradient {itemsize * sum(sizes)}")
+  zeros = dp.ErrorFeedbackState.zeros({"w": jnp.ones((5, 7))}, sync, chunks=8)
+  assert zeros.worker["w"].shape == (5, 7) and zeros.hop["w"].shape == (5,)
+
+
+def test_a_nan_on_one_replica_arrives_as_nan_and_the_step_skips():
+  """A NaN in one replica's gradient must reach every device as NaN (integer
+  payloads carry no NaN): block scales carry it in the block's scale, APS in
+  its non-finite flags; the step then skips and keeps params and residuals."""
+  spec = P("data")
+  g = np.ones((8, 64), np.float32)
+  g[3, 5] = np.nan
+  for sync in (dp.GradSync("two_shot", comm_dtype="int8"),
+               dp.GradSync("two_shot", comm_dtype="int8", aps=True),
+               dp.GradSync("two_shot", comm_dtype="int4", error_feedback=True)):
+    zeros = dp.ErrorFeedbackState.zeros(np.zeros(64, np.float32), sync, 8)
+    fn = jax.jit(compat.shard_map(
+        lambda t, e, s=sync: jax.tree.map(lambda a: a[None], dp.sync_gradients(
+            t[0], "data", s, residual=None if e is None else jax.tree.map(
+                lambda a: a[0], e))),
+        mesh=dp.data_mesh(), in_specs=(spec, spec), out_specs=spec))
+    out = fn(g, zeros if sync.error_feedback else None)
+    mean = np.asarray(out[0] if sync.error_feedback else out)
+    assert np.isnan(mean[:, 5]).all(), sync
+    if sync.measures_scales:  # the NaN travels in its block's scale: others unaffected
+      assert np.isfinite(mean[:, 8:]).all()
+    else:  # APS's non-finite flag is per leaf
+      assert np.isnan(mean).all()
+  step = dp.make_train_step(_loss, optax.sgd(LR), dp.data_mesh(), donate=False,
+                            grad_reduce="two_shot", comm_dtype="int8", error_feedback=True)
+  state, _ = step(step.init(_params()), BATCHES[0])
+  bad = dict(BATCHES[1])
+  bad["x"] = bad["x"].copy()
+  bad["x"][13, 2, 3] = np.nan  # replica 3's rows
+  after, metrics = step(state, bad)
+  assert bool(metrics["skipped"])
+  for a, b in zip(jax.tree.leaves((state.params, state.grad_residual)),
+                  jax.tree.leaves((after.params, after.grad_residual)), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_two_shot_refusals():
+  """Options that do not fit two_shot are refused when built, naming them."""
+  with pytest.raises(ValueError, match=r'grid=\(2, 4\) is the layout of the torus'):
+    dp.GradSync("two_shot", grid=(2, 4))
+  with pytest.raises(ValueError, match=r"error_feedback=True needs a low-precision"):
+    dp.GradSync("two_shot", error_feedback=True)
+  with pytest.raises(ValueError, match=r"block_size and measured_shift=True exclude"):
+    dp.GradSync("two_shot", comm_dtype="int8", block_size=32, measured_shift=True)
+  sync = dp.GradSync("two_shot", comm_dtype="int8", error_feedback=True)
+  with pytest.raises(ValueError, match=r"two_shot's server residual is 1/N .* chunks=N"):
+    dp.ErrorFeedbackState.zeros({"w": jnp.ones(4)}, sync)
+  with pytest.raises(ValueError, match=r"chunks"):
+    dp.ErrorFeedbackState.zeros({"w": jnp.ones(4)}, sync, chunks=0)
+  # A ring's residuals (hop shaped like the gradient) fed to two_shot.
+  spec = P("data")
+  ring_like = dp.ErrorFeedbackState.zeros(
+      jnp.zeros(64), dp.GradSync("ring", comm_dtype="int8", error_feedback=True))
+  with pytest.raises(ValueError, match=r"two_shot's server residual of a leaf of shape "
+                                       r"\(8,\) over 8 replicas is \(1,\)"):
+    jax.jit(compat.shard_map(lambda t, e: dp.sync_gradients(t, "data", sync, residual=e)[0],
+                             mesh=dp.data_mesh(), in_specs=spec, out_specs=spec))(
+        jnp.ones(64), ring_like)
+
+
+def test_exact_two_shot_is_the_mean():
+  """Without a payload format two_shot is an exact all-to-all and all-gather."""
+  mesh = dp.data_mesh()
+  x = np.random.default_rng(1).integers(-9, 9, size=(8, 13)).astype(np.float32)
+  f = jax.jit(compat.shard_map(
+      lambda t: dp.all_reduce({"f": t, "i": t.astype(jnp.int32)}, "data",
+                              algorithm="two_shot"),
+      mesh=mesh, in_specs=P("data"), out_specs=P("data")))
+  out = f(x)
+  np.testing.assert_array_equal(np.asarray(out["f"]).reshape(8, 13), np.tile(x.sum(0), (8, 1)))
+  assert np.asarray(out["i"]).dtype == np.int32
+
+
+def test_two_shot_cost_is_two_rounds():
+  """One all-to-all and one all-gather: 2 latency steps whatever P, and each
+  device's link carries (P-1)/P of the payload twice."""
+  m, p = 1e6, 256
+  cost = dp.allreduce_cost("two_shot", p, m, alpha=1e-6, beta=1e-9)
+  assert cost.latency_steps == 2
+  np.testing.assert_allclose(cost.bytes_per_link, 2 * (p - 1) / p * m)
+  np.testing.assert_allclose(cost.seconds, 2e-6 + 1e-9 * 2 * (p - 1) / p * m)
+  mx = dp.allreduce_cost("two_shot", (16, 16), m, alpha=0.0, beta=1.0, comm_dtype="int8",
+                         block_size=32)
+  np.testing.assert_allclose(mx.bytes_per_link, 2 * (p - 1) / p * m * (8 + 8 / 32) / 32)
+  aps = dp.allreduce_cost("two_shot", p, m, alpha=1.0, beta=0.0, comm_dtype="int8",
+                          aps=True, layers=10)
+  assert aps.latency_steps == 4  # the APS pmax is one more two-shot reduction
