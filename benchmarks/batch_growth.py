@@ -75,7 +75,11 @@ VARIANTS = {
     "adaptive_sqrt": ("mnist1d_lstm_momentum", "mnist_lstm_momentum"),
     "adaptive_gain": ("mnist1d_lstm_adam",),
 }
-ADAPTIVE_VARIANTS = tuple(VARIANTS)
+#: The trigger's calibration (issue 48, item 7): `adaptive_c<x>` is the
+#: adaptive row with ``calibration=x`` (B_crit = x · B_simple), on every task.
+CALIBRATIONS = (2, 4)
+CALIBRATED = tuple(f"adaptive_c{c}" for c in CALIBRATIONS)
+ADAPTIVE_VARIANTS = (*VARIANTS, *CALIBRATED)
 NEW_METHODS = ("adaptive", *DOUBLING, *LINEAR, *ADAPTIVE_VARIANTS)
 OLD_METHODS = ("baseline", "date")
 #: Rows read from the gain study's log (`--gain-log`), never trained here.
@@ -89,6 +93,8 @@ LABELS = {
     "adaptive_linear": "adaptive, learning rate linear in the batch",
     "adaptive_sqrt": "adaptive, learning rate sqrt in the batch",
     "adaptive_gain": "adaptive, learning rate by the measured gain",
+    **{f"adaptive_c{c}": f"adaptive, calibration {c} (B_crit = {c}·B_simple)"
+       for c in CALIBRATIONS},
     **{f"doubling_{f}": f"doubling ramp over {f:.0%} of the examples"
        for f in RAMP_FRACTIONS},
     **{f"ramp_{f}": f"linear (NeMo) ramp over {f:.0%} of the examples"
@@ -100,8 +106,8 @@ TUNED_LR = {"mnist1d_cnn_gbn_momentum": 0.1}
 #: The BERT-style MLM task (B0 = 2, LAMB at 2.5e-3; `batch_growth_bert.py`).
 BERT = oracle.Task(bert.NAME, bert.LABEL, "bert", None, "lamb", 2, 2.5e-3)
 #: Its rows (the others are not run on it) and seeds (as the batch-scaling study).
-BERT_METHODS = ("adaptive", "doubling_0.25")
-BERT_SEEDS = 2
+BERT_METHODS = ("adaptive", "doubling_0.25", *CALIBRATED)
+BERT_SEEDS = 3
 GROWING_TASKS = ("mnist1d_lstm_momentum", "mnist1d_lstm_adam", "mnist_lstm_momentum",
                  "mnist1d_cnn_gbn_momentum", bert.NAME)
 #: The order the study runs its cells in: the adaptive rows on every seed
@@ -128,6 +134,9 @@ def schedule_for(method: str, b0: int, total_examples: int, cfg: dict,
                  start: int | None = None) -> date_optax.BatchSchedule:
   top = cfg["scale"] * b0
   start = b0 if start is None else start
+  if method.startswith("adaptive_c"):
+    return date_optax.BatchSchedule.adaptive(start, max_batch=top,
+                                             calibration=float(method[len("adaptive_c"):]))
   if method.startswith("adaptive"):
     return date_optax.BatchSchedule.adaptive(start, max_batch=top)
   kind, frac = method.split("_", 1)
