@@ -59,12 +59,13 @@ GROW_INTERRUPT = 4
 
 def growing_schedule():
   return date_optax.BatchSchedule.adaptive(16, max_batch=64, min_steps=3, lag=1,
-                                           threshold=0.05)
+                                           threshold=0.05, hold_examples=16)
 
 
-def train_growing(mesh, workdir=None):
+def train_growing(mesh, workdir=None, on_device=False):
   """An adaptive batch fed by data_loader; with `workdir`, checkpointed at step
-  GROW_INTERRUPT and resumed there by a new step, loader and state."""
+  GROW_INTERRUPT and resumed there by a new step, loader and state; with
+  `on_device`, its chunks prefetched to the devices and joined there."""
   from date_optax.checkpoint import CheckpointManager  # noqa: PLC0415
 
   sched = growing_schedule()
@@ -72,11 +73,15 @@ def train_growing(mesh, workdir=None):
                                      batch_schedule=sched, grad_stats=True)
   src = dp.ArraySource(pm.make_data(1024))
 
+  step = build()
+
   def loader():
     it = iter(dp.data_loader(src, sched.chunk_size, seed=0))
+    if on_device:
+      it = dp.prefetch_to_device(it, step.batch_sharding)
     return dp.GrowingBatches(it, sched.chunk_size)
 
-  step, batches = build(), loader()
+  batches = loader()
   state = step.init(pm.init_params())
   sizes, losses = [], []
   for i in range(GROW_STEPS):
@@ -197,8 +202,9 @@ def main():
   grow_params, grow_sizes, grow_losses = train_growing(dp.torus_mesh(2, 4))
   ckpt = os.path.join(os.path.dirname(os.path.abspath(args.out)), "growing_ckpt")
   res_params, res_sizes, res_losses = train_growing(dp.torus_mesh(2, 4), ckpt)
+  _, dev_sizes, dev_losses = train_growing(dp.torus_mesh(2, 4), on_device=True)
   low.update(grow_sizes=grow_sizes, grow_losses=grow_losses, resumed_sizes=res_sizes,
-             resumed_losses=res_losses)
+             resumed_losses=res_losses, device_sizes=dev_sizes, device_losses=dev_losses)
   low.update(_flat(grow_params, "grow/"))
   low.update(_flat(res_params, "resumed/"))
   np.savez(args.out, **low, losses=losses, eval_loss=evals["loss"], eval_agree=evals["agree"],

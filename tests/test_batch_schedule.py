@@ -474,6 +474,33 @@ def _run_loader(step, state, batches, steps):
   return state, seen
 
 
+def test_growing_batches_join_device_chunks_on_each_device():
+  # Chunks prefetched onto the devices: each device joins its own rows of
+  # them (no copy between devices), the step takes the result as laid out,
+  # and the step's loss and update are those of the host-joined batch.
+  sched = BatchSchedule.ramp(16, 16, 200, max_batch=64)
+  step = dp.make_train_step(_loss, optax.sgd(0.05), dp.data_mesh(),
+                            batch_schedule=BatchSchedule.fixed(48))
+  host = _loader_batches(sched).take(48)
+  src = dp.ArraySource(_batch(123, 2048))
+  on_device = dp.GrowingBatches(
+      dp.prefetch_to_device(iter(dp.data_loader(src, 16, seed=0)), step.batch_sharding),
+      16).take(48)
+  x = on_device["x"]
+  assert isinstance(x, jax.Array) and x.sharding == step.batch_sharding
+  n = len(jax.devices())
+  chunks = np.asarray(host["x"]).reshape(3, n, 16 // n, 3)  # (chunk, device, rows)
+  for shard in x.addressable_shards:
+    d = shard.index[0].start // (48 // n)
+    np.testing.assert_array_equal(np.asarray(shard.data), chunks[:, d].reshape(-1, 3))
+  params = {"w": np.ones((3, 1), np.float32)}
+  s_host, m_host = step(step.init(params), host)
+  s_dev, m_dev = step(step.init(params), on_device)
+  np.testing.assert_allclose(float(m_dev["loss"]), float(m_host["loss"]), rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(s_dev.params["w"]), np.asarray(s_host.params["w"]),
+                             rtol=1e-6)
+
+
 def test_growing_batches_resume_is_exact(tmp_path):
   sched = BatchSchedule.ramp(16, 16, 200, max_batch=64)
   assert sched.chunk_size == 16

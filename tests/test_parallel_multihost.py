@@ -129,6 +129,10 @@ def test_growing_batch_two_processes_resume_exactly(worker_results):
   for res in worker_results:
     np.testing.assert_array_equal(res["resumed_sizes"], res["grow_sizes"])
     np.testing.assert_array_equal(res["resumed_losses"], res["grow_losses"])
+    # Chunks prefetched to each process's devices and joined there: the same
+    # examples per step (rows assigned to other replicas), the same run.
+    np.testing.assert_array_equal(res["device_sizes"], res["grow_sizes"])
+    np.testing.assert_allclose(res["device_losses"], res["grow_losses"], rtol=1e-5)
     for layer in ("hidden", "out"):
       for name in ("kernel", "bias"):
         np.testing.assert_array_equal(res[f"resumed/{layer}/{name}"],

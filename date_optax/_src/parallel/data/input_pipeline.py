@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from date_optax._src import validation
@@ -428,8 +429,20 @@ class GrowingBatches:
   restore it between steps, and a resumed run reads exactly the batches
   an uninterrupted one reads.
 
+  Chunks already on the devices (`prefetch_to_device(iter(loader),
+  step.batch_sharding)`, so the copy of the next chunks overlaps the step)
+  are joined on the devices, without a copy between them: each device
+  concatenates its own rows of the chunks, in turn, and the result is a
+  global array with the chunks' sharding, which the step takes as laid out.
+  It holds the same examples as the host-joined batch; replica r's rows
+  are its rows of each chunk instead of a contiguous run of them (the same
+  mean gradient; per-replica statistics and keys see other rows). Chunks
+  sharded along more than the batch axis are joined with
+  `jnp.concatenate` (XLA moves the rows).
+
   Args:
-    iterator: an iterator of host-local chunks (e.g. `iter(data_loader(...))`).
+    iterator: an iterator of host-local chunks (e.g. `iter(data_loader(...))`),
+      or of global arrays sharded along the batch (`prefetch_to_device`).
     chunk_size: the chunks' *global* batch (`global_batch_size` of the
       loader), >= 1.
 
@@ -461,7 +474,7 @@ class GrowingBatches:
     chunks = [next(self._source) for _ in range(b // self.chunk_size)]
     if len(chunks) == 1:
       return chunks[0]
-    return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *chunks)
+    return jax.tree.map(_join_rows, *chunks)
 
   def get_state(self) -> Any:
     """The source's position after the last chunk taken."""
@@ -470,6 +483,21 @@ class GrowingBatches:
   def set_state(self, state: Any) -> None:
     """Moves the source to `state` (from `get_state`)."""
     self._source.set_state(state)
+
+
+def _join_rows(*xs: Any) -> Any:
+  """Concatenates chunks along the batch: on the host, or on each device."""
+  first = xs[0]
+  if not isinstance(first, jax.Array):
+    return np.concatenate(xs, axis=0)
+  sharding = first.sharding
+  shards = [sorted(x.addressable_shards, key=lambda s: s.device.id) for x in xs]
+  if any(idx != slice(None) for s in shards[0] for idx in s.index[1:]):
+    return jnp.concatenate(xs, axis=0)  # split along more than the batch
+  local = [jnp.concatenate([per_chunk[i].data for per_chunk in shards], axis=0)
+           for i in range(len(shards[0]))]
+  shape = (sum(x.shape[0] for x in xs), *first.shape[1:])
+  return jax.make_array_from_single_device_arrays(shape, sharding, local)
 
 
 def iterator_state(iterator: Any) -> dict[str, Any]:
