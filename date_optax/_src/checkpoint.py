@@ -28,10 +28,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from date_optax._src import batch_schedule as bs_lib
+from date_optax._src import checkpoint_checks as checks
 from date_optax._src import layer_ratios as layer_ratios_lib
 from date_optax._src import validation
 from date_optax._src.checkpoint_fingerprints import fingerprints as _fingerprints
@@ -182,50 +182,6 @@ def _encode(state: Any) -> tuple[Any, dict[str, str]]:
   return jax.tree_util.tree_map_with_path(enc, state), impls
 
 
-def _dtype_name(x: Any) -> str:
-  return np.dtype(x.dtype).name if hasattr(x, "dtype") else np.result_type(x).name
-
-
-def _check_saveable(encoded: Any) -> None:
-  """Every leaf is an array or a number; otherwise name it before writing."""
-  for path, x in jax.tree_util.tree_flatten_with_path(encoded)[0]:
-    ok = isinstance(x, jax.Array) or (
-        isinstance(x, (np.ndarray, np.generic, bool, int, float, complex))
-        and (np.result_type(x).kind in "biufc" or hasattr(x, "dtype")
-             and jnp.issubdtype(x.dtype, jnp.number))
-    )
-    if not ok:
-      raise TypeError(
-          f"state leaf {jax.tree_util.keystr(path)} cannot be saved: it is "
-          f"{type(x).__name__} {x!r:.60}; every leaf must be an array or a number "
-          "(typed PRNG keys allowed). Nothing was written."
-      )
-
-
-def _check_target(target: Any) -> None:
-  """Every restore-target leaf describes an array; otherwise name it."""
-  for path, x in jax.tree_util.tree_flatten_with_path(target)[0]:
-    if isinstance(x, (jax.Array, jax.ShapeDtypeStruct)):
-      continue
-    ok = isinstance(x, (np.ndarray, np.generic, bool, int, float, complex)) and (
-        np.result_type(x).kind in "biufc")
-    if not ok:
-      raise TypeError(
-          f"target leaf {jax.tree_util.keystr(path)} is {type(x).__name__} "
-          f"{x!r:.60}; every leaf of a restore target must be an array, a number "
-          "or a jax.ShapeDtypeStruct (e.g. from jax.eval_shape(step.init, ...)). "
-          "Nothing was read."
-      )
-
-
-def _leaf_specs(encoded: Any) -> list[list[Any]]:
-  """`[path, shape, dtype]` of every leaf of an encoded state, as JSON."""
-  return [
-      [jax.tree_util.keystr(path), list(np.shape(x)), _dtype_name(x)]
-      for path, x in jax.tree_util.tree_flatten_with_path(encoded)[0]
-  ]
-
-
 def _check_fits(abstract: Any, saved: list[list[Any]]) -> None:
   """Raises CheckpointMismatchError when `abstract` differs from `saved` leaves."""
   flat = jax.tree_util.tree_flatten_with_path(abstract)[0]
@@ -244,7 +200,7 @@ def _check_fits(abstract: Any, saved: list[list[Any]]) -> None:
     raise CheckpointMismatchError(f"{'; '.join(parts)}.")
   for path, x in got.items():
     shape, dtype = want[path]
-    t_shape, t_dtype = tuple(np.shape(x)), _dtype_name(x)
+    t_shape, t_dtype = tuple(np.shape(x)), checks.dtype_name(x)
     if (shape, dtype) != (t_shape, t_dtype):
       raise CheckpointMismatchError(
           f"leaf {path} was saved with shape {shape} and dtype {dtype}; "
@@ -327,21 +283,6 @@ def _decode(restored: Any, target: Any, impls: Mapping[str, str]) -> Any:
     return x
 
   return jax.tree_util.tree_map_with_path(dec, restored, target)
-
-
-def _check_directory(path: str) -> None:
-  """`path` is a directory or can be made one: no file on it or above it."""
-  head = path
-  while head and not os.path.exists(head):
-    parent = os.path.dirname(head)
-    if parent == head:
-      break
-    head = parent
-  if os.path.exists(head) and not os.path.isdir(head):
-    what = "is an existing file" if head == path else f"is under {head}, an existing file"
-    raise ValueError(
-        f"directory must be a directory for the checkpoints, but {path} {what}."
-    )
 
 
 @contextlib.contextmanager
@@ -430,7 +371,7 @@ class CheckpointManager:
     validation.check_bool("async_save", async_save)
     if not isinstance(directory, (str, os.PathLike)):
       raise TypeError(f"directory must be a path, got {directory!r}.")
-    _check_directory(os.path.abspath(os.fspath(directory)))
+    checks.check_directory(os.path.abspath(os.fspath(directory)))
     ocp = _ocp()
     self._ocp = ocp
     self._directory = os.path.abspath(os.fspath(directory))
@@ -499,12 +440,12 @@ class CheckpointManager:
           "saved (save returns False). Pass force=True to save it anyway.")
       return False
     encoded, impls = _encode(state)
-    _check_saveable(encoded)
+    checks.check_saveable(encoded)
     meta = {
         "format": _FORMAT,
         "step": step,
         "prng_keys": impls,
-        "leaves": _leaf_specs(encoded),
+        "leaves": checks.leaf_specs(encoded),
         "fingerprints": _fingerprints(encoded),
         "metadata": dict(metadata or {}),
     }
@@ -562,7 +503,7 @@ class CheckpointManager:
         `jax.ShapeDtypeStruct` (a string, an object), named by its path
         before anything is read.
     """
-    _check_target(target)
+    checks.check_target(target)
     if step is not None:
       step = validation.check_int("step", step, low=0)
       if step not in self.all_steps():
