@@ -32,6 +32,7 @@ import numpy as np
 
 from date_optax._src import batch_schedule as bs_lib
 from date_optax._src import checkpoint_checks as checks
+from date_optax._src import checkpoint_residuals as ckres
 from date_optax._src import layer_ratios as layer_ratios_lib
 from date_optax._src import validation
 from date_optax._src.checkpoint_fingerprints import fingerprints as _fingerprints
@@ -39,8 +40,10 @@ from date_optax._src.checkpoint_fingerprints import fingerprints as _fingerprint
 # Format 2 adds per-leaf fingerprints to the metadata; format-1 checkpoints
 # (no fingerprints) still restore, unverified. Format 3 adds every leaf's
 # path, shape and dtype, so a target that does not fit is named before orbax
-# reads anything; older checkpoints skip that check.
-_FORMAT = 3
+# reads anything; older checkpoints skip that check. Format 4 writes the
+# error-feedback residuals as an item of their own (checkpoint_residuals.py)
+# and records the sizes; older ones hold them in the state.
+_FORMAT = 4
 
 
 class CorruptCheckpointError(ValueError):
@@ -387,7 +390,7 @@ class CheckpointManager:
         create=True,
     )
     self._manager = ocp.CheckpointManager(
-        self._directory, options=options, item_names=("state", "meta")
+        self._directory, options=options, item_names=("state", "residuals", "meta")
     )
 
   @property
@@ -402,8 +405,14 @@ class CheckpointManager:
       *,
       metadata: Mapping[str, Any] | None = None,
       force: bool = False,
+      include_residuals: bool = True,
   ) -> bool:
     """Saves `state` (and JSON `metadata`) as checkpoint `step`.
+
+    Error-feedback residuals (every `date_optax.parallel.ErrorFeedbackState`
+    in `state`, such as `TrainState.grad_residual`) are written as an item
+    of their own, each process writing its own replicas' shards (nothing is
+    gathered). The sizes are recorded: `info(step)`.
 
     Args:
       step: the step number that names the checkpoint, an integer >= 0.
@@ -411,6 +420,9 @@ class CheckpointManager:
       metadata: a JSON-serialisable mapping saved alongside, e.g. the
         input-pipeline position `{"epoch": e, "index": i}`.
       force: save even if `step` is not a multiple of `save_interval_steps`.
+      include_residuals: False leaves the error-feedback residuals out (the
+        checkpoint then does not grow with the replica count); a restore
+        gives zeros in their place, which drops one step's rounding.
 
     Returns:
       Whether a checkpoint was started: False when the interval skips it,
@@ -422,6 +434,7 @@ class CheckpointManager:
       step = np.asarray(step)[()]
     step = validation.check_int("step", step, low=0)
     validation.check_bool("force", force)
+    validation.check_bool("include_residuals", include_residuals)
     if metadata is not None and not isinstance(metadata, Mapping):
       raise TypeError(f"metadata must be a mapping or None, got {metadata!r}.")
     if not force and step % self._interval:
@@ -441,12 +454,18 @@ class CheckpointManager:
       return False
     encoded, impls = _encode(state)
     checks.check_saveable(encoded)
+    rest, residuals = ckres.split(encoded)
+    keep = bool(residuals) and include_residuals
     meta = {
         "format": _FORMAT,
         "step": step,
         "prng_keys": impls,
-        "leaves": checks.leaf_specs(encoded),
-        "fingerprints": _fingerprints(encoded),
+        "leaves": checks.leaf_specs(rest),
+        "fingerprints": _fingerprints(rest),
+        "residuals": {"saved": keep, "replicas": ckres.replicas(residuals),
+                      "leaves": checks.leaf_specs(residuals) if keep else [],
+                      "fingerprints": _fingerprints(residuals) if keep else []},
+        "bytes": ckres.sizes(rest, residuals, keep),
         "metadata": dict(metadata or {}),
     }
     try:
@@ -454,15 +473,14 @@ class CheckpointManager:
     except (TypeError, ValueError) as e:
       raise TypeError(f"metadata must be JSON-serialisable: {e}") from e
     ocp = self._ocp
-    return self._manager.save(
-        step,
-        args=ocp.args.Composite(
-            state=ocp.args.StandardSave(encoded), meta=ocp.args.JsonSave(meta)
-        ),
-        force=force,
-    )
+    items = {"state": ocp.args.StandardSave(rest), "meta": ocp.args.JsonSave(meta)}
+    if keep:
+      items["residuals"] = ocp.args.StandardSave(residuals)
+    return self._manager.save(step, args=ocp.args.Composite(**items), force=force)
 
-  def restore(self, target: Any, *, step: int | None = None) -> tuple[Any, dict]:
+  def restore(
+      self, target: Any, *, step: int | None = None, include_residuals: bool = True
+  ) -> tuple[Any, dict]:
     """Restores checkpoint `step` (default: the latest complete one) onto `target`.
 
     Every leaf is checked against the fingerprint recorded when it was saved,
@@ -476,6 +494,16 @@ class CheckpointManager:
     does one whose `date_optax.BatchScheduleState` counts its examples in
     one int32 (written before the exact two-word count).
 
+    Error-feedback residuals (each `date_optax.parallel.ErrorFeedbackState`
+    in `target`) are read when the checkpoint holds them for the target's
+    replica count. They are zeros, shaped and sharded as `target`'s (what
+    the step's init builds), when the checkpoint was saved with
+    `include_residuals=False`, when this restore passes it, or when the
+    checkpoint was saved with another replica count N than the target's M
+    (a `UserWarning` names both): the state then resumes on M replicas,
+    having dropped one step's rounding. Checkpoints written before format
+    4 hold the residuals inside the state and restore onto N replicas only.
+
     Args:
       target: a pytree with the structure of the saved state whose leaves are
         arrays or `jax.ShapeDtypeStruct`s; their shapes, dtypes and shardings
@@ -485,6 +513,8 @@ class CheckpointManager:
         typed keys back. Build it with
         `jax.eval_shape(init_fn, ...)` plus shardings to avoid allocating.
       step: which checkpoint; defaults to the newest one that is complete.
+      include_residuals: False leaves the saved residuals unread and gives
+        zeros in their place (one step's rounding dropped).
 
     Returns:
       `(state, metadata)`: the restored pytree (structure of `target`) and
@@ -504,6 +534,7 @@ class CheckpointManager:
         before anything is read.
     """
     checks.check_target(target)
+    validation.check_bool("include_residuals", include_residuals)
     if step is not None:
       step = validation.check_int("step", step, low=0)
       if step not in self.all_steps():
@@ -511,7 +542,7 @@ class CheckpointManager:
             f"no checkpoint for step {step} in {self._directory}; "
             f"available: {list(self.all_steps())}."
         )
-      return self._restore_verified(target, step)
+      return self._restore_verified(target, step, include_residuals)
     steps = self.all_steps()
     if not steps:
       raise FileNotFoundError(f"no checkpoint in {self._directory}.")
@@ -520,7 +551,7 @@ class CheckpointManager:
       try:
         # A CheckpointMismatchError is raised at once: an older checkpoint of
         # the same run would not fit the target either.
-        result = self._restore_verified(target, s)
+        result = self._restore_verified(target, s, include_residuals)
       except CorruptCheckpointError as e:
         bad.append((s, e))
         continue
@@ -536,11 +567,14 @@ class CheckpointManager:
     # every checkpoint broken, so report the newest one's failure.
     raise bad[0][1]
 
-  def _restore_verified(self, target: Any, step: int) -> tuple[Any, dict]:
+  def _restore_verified(
+      self, target: Any, step: int, include_residuals: bool = True
+  ) -> tuple[Any, dict]:
     ocp = self._ocp
     error: tuple[str, str] | None = None
     mismatch: CheckpointMismatchError | None = None
     misfit = f"checkpoint step {step} in {self._directory} does not fit the target"
+    reset = None
     with _quiet_failed_reads():
       try:
         meta = self._manager.restore(
@@ -549,14 +583,21 @@ class CheckpointManager:
         if not isinstance(meta, Mapping):
           raise ValueError("its metadata is unreadable")
         impls = meta.get("prng_keys", {})
+        whole = _abstract_target(target, impls)
+        saved_res = meta.get("residuals")  # None: residuals in the state (format < 4)
+        packed, res_target = ckres.split(whole) if saved_res else (whole, [])
+        plan, reset = ckres.plan(saved_res, res_target, include_residuals)
         try:
-          packed = abstract = _abstract_target(target, impls)
-          unpacked = legacy = False
+          abstract, unpacked, legacy = packed, False, False
+          if plan == "missing":
+            raise CheckpointMismatchError(ckres.MISSING)
           if meta.get("leaves") is not None:
             # Before orbax reads anything: a misfit target is named here, and
             # no read is left failing in orbax's background threads.
             abstract, unpacked, legacy = _fitting_layout(
                 abstract, lambda a: _check_fits(a, meta["leaves"]))
+          if plan == "read":
+            _check_fits(res_target, saved_res["leaves"])
         except CheckpointMismatchError as e:
           mismatch = CheckpointMismatchError(f"{misfit}: {e}")
         if mismatch is None:
@@ -564,24 +605,19 @@ class CheckpointManager:
               step,
               args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)),
           ).state
-          expected = meta.get("fingerprints")
-          if expected is not None:
-            got = _fingerprints(restored)
-            if len(got) != len(expected):
-              raise ValueError(f"{len(got)} leaves restored, {len(expected)} saved")
-            for (path, _), g, e in zip(
-                jax.tree_util.tree_flatten_with_path(restored)[0], got, expected,
-                strict=True,
-            ):
-              if list(g) != list(e):
-                raise ValueError(
-                    f"leaf {jax.tree_util.keystr(path)} does not match the data "
-                    "that was saved"
-                )
+          checks.verify(restored, meta.get("fingerprints"))
           if unpacked:
             restored = layer_ratios_lib.repacked_records(restored, packed)
           if legacy:
             restored = bs_lib.upgraded_layout(restored, packed)
+          if saved_res:
+            if plan == "read":
+              residuals = self._manager.restore(step, args=ocp.args.Composite(
+                  residuals=ocp.args.StandardRestore(res_target))).residuals
+              checks.verify(residuals, saved_res["fingerprints"])
+            else:
+              residuals = ckres.zeros(res_target)
+            restored = ckres.merge(whole, restored, residuals)
       except Exception as e:  # noqa: BLE001 - orbax/tensorstore raise many types
         # Keep the cause's text only: its traceback holds orbax's pending
         # reads, which would print their own tracebacks when collected later.
@@ -594,6 +630,8 @@ class CheckpointManager:
           f"checkpoint step {step} in {self._directory} cannot be restored: "
           f"{name}: {text}"
       )
+    if reset is not None:
+      validation.warn_at_caller(f"CheckpointManager.restore: {ckres.reset_message(*reset)}")
     try:
       return _decode(restored, target, impls), dict(meta.get("metadata", {}))
     except CheckpointMismatchError as e:
@@ -606,6 +644,23 @@ class CheckpointManager:
   def all_steps(self) -> tuple[int, ...]:
     """Steps of all complete checkpoints, ascending."""
     return tuple(sorted(self._manager.all_steps()))
+
+  def info(self, step: int | None = None) -> ckres.CheckpointInfo:
+    """What checkpoint `step` (default: the latest) holds, and its size.
+
+    Read from the metadata `save` wrote, without restoring the state: the
+    array bytes in all and of the error-feedback residuals, per device too,
+    whether the residuals were saved and their replica count
+    (`date_optax.checkpoint.CheckpointInfo`).
+    """
+    steps = self.all_steps()
+    step = steps[-1] if step is None and steps else step
+    if step is None or validation.check_int("step", step, low=0) not in steps:
+      raise FileNotFoundError(f"no checkpoint {'' if step is None else step} in "
+                              f"{self._directory}; available: {list(steps)}.")
+    ocp = self._ocp
+    meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+    return ckres.info(step, meta)
 
   def reached_preemption(self, step: int) -> bool:
     """Whether the job got a preemption notice (multi-host, synchronised).

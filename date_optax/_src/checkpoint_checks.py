@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from date_optax._src.checkpoint_fingerprints import fingerprints as _fingerprints
+
 
 def dtype_name(x: Any) -> str:
   return np.dtype(x.dtype).name if hasattr(x, "dtype") else np.result_type(x).name
@@ -73,3 +75,17 @@ def check_directory(path: str) -> None:
     raise ValueError(
         f"directory must be a directory for the checkpoints, but {path} {what}."
     )
+
+
+def verify(restored: Any, expected: list | None) -> None:
+  """Every restored leaf matches the fingerprint recorded at save time."""
+  if expected is None:
+    return
+  got = _fingerprints(restored)
+  if len(got) != len(expected):
+    raise ValueError(f"{len(got)} leaves restored, {len(expected)} saved")
+  for (path, _), g, e in zip(jax.tree_util.tree_flatten_with_path(restored)[0], got,
+                             expected, strict=True):
+    if list(g) != list(e):
+      raise ValueError(
+          f"leaf {jax.tree_util.keystr(path)} does not match the data that was saved")
