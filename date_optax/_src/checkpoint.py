@@ -1,12 +1,15 @@
 """Exact checkpoint/resume of a whole train state with orbax-checkpoint.
 
-A checkpoint holds two items:
+A checkpoint holds up to three items:
   * `state`: the train-state pytree (params, optimizer state with its counts
     and trust-ratio telemetry, step, PRNG keys...), saved with orbax's
     `StandardSave`. New-style typed PRNG keys are stored as their raw
     `jax.random.key_data` and wrapped back on restore.
+  * `residuals`: the error-feedback residuals split off the state, unless
+    left out (checkpoint_residuals.py).
   * `meta`: JSON with the user's metadata (e.g. the input-pipeline position
-    `{"epoch": 3, "index": 17}`) and the PRNG implementation of every key.
+    `{"epoch": 3, "index": 17}`), the PRNG implementation of every key and
+    the sizes.
 
 Atomicity comes from orbax: a step is written into
 `<step>.orbax-checkpoint-tmp-<timestamp>/` and renamed to `<step>/` only when
@@ -312,7 +315,8 @@ class CheckpointManager:
   Saves the train-state pytree together with JSON metadata such as the
   input-pipeline position, keeps the last `max_to_keep` checkpoints, and
   restores onto the shardings of a target state — the same mesh for an exact
-  resume, or a different device count (orbax reshards on read).
+  resume, or a different device count (orbax reshards on read; error-feedback
+  residuals, one per replica, restart from zeros there).
 
   Resuming is exact: restoring step `s` gives back the saved arrays bit for
   bit (typed PRNG keys included), so a run killed after step `s` and resumed
