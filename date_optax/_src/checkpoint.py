@@ -1,12 +1,15 @@
 """Exact checkpoint/resume of a whole train state with orbax-checkpoint.
 
-A checkpoint holds two items:
+A checkpoint holds up to three items:
   * `state`: the train-state pytree (params, optimizer state with its counts
     and trust-ratio telemetry, step, PRNG keys...), saved with orbax's
     `StandardSave`. New-style typed PRNG keys are stored as their raw
     `jax.random.key_data` and wrapped back on restore.
+  * `residuals`: the error-feedback residuals split off the state, unless
+    left out (checkpoint_residuals.py).
   * `meta`: JSON with the user's metadata (e.g. the input-pipeline position
-    `{"epoch": 3, "index": 17}`) and the PRNG implementation of every key.
+    `{"epoch": 3, "index": 17}`), the PRNG implementation of every key and
+    the sizes.
 
 Atomicity comes from orbax: a step is written into
 `<step>.orbax-checkpoint-tmp-<timestamp>/` and renamed to `<step>/` only when
@@ -28,10 +31,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from date_optax._src import batch_schedule as bs_lib
+from date_optax._src import checkpoint_checks as checks
+from date_optax._src import checkpoint_residuals as ckres
 from date_optax._src import layer_ratios as layer_ratios_lib
 from date_optax._src import validation
 from date_optax._src.checkpoint_fingerprints import fingerprints as _fingerprints
@@ -39,8 +43,10 @@ from date_optax._src.checkpoint_fingerprints import fingerprints as _fingerprint
 # Format 2 adds per-leaf fingerprints to the metadata; format-1 checkpoints
 # (no fingerprints) still restore, unverified. Format 3 adds every leaf's
 # path, shape and dtype, so a target that does not fit is named before orbax
-# reads anything; older checkpoints skip that check.
-_FORMAT = 3
+# reads anything; older checkpoints skip that check. Format 4 writes the
+# error-feedback residuals as an item of their own (checkpoint_residuals.py)
+# and records the sizes; older ones hold them in the state.
+_FORMAT = 4
 
 
 class CorruptCheckpointError(ValueError):
@@ -182,50 +188,6 @@ def _encode(state: Any) -> tuple[Any, dict[str, str]]:
   return jax.tree_util.tree_map_with_path(enc, state), impls
 
 
-def _dtype_name(x: Any) -> str:
-  return np.dtype(x.dtype).name if hasattr(x, "dtype") else np.result_type(x).name
-
-
-def _check_saveable(encoded: Any) -> None:
-  """Every leaf is an array or a number; otherwise name it before writing."""
-  for path, x in jax.tree_util.tree_flatten_with_path(encoded)[0]:
-    ok = isinstance(x, jax.Array) or (
-        isinstance(x, (np.ndarray, np.generic, bool, int, float, complex))
-        and (np.result_type(x).kind in "biufc" or hasattr(x, "dtype")
-             and jnp.issubdtype(x.dtype, jnp.number))
-    )
-    if not ok:
-      raise TypeError(
-          f"state leaf {jax.tree_util.keystr(path)} cannot be saved: it is "
-          f"{type(x).__name__} {x!r:.60}; every leaf must be an array or a number "
-          "(typed PRNG keys allowed). Nothing was written."
-      )
-
-
-def _check_target(target: Any) -> None:
-  """Every restore-target leaf describes an array; otherwise name it."""
-  for path, x in jax.tree_util.tree_flatten_with_path(target)[0]:
-    if isinstance(x, (jax.Array, jax.ShapeDtypeStruct)):
-      continue
-    ok = isinstance(x, (np.ndarray, np.generic, bool, int, float, complex)) and (
-        np.result_type(x).kind in "biufc")
-    if not ok:
-      raise TypeError(
-          f"target leaf {jax.tree_util.keystr(path)} is {type(x).__name__} "
-          f"{x!r:.60}; every leaf of a restore target must be an array, a number "
-          "or a jax.ShapeDtypeStruct (e.g. from jax.eval_shape(step.init, ...)). "
-          "Nothing was read."
-      )
-
-
-def _leaf_specs(encoded: Any) -> list[list[Any]]:
-  """`[path, shape, dtype]` of every leaf of an encoded state, as JSON."""
-  return [
-      [jax.tree_util.keystr(path), list(np.shape(x)), _dtype_name(x)]
-      for path, x in jax.tree_util.tree_flatten_with_path(encoded)[0]
-  ]
-
-
 def _check_fits(abstract: Any, saved: list[list[Any]]) -> None:
   """Raises CheckpointMismatchError when `abstract` differs from `saved` leaves."""
   flat = jax.tree_util.tree_flatten_with_path(abstract)[0]
@@ -244,7 +206,7 @@ def _check_fits(abstract: Any, saved: list[list[Any]]) -> None:
     raise CheckpointMismatchError(f"{'; '.join(parts)}.")
   for path, x in got.items():
     shape, dtype = want[path]
-    t_shape, t_dtype = tuple(np.shape(x)), _dtype_name(x)
+    t_shape, t_dtype = tuple(np.shape(x)), checks.dtype_name(x)
     if (shape, dtype) != (t_shape, t_dtype):
       raise CheckpointMismatchError(
           f"leaf {path} was saved with shape {shape} and dtype {dtype}; "
@@ -328,21 +290,6 @@ def _decode(restored: Any, target: Any, impls: Mapping[str, str]) -> Any:
   return jax.tree_util.tree_map_with_path(dec, restored, target)
 
 
-def _check_directory(path: str) -> None:
-  """`path` is a directory or can be made one: no file on it or above it."""
-  head = path
-  while head and not os.path.exists(head):
-    parent = os.path.dirname(head)
-    if parent == head:
-      break
-    head = parent
-  if os.path.exists(head) and not os.path.isdir(head):
-    what = "is an existing file" if head == path else f"is under {head}, an existing file"
-    raise ValueError(
-        f"directory must be a directory for the checkpoints, but {path} {what}."
-    )
-
-
 @contextlib.contextmanager
 def _quiet_failed_reads():
   """Collects, instead of printing, errors of reads orbax abandoned.
@@ -367,7 +314,8 @@ class CheckpointManager:
   Saves the train-state pytree together with JSON metadata such as the
   input-pipeline position, keeps the last `max_to_keep` checkpoints, and
   restores onto the shardings of a target state — the same mesh for an exact
-  resume, or a different device count (orbax reshards on read).
+  resume, or a different device count (orbax reshards on read; error-feedback
+  residuals, one per replica, restart from zeros there).
 
   Resuming is exact: restoring step `s` gives back the saved arrays bit for
   bit (typed PRNG keys included), so a run killed after step `s` and resumed
@@ -429,7 +377,7 @@ class CheckpointManager:
     validation.check_bool("async_save", async_save)
     if not isinstance(directory, (str, os.PathLike)):
       raise TypeError(f"directory must be a path, got {directory!r}.")
-    _check_directory(os.path.abspath(os.fspath(directory)))
+    checks.check_directory(os.path.abspath(os.fspath(directory)))
     ocp = _ocp()
     self._ocp = ocp
     self._directory = os.path.abspath(os.fspath(directory))
@@ -445,7 +393,7 @@ class CheckpointManager:
         create=True,
     )
     self._manager = ocp.CheckpointManager(
-        self._directory, options=options, item_names=("state", "meta")
+        self._directory, options=options, item_names=("state", "residuals", "meta")
     )
 
   @property
@@ -460,8 +408,14 @@ class CheckpointManager:
       *,
       metadata: Mapping[str, Any] | None = None,
       force: bool = False,
+      include_residuals: bool = True,
   ) -> bool:
     """Saves `state` (and JSON `metadata`) as checkpoint `step`.
+
+    Error-feedback residuals (every `date_optax.parallel.ErrorFeedbackState`
+    in `state`, such as `TrainState.grad_residual`) are written as an item
+    of their own, each process writing its own replicas' shards (nothing is
+    gathered). The sizes are recorded: `info(step)`.
 
     Args:
       step: the step number that names the checkpoint, an integer >= 0.
@@ -469,6 +423,9 @@ class CheckpointManager:
       metadata: a JSON-serialisable mapping saved alongside, e.g. the
         input-pipeline position `{"epoch": e, "index": i}`.
       force: save even if `step` is not a multiple of `save_interval_steps`.
+      include_residuals: False leaves the error-feedback residuals out (the
+        checkpoint then does not grow with the replica count); a restore
+        gives zeros in their place, which drops one step's rounding.
 
     Returns:
       Whether a checkpoint was started: False when the interval skips it,
@@ -480,6 +437,7 @@ class CheckpointManager:
       step = np.asarray(step)[()]
     step = validation.check_int("step", step, low=0)
     validation.check_bool("force", force)
+    validation.check_bool("include_residuals", include_residuals)
     if metadata is not None and not isinstance(metadata, Mapping):
       raise TypeError(f"metadata must be a mapping or None, got {metadata!r}.")
     if not force and step % self._interval:
@@ -498,13 +456,19 @@ class CheckpointManager:
           "saved (save returns False). Pass force=True to save it anyway.")
       return False
     encoded, impls = _encode(state)
-    _check_saveable(encoded)
+    checks.check_saveable(encoded)
+    rest, residuals = ckres.split(encoded)
+    keep = bool(residuals) and include_residuals
     meta = {
         "format": _FORMAT,
         "step": step,
         "prng_keys": impls,
-        "leaves": _leaf_specs(encoded),
-        "fingerprints": _fingerprints(encoded),
+        "leaves": checks.leaf_specs(rest),
+        "fingerprints": _fingerprints(rest),
+        "residuals": {"saved": keep, "replicas": ckres.replicas(residuals),
+                      "leaves": checks.leaf_specs(residuals) if keep else [],
+                      "fingerprints": _fingerprints(residuals) if keep else []},
+        "bytes": ckres.sizes(rest, residuals, keep),
         "metadata": dict(metadata or {}),
     }
     try:
@@ -512,15 +476,14 @@ class CheckpointManager:
     except (TypeError, ValueError) as e:
       raise TypeError(f"metadata must be JSON-serialisable: {e}") from e
     ocp = self._ocp
-    return self._manager.save(
-        step,
-        args=ocp.args.Composite(
-            state=ocp.args.StandardSave(encoded), meta=ocp.args.JsonSave(meta)
-        ),
-        force=force,
-    )
+    items = {"state": ocp.args.StandardSave(rest), "meta": ocp.args.JsonSave(meta)}
+    if keep:
+      items["residuals"] = ocp.args.StandardSave(residuals)
+    return self._manager.save(step, args=ocp.args.Composite(**items), force=force)
 
-  def restore(self, target: Any, *, step: int | None = None) -> tuple[Any, dict]:
+  def restore(
+      self, target: Any, *, step: int | None = None, include_residuals: bool = True
+  ) -> tuple[Any, dict]:
     """Restores checkpoint `step` (default: the latest complete one) onto `target`.
 
     Every leaf is checked against the fingerprint recorded when it was saved,
@@ -534,6 +497,16 @@ class CheckpointManager:
     does one whose `date_optax.BatchScheduleState` counts its examples in
     one int32 (written before the exact two-word count).
 
+    Error-feedback residuals (each `date_optax.parallel.ErrorFeedbackState`
+    in `target`) are read when the checkpoint holds them for the target's
+    replica count. They are zeros, shaped and sharded as `target`'s (what
+    the step's init builds), when the checkpoint was saved with
+    `include_residuals=False`, when this restore passes it, or when the
+    checkpoint was saved with another replica count N than the target's M
+    (a `UserWarning` names both): the state then resumes on M replicas,
+    having dropped one step's rounding. Checkpoints written before format
+    4 hold the residuals inside the state and restore onto N replicas only.
+
     Args:
       target: a pytree with the structure of the saved state whose leaves are
         arrays or `jax.ShapeDtypeStruct`s; their shapes, dtypes and shardings
@@ -543,6 +516,8 @@ class CheckpointManager:
         typed keys back. Build it with
         `jax.eval_shape(init_fn, ...)` plus shardings to avoid allocating.
       step: which checkpoint; defaults to the newest one that is complete.
+      include_residuals: False leaves the saved residuals unread and gives
+        zeros in their place (one step's rounding dropped).
 
     Returns:
       `(state, metadata)`: the restored pytree (structure of `target`) and
@@ -561,7 +536,8 @@ class CheckpointManager:
         `jax.ShapeDtypeStruct` (a string, an object), named by its path
         before anything is read.
     """
-    _check_target(target)
+    checks.check_target(target)
+    validation.check_bool("include_residuals", include_residuals)
     if step is not None:
       step = validation.check_int("step", step, low=0)
       if step not in self.all_steps():
@@ -569,7 +545,7 @@ class CheckpointManager:
             f"no checkpoint for step {step} in {self._directory}; "
             f"available: {list(self.all_steps())}."
         )
-      return self._restore_verified(target, step)
+      return self._restore_verified(target, step, include_residuals)
     steps = self.all_steps()
     if not steps:
       raise FileNotFoundError(f"no checkpoint in {self._directory}.")
@@ -578,7 +554,7 @@ class CheckpointManager:
       try:
         # A CheckpointMismatchError is raised at once: an older checkpoint of
         # the same run would not fit the target either.
-        result = self._restore_verified(target, s)
+        result = self._restore_verified(target, s, include_residuals)
       except CorruptCheckpointError as e:
         bad.append((s, e))
         continue
@@ -594,11 +570,14 @@ class CheckpointManager:
     # every checkpoint broken, so report the newest one's failure.
     raise bad[0][1]
 
-  def _restore_verified(self, target: Any, step: int) -> tuple[Any, dict]:
+  def _restore_verified(
+      self, target: Any, step: int, include_residuals: bool = True
+  ) -> tuple[Any, dict]:
     ocp = self._ocp
     error: tuple[str, str] | None = None
     mismatch: CheckpointMismatchError | None = None
     misfit = f"checkpoint step {step} in {self._directory} does not fit the target"
+    reset = None
     with _quiet_failed_reads():
       try:
         meta = self._manager.restore(
@@ -607,14 +586,21 @@ class CheckpointManager:
         if not isinstance(meta, Mapping):
           raise ValueError("its metadata is unreadable")
         impls = meta.get("prng_keys", {})
+        whole = _abstract_target(target, impls)
+        saved_res = meta.get("residuals")  # None: residuals in the state (format < 4)
+        packed, res_target = ckres.split(whole) if saved_res else (whole, [])
+        plan, reset = ckres.plan(saved_res, res_target, include_residuals)
         try:
-          packed = abstract = _abstract_target(target, impls)
-          unpacked = legacy = False
+          abstract, unpacked, legacy = packed, False, False
+          if plan == "missing":
+            raise CheckpointMismatchError(ckres.MISSING)
           if meta.get("leaves") is not None:
             # Before orbax reads anything: a misfit target is named here, and
             # no read is left failing in orbax's background threads.
             abstract, unpacked, legacy = _fitting_layout(
                 abstract, lambda a: _check_fits(a, meta["leaves"]))
+          if plan == "read":
+            _check_fits(res_target, saved_res["leaves"])
         except CheckpointMismatchError as e:
           mismatch = CheckpointMismatchError(f"{misfit}: {e}")
         if mismatch is None:
@@ -622,24 +608,19 @@ class CheckpointManager:
               step,
               args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)),
           ).state
-          expected = meta.get("fingerprints")
-          if expected is not None:
-            got = _fingerprints(restored)
-            if len(got) != len(expected):
-              raise ValueError(f"{len(got)} leaves restored, {len(expected)} saved")
-            for (path, _), g, e in zip(
-                jax.tree_util.tree_flatten_with_path(restored)[0], got, expected,
-                strict=True,
-            ):
-              if list(g) != list(e):
-                raise ValueError(
-                    f"leaf {jax.tree_util.keystr(path)} does not match the data "
-                    "that was saved"
-                )
+          checks.verify(restored, meta.get("fingerprints"))
           if unpacked:
             restored = layer_ratios_lib.repacked_records(restored, packed)
           if legacy:
             restored = bs_lib.upgraded_layout(restored, packed)
+          if saved_res:
+            if plan == "read":
+              residuals = self._manager.restore(step, args=ocp.args.Composite(
+                  residuals=ocp.args.StandardRestore(res_target))).residuals
+              checks.verify(residuals, saved_res["fingerprints"])
+            else:
+              residuals = ckres.zeros(res_target)
+            restored = ckres.merge(whole, restored, residuals)
       except Exception as e:  # noqa: BLE001 - orbax/tensorstore raise many types
         # Keep the cause's text only: its traceback holds orbax's pending
         # reads, which would print their own tracebacks when collected later.
@@ -652,6 +633,8 @@ class CheckpointManager:
           f"checkpoint step {step} in {self._directory} cannot be restored: "
           f"{name}: {text}"
       )
+    if reset is not None:
+      validation.warn_at_caller(f"CheckpointManager.restore: {ckres.reset_message(*reset)}")
     try:
       return _decode(restored, target, impls), dict(meta.get("metadata", {}))
     except CheckpointMismatchError as e:
@@ -664,6 +647,23 @@ class CheckpointManager:
   def all_steps(self) -> tuple[int, ...]:
     """Steps of all complete checkpoints, ascending."""
     return tuple(sorted(self._manager.all_steps()))
+
+  def info(self, step: int | None = None) -> ckres.CheckpointInfo:
+    """What checkpoint `step` (default: the latest) holds, and its size.
+
+    Read from the metadata `save` wrote, without restoring the state: the
+    array bytes in all and of the error-feedback residuals, per device too,
+    whether the residuals were saved and their replica count
+    (`date_optax.checkpoint.CheckpointInfo`).
+    """
+    steps = self.all_steps()
+    step = steps[-1] if step is None and steps else step
+    if step is None or validation.check_int("step", step, low=0) not in steps:
+      raise FileNotFoundError(f"no checkpoint {'' if step is None else step} in "
+                              f"{self._directory}; available: {list(steps)}.")
+    ocp = self._ocp
+    meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+    return ckres.info(step, meta)
 
   def reached_preemption(self, step: int) -> bool:
     """Whether the job got a preemption notice (multi-host, synchronised).

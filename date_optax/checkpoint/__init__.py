@@ -7,9 +7,11 @@ from date_optax._src.checkpoint import (
     CorruptCheckpointError,
     tree_checksum,
 )
+from date_optax._src.checkpoint_residuals import CheckpointInfo
 from date_optax._src.preemption import PreemptionGuard
 
 __all__ = [
+    "CheckpointInfo",
     "CheckpointManager",
     "CheckpointMismatchError",
     "CorruptCheckpointError",

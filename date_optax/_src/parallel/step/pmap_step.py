@@ -22,6 +22,7 @@ from date_optax._src.parallel.comm.error_feedback import ErrorFeedbackState
 from date_optax._src.parallel.comm.grad_sync import GradSync, grad_sync_from
 from date_optax._src.parallel.step import grad_stats as gs_lib
 from date_optax._src.parallel.step import local_grads as lg
+from date_optax._src.parallel.step import residuals as res_lib
 from date_optax._src.parallel.step.replica_step import apply_update, replica_step
 from date_optax._src.parallel.step.step_base import (
     check_fn_and_optimizer,
@@ -137,6 +138,7 @@ class PmapTrainStep:
     return jax.tree.map(lambda x: x.reshape((n, x.shape[0] // n) + x.shape[1:]), batch)
 
   def __call__(self, state: TrainState, batch: PyTree) -> tuple[TrainState, Metrics]:
+    state = res_lib.filled_pmap(self, state)  # zeros for a state without residuals
     check_state(state, error_feedback=self.error_feedback,
                 grad_stats=self.grad_stats_decay is not None)
     state, metrics = self._pmapped(state, self.shard_batch(batch))

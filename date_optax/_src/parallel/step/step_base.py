@@ -36,6 +36,7 @@ from date_optax._src.parallel.layout.distributed import host_local_to_global, re
 from date_optax._src.parallel.layout.mesh import auto_axes_mesh
 from date_optax._src.parallel.step import grad_stats as gs_lib
 from date_optax._src.parallel.step import local_grads as lg
+from date_optax._src.parallel.step import residuals as res_lib
 from date_optax._src.parallel.step.batch_tracker import (
     BatchTracker,
     decay_at,
@@ -549,7 +550,7 @@ class TrainStep:
     return self._tracker.next_batch_size(state)
 
   def __call__(self, state: TrainState, batch: PyTree) -> tuple[TrainState, Metrics]:
-    batch = self._prepare(batch)
+    state, batch = res_lib.filled(self, state), self._prepare(batch)
     want = None
     if self._tracker is not None:
       want = self._tracker.next_batch_size(state)
@@ -576,7 +577,6 @@ class TrainStep:
     if self.max_consecutive_skips is not None:
       check_metrics(metrics, self.max_consecutive_skips)
     return state, metrics
-
 
 
 #: A batch schedule with more sizes than this warns at build (one program each).
@@ -626,15 +626,15 @@ def check_state(state: Any, *, error_feedback: bool, grad_stats: bool) -> None:
         "state.grad_residual holds error-feedback residuals, but this step was "
         "built without error_feedback: it would ignore them and never deliver "
         "what they hold. Build the step with error_feedback=True (and the "
-        "comm_dtype that made them), or drop them: "
+        "comm_dtype that made them), or drop them, one step's rounding: "
         "state.replace(grad_residual=None)."
     )
   if error_feedback and state.grad_residual is None:
     raise ValueError(
-        "this step was built with error_feedback=True: it needs "
-        "state.grad_residual, the residuals; build the state with this step's "
-        "init (TrainState.create leaves it None)."
-    )
+        "this step was built with error_feedback=True: lower and compile need "
+        "state.grad_residual, the residuals (a call, step(state, batch), gives a "
+        "state without them zeros); pass the state of this step's init or "
+        "abstract_state.")
   if error_feedback and not isinstance(state.grad_residual, ErrorFeedbackState):
     raise TypeError(
         "state.grad_residual must be an ErrorFeedbackState (worker and hop "

@@ -62,8 +62,12 @@ class TrainState(flax.struct.PyTreeNode):
       `sync_gradients` defines them). A step over a mesh keeps a leading
       replica axis sharded over the data axes, so each device holds its
       own; the `pmap` step's state has the device axis already.
-      Checkpointed with the rest of the state, and kept unchanged by a
-      skipped step.
+      Checkpointed with the rest of the state (or left out:
+      `CheckpointManager.save(..., include_residuals=False)`), and kept
+      unchanged by a skipped step. None on a step built with error
+      feedback (`state.replace(grad_residual=None)`) asks the step for
+      zeros, laid out as its own: it makes them before its jit call,
+      dropping what the residuals held, at most one step's rounding.
     batch_schedule: the progress of the step's `date_optax.BatchSchedule`
       (a `date_optax.BatchScheduleState`: batch, examples consumed, last
       change, pending growth), or None for a step without one.

@@ -249,9 +249,10 @@ def make_train_step(
       replica with a leading replica axis split over the data axes; `hop`
       is None for "psum", 1/N of it for "two_shot"; bfloat16, whose own
       rounding is lost, with `GradSync(residual_dtype="bfloat16")`), are
-      checkpointed with the state and kept unchanged by
-      a skipped step. Needs a low-precision `comm_dtype`. See
-      `sync_gradients`.
+      checkpointed with the state and kept unchanged by a skipped step; a
+      state without them (`grad_residual=None`, e.g. to resume on another
+      replica count) starts from zeros. Needs a low-precision `comm_dtype`.
+      See `sync_gradients`.
     grad_stats: measure gradient-noise statistics (see above); needs more
       than one replica or `microbatches >= 2`.
     grad_stats_decay: the moving-average factor, in [0, 1): per step for a

@@ -1,0 +1,60 @@
+"""One of two processes that train with error feedback and save a checkpoint
+(not collected by pytest; tests/test_residual_restore.py runs it).
+
+    python tests/residual_worker.py --port P --process-id I --dir DIR --steps K
+
+Two processes x 4 devices run the 8-replica ring step of the test for K
+steps, each feeding its own rows, then save the state at step K in DIR:
+each writes its own replicas' residual shards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+os.environ["JAX_PLATFORMS"] = "cpu"
+# This checkout's library, whatever the environment installed.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+
+import test_residual_restore as t  # noqa: E402
+
+import date_optax.parallel as dp  # noqa: E402
+from date_optax.checkpoint import CheckpointManager  # noqa: E402
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--port", type=int, required=True)
+  parser.add_argument("--process-id", type=int, required=True)
+  parser.add_argument("--dir", required=True)
+  parser.add_argument("--steps", type=int, required=True)
+  args = parser.parse_args()
+  dp.initialize(f"127.0.0.1:{args.port}", 2, args.process_id, initialization_timeout=60)
+  assert jax.process_count() == 2 and jax.device_count() == 8
+  step = t.make_step(8)
+  state = step.init(t.zero_params())
+  half = t.ROWS // 2
+  rows = slice(args.process_id * half, (args.process_id + 1) * half)
+  for s in range(args.steps):
+    state, _ = step(state, {k: v[rows] for k, v in t.batch(s).items()})
+  # Then incompressible residuals (`t.noise`) at step K + 1, whose files show
+  # how many bytes each process wrote.
+  leaves, treedef = jax.tree.flatten(state.grad_residual)
+  noise = treedef.unflatten([jax.make_array_from_callback(
+      x.shape, x.sharding, lambda index, shape=x.shape, seed=i: t.noise(shape, seed)[index])
+      for i, x in enumerate(leaves)])
+  with CheckpointManager(args.dir, async_save=False) as mngr:
+    mngr.save(args.steps, state)
+    mngr.save(args.steps + 1, state.replace(grad_residual=noise))
+  jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+  main()
