@@ -78,7 +78,11 @@ VARIANTS = {
 #: The trigger's calibration (issue 48, item 7): `adaptive_c<x>` is the
 #: adaptive row with ``calibration=x`` (B_crit = x · B_simple), on every task.
 CALIBRATIONS = (2, 4)
-CALIBRATED = tuple(f"adaptive_c{c}" for c in CALIBRATIONS)
+#: The smoothing and stretch grid (item 7): decay per start batch (d) and
+#: stretch in start batches (h); ``adaptive_d0.95_h4`` is the first default.
+SMOOTHING = ("adaptive_d0.95_h4", "adaptive_d0.99_h4", "adaptive_d0.95_h32",
+             "adaptive_d0.99_h32", "adaptive_d0.99_h64")
+CALIBRATED = (*(f"adaptive_c{c}" for c in CALIBRATIONS), *SMOOTHING)
 ADAPTIVE_VARIANTS = (*VARIANTS, *CALIBRATED)
 NEW_METHODS = ("adaptive", *DOUBLING, *LINEAR, *ADAPTIVE_VARIANTS)
 OLD_METHODS = ("baseline", "date")
@@ -95,6 +99,8 @@ LABELS = {
     "adaptive_gain": "adaptive, learning rate by the measured gain",
     **{f"adaptive_c{c}": f"adaptive, calibration {c} (B_crit = {c}·B_simple)"
        for c in CALIBRATIONS},
+    **{m: "adaptive, decay {} per start batch, stretch {} start batches".format(
+        *(t[1:] for t in m.split("_")[1:])) for m in SMOOTHING},
     **{f"doubling_{f}": f"doubling ramp over {f:.0%} of the examples"
        for f in RAMP_FRACTIONS},
     **{f"ramp_{f}": f"linear (NeMo) ramp over {f:.0%} of the examples"
@@ -134,17 +140,38 @@ def schedule_for(method: str, b0: int, total_examples: int, cfg: dict,
                  start: int | None = None) -> date_optax.BatchSchedule:
   top = cfg["scale"] * b0
   start = b0 if start is None else start
-  if method.startswith("adaptive_c"):
-    return date_optax.BatchSchedule.adaptive(start, max_batch=top,
-                                             calibration=float(method[len("adaptive_c"):]))
   if method.startswith("adaptive"):
-    return date_optax.BatchSchedule.adaptive(start, max_batch=top)
+    options, _ = adaptive_options(method, start)
+    return date_optax.BatchSchedule.adaptive(start, max_batch=top, **options)
   kind, frac = method.split("_", 1)
   examples = max(1, int(float(frac) * total_examples))
   if kind == "doubling":
     return date_optax.BatchSchedule.doubling(start, examples, max_batch=top)
   return date_optax.BatchSchedule.ramp(start, (top - b0) // cfg["increments"], examples,
                                        max_batch=top)
+
+
+#: The settings an adaptive row's name may carry, ``adaptive_c2_h16``: the
+#: schedule's calibration (c), threshold (t), guard margin (g) and stretch
+#: in start batches (h), and the statistics' decay per start batch (d).
+_OPTION_CODES = {"c": "calibration", "t": "threshold", "g": "guard_margin",
+                 "h": "hold_examples", "d": "grad_stats_decay"}
+
+
+def adaptive_options(method: str, start: int) -> tuple[dict, float | None]:
+  """(the schedule's keywords, the step's grad_stats_decay) of an adaptive row."""
+  options, decay = {}, None
+  for token in method.split("_")[1:]:
+    if token in ("linear", "sqrt", "gain") or token[0] not in _OPTION_CODES:
+      continue
+    name, value = _OPTION_CODES[token[0]], float(token[1:])
+    if name == "grad_stats_decay":
+      decay = value
+    elif name == "hold_examples":
+      options[name] = int(value * start)
+    else:
+      options[name] = value
+  return options, decay
 
 
 def lr_rule(base: date_optax.Baseline) -> str:
@@ -156,7 +183,8 @@ def lr_rule(base: date_optax.Baseline) -> str:
 
 
 def train_growing(task, data: dict, base: date_optax.Baseline, sched, seed: int,
-                  devices: int | None = None, rule: str | None = None) -> dict:
+                  devices: int | None = None, rule: str | None = None,
+                  grad_stats_decay: float | None = None) -> dict:
   """Trains `epochs · n` examples through the growing step; the curve per step."""
   tx = date_optax.date(base, sched.max_batch, batch_schedule=sched,
                        lr_scaling=rule or lr_rule(base))
@@ -168,7 +196,8 @@ def train_growing(task, data: dict, base: date_optax.Baseline, sched, seed: int,
 
   loss_fn = oracle.classifier_loss(model)
   mesh = dp.data_mesh(devices)
-  step = dp.make_train_step(loss_fn, tx, mesh, grad_stats=True, batch_schedule=sched)
+  step = dp.make_train_step(loss_fn, tx, mesh, grad_stats=True, batch_schedule=sched,
+                            grad_stats_decay=grad_stats_decay)
   state = step.init(params, model_state=bstats)
   src = dp.ArraySource({"x": x_train, "y": y_train.astype(np.int32)})
   batches = dp.GrowingBatches(iter(dp.data_loader(src, sched.chunk_size, seed=seed)),
@@ -222,7 +251,8 @@ def run_study(args) -> int:
     total = bert.config().num_train_tokens // bert.config().seq_len
     sched = schedule_for(method, BERT.batch_size, total, cfg)
     try:
-      rec = bert.train_growing(sched, seed, "linear" if method == "adaptive_linear" else "sqrt")
+      rec = bert.train_growing(sched, seed, "linear" if method == "adaptive_linear" else "sqrt",
+                               grad_stats_decay=adaptive_options(method, BERT.batch_size)[1])
     except Exception as e:  # noqa: BLE001 - a failed cell must not end the study
       print(f"FAILED {bert.NAME} seed={seed} {method}: {e!r}", flush=True)
       return None
@@ -263,7 +293,8 @@ def run_study(args) -> int:
                              cfg, start=first)
         rule = {"adaptive_linear": "linear", "adaptive_sqrt": "sqrt",
                 "adaptive_gain": "gain"}.get(method)
-        rec = train_growing(task, data, base, sched, seed, devices, rule)
+        decay = adaptive_options(method, first)[1] if method.startswith("adaptive") else None
+        rec = train_growing(task, data, base, sched, seed, devices, rule, decay)
     except Exception as e:  # noqa: BLE001 - a failed cell must not end the study
       print(f"FAILED {task.name} seed={seed} {method}: {e!r}", flush=True)
       return None

@@ -176,6 +176,24 @@ def test_resume_on_another_replica_count(tmp_path, saved, resumed):
     assert np.abs(np.asarray(resumed_state.params[k]) - np.asarray(restored.params[k])).max() > 0
 
 
+def test_two_shot_resumes_on_half_the_replicas(tmp_path):
+  """two_shot's server residual is 1/N of the gradient per device: saved on
+  8, restored onto 4, it is the new step's own chunks of zeros."""
+  before, after = make_step(8, "two_shot"), make_step(4, "two_shot")
+  state = run(before, before.init(zero_params()), 0, RESUME)
+  with CheckpointManager(tmp_path, async_save=False) as mngr:
+    mngr.save(RESUME, state)
+    target = after.init(zero_params())
+    with pytest.warns(UserWarning, match=r"saved with 8 replicas and the target has 4"):
+      restored, _ = mngr.restore(target)
+  hop = restored.grad_residual.hop["w"]
+  assert hop.shape == target.grad_residual.hop["w"].shape
+  assert hop.shape[0] == 4 and hop.size < 2 * zero_params()["w"].size
+  np.testing.assert_array_equal(np.asarray(hop), 0.0)
+  resumed = run(after, restored, RESUME, RESUME + 3)
+  assert np.isfinite(np.asarray(resumed.params["w"])).all()
+
+
 def test_residuals_left_out_and_unread(tmp_path):
   """`include_residuals=False`: on save nothing is written, on restore
   nothing is read; either way the state resumes from zero residuals, the
@@ -211,20 +229,24 @@ def test_residuals_left_out_and_unread(tmp_path):
       mngr.info(7)
 
 
-@pytest.mark.parametrize("kind", ["jit", "pmap"])
-def test_a_state_without_residuals_starts_from_zeros(kind):
+@pytest.mark.parametrize("kind,algorithm", [("jit", "ring"), ("pmap", "ring"),
+                                            ("jit", "two_shot"), ("pmap", "two_shot")])
+def test_a_state_without_residuals_starts_from_zeros(kind, algorithm):
   """`state.replace(grad_residual=None)` on a step built with error feedback:
-  the step gives it its own zeros (layout included) and runs as from init."""
+  the step gives it its own zeros (layout included: two_shot's 1/N chunk)
+  and runs as from init."""
   if kind == "jit":
-    step = make_step(8)
+    step = make_step(8, algorithm)
   else:
-    step = dp.make_pmap_train_step(loss_fn, optax.sgd(1.0), donate=False, grad_reduce="ring",
-                                   comm_dtype="int8", error_feedback=True)
+    step = dp.make_pmap_train_step(loss_fn, optax.sgd(1.0), donate=False,
+                                   grad_reduce=algorithm, comm_dtype="int8",
+                                   error_feedback=True)
   fresh = step.init(zero_params())
   a, _ = step(fresh, batch(0))
   b, _ = step(fresh.replace(grad_residual=None), batch(0))
   jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), a, b)
   assert b.grad_residual.hop["w"].sharding == a.grad_residual.hop["w"].sharding
+  assert b.grad_residual.hop["w"].shape == a.grad_residual.hop["w"].shape
   assert np.abs(np.asarray(b.grad_residual.hop["w"])).max() > 0
   if kind == "jit":
     with pytest.raises(ValueError, match=r"lower and compile need state.grad_residual"):
