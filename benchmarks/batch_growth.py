@@ -81,7 +81,8 @@ CALIBRATIONS = (2, 4)
 #: The smoothing and stretch grid (item 7): decay per start batch (d) and
 #: stretch in start batches (h); ``adaptive_d0.95_h4`` is the first default.
 SMOOTHING = ("adaptive_d0.95_h4", "adaptive_d0.99_h4", "adaptive_d0.95_h32",
-             "adaptive_d0.99_h32", "adaptive_d0.99_h64")
+             "adaptive_d0.99_h32", "adaptive_d0.99_h64", "adaptive_d0.99_h32_m8",
+             "adaptive_d0.95_h4_m8")
 CALIBRATED = (*(f"adaptive_c{c}" for c in CALIBRATIONS), *SMOOTHING)
 ADAPTIVE_VARIANTS = (*VARIANTS, *CALIBRATED)
 NEW_METHODS = ("adaptive", *DOUBLING, *LINEAR, *ADAPTIVE_VARIANTS)
@@ -100,7 +101,8 @@ LABELS = {
     **{f"adaptive_c{c}": f"adaptive, calibration {c} (B_crit = {c}·B_simple)"
        for c in CALIBRATIONS},
     **{m: "adaptive, decay {} per start batch, stretch {} start batches".format(
-        *(t[1:] for t in m.split("_")[1:])) for m in SMOOTHING},
+        *(t[1:] for t in m.split("_")[1:3])) + (", 8 rows per microbatch" if "_m8" in m
+                                                 else "") for m in SMOOTHING},
     **{f"doubling_{f}": f"doubling ramp over {f:.0%} of the examples"
        for f in RAMP_FRACTIONS},
     **{f"ramp_{f}": f"linear (NeMo) ramp over {f:.0%} of the examples"
@@ -155,23 +157,26 @@ def schedule_for(method: str, b0: int, total_examples: int, cfg: dict,
 #: schedule's calibration (c), threshold (t), guard margin (g) and stretch
 #: in start batches (h), and the statistics' decay per start batch (d).
 _OPTION_CODES = {"c": "calibration", "t": "threshold", "g": "guard_margin",
-                 "h": "hold_examples", "d": "grad_stats_decay"}
+                 "h": "hold_examples", "d": "grad_stats_decay", "m": "max_rows_per_device"}
 
 
-def adaptive_options(method: str, start: int) -> tuple[dict, float | None]:
-  """(the schedule's keywords, the step's grad_stats_decay) of an adaptive row."""
-  options, decay = {}, None
+def adaptive_options(method: str, start: int) -> tuple[dict, dict]:
+  """(the schedule's keywords, the step's keywords) of an adaptive row: the
+  step's are `grad_stats_decay` and `max_rows_per_device` (``m8``: 8 rows
+  per device, so a step keeps ``B / 8`` partial gradients, as accumulation
+  did before rows first)."""
+  options, step = {}, {}
   for token in method.split("_")[1:]:
     if token in ("linear", "sqrt", "gain") or token[0] not in _OPTION_CODES:
       continue
     name, value = _OPTION_CODES[token[0]], float(token[1:])
-    if name == "grad_stats_decay":
-      decay = value
+    if name in ("grad_stats_decay", "max_rows_per_device"):
+      step[name] = int(value) if name == "max_rows_per_device" else value
     elif name == "hold_examples":
       options[name] = int(value * start)
     else:
       options[name] = value
-  return options, decay
+  return options, step
 
 
 def lr_rule(base: date_optax.Baseline) -> str:
@@ -184,7 +189,7 @@ def lr_rule(base: date_optax.Baseline) -> str:
 
 def train_growing(task, data: dict, base: date_optax.Baseline, sched, seed: int,
                   devices: int | None = None, rule: str | None = None,
-                  grad_stats_decay: float | None = None) -> dict:
+                  step_options: dict | None = None) -> dict:
   """Trains `epochs · n` examples through the growing step; the curve per step."""
   tx = date_optax.date(base, sched.max_batch, batch_schedule=sched,
                        lr_scaling=rule or lr_rule(base))
@@ -197,7 +202,7 @@ def train_growing(task, data: dict, base: date_optax.Baseline, sched, seed: int,
   loss_fn = oracle.classifier_loss(model)
   mesh = dp.data_mesh(devices)
   step = dp.make_train_step(loss_fn, tx, mesh, grad_stats=True, batch_schedule=sched,
-                            grad_stats_decay=grad_stats_decay)
+                            **(step_options or {}))
   state = step.init(params, model_state=bstats)
   src = dp.ArraySource({"x": x_train, "y": y_train.astype(np.int32)})
   batches = dp.GrowingBatches(iter(dp.data_loader(src, sched.chunk_size, seed=seed)),
@@ -252,7 +257,7 @@ def run_study(args) -> int:
     sched = schedule_for(method, BERT.batch_size, total, cfg)
     try:
       rec = bert.train_growing(sched, seed, "linear" if method == "adaptive_linear" else "sqrt",
-                               grad_stats_decay=adaptive_options(method, BERT.batch_size)[1])
+                               **adaptive_options(method, BERT.batch_size)[1])
     except Exception as e:  # noqa: BLE001 - a failed cell must not end the study
       print(f"FAILED {bert.NAME} seed={seed} {method}: {e!r}", flush=True)
       return None
@@ -293,8 +298,8 @@ def run_study(args) -> int:
                              cfg, start=first)
         rule = {"adaptive_linear": "linear", "adaptive_sqrt": "sqrt",
                 "adaptive_gain": "gain"}.get(method)
-        decay = adaptive_options(method, first)[1] if method.startswith("adaptive") else None
-        rec = train_growing(task, data, base, sched, seed, devices, rule, decay)
+        options = adaptive_options(method, first)[1] if method.startswith("adaptive") else {}
+        rec = train_growing(task, data, base, sched, seed, devices, rule, options)
     except Exception as e:  # noqa: BLE001 - a failed cell must not end the study
       print(f"FAILED {task.name} seed={seed} {method}: {e!r}", flush=True)
       return None

@@ -109,7 +109,8 @@ def read_rows(path: str, scale: int) -> list[dict]:
 
 def train_growing(sched: date_optax.BatchSchedule, seed: int, rule: str = "sqrt",
                   num_train_tokens: int | None = None, eval_sequences: int | None = None,
-                  grad_stats_decay: float | None = None) -> dict:
+                  grad_stats_decay: float | None = None,
+                  max_rows_per_device: int | None = None) -> dict:
   """Trains the study's 64,000 sequences (or `num_train_tokens / 32`) with a
   growing batch; the eval MLM loss on the held-out windows (or the first
   `eval_sequences`)."""
@@ -133,7 +134,8 @@ def train_growing(sched: date_optax.BatchSchedule, seed: int, rule: str = "sqrt"
                           batch)
 
   step = dp.make_train_step(loss_fn, tx, mesh, has_aux=True, grad_stats=True,
-                            batch_schedule=sched, grad_stats_decay=grad_stats_decay)
+                            batch_schedule=sched, grad_stats_decay=grad_stats_decay,
+                            max_rows_per_device=max_rows_per_device)
   tokens = jnp.zeros((1, cfg.seq_len), jnp.int32)
   params = model.init(jax.random.key(seed), tokens, train=False)["params"]
   params = train.init_output_bias(cfg, params, vocab)
