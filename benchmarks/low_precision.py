@@ -46,9 +46,17 @@ residual, shown as "worker (earlier)" and no longer run.
 (alternating payloads, median of rounds) and the bytes the busiest link
 carries per step (`date_optax.parallel.allreduce_cost` on the step's
 per-device gradient bytes), and writes `low_precision_step_time.md`.
+`--algorithm two_shot` runs the low-bit rows with another reduction
+(`ring`, `torus` or `two_shot`, 1-bit Adam's compressed reduce-scatter) in
+place of the task's own (ring, or the 2x4 torus for cnn_gbn);
+`--algorithm own,two_shot` runs both. float32, the exact reference, always
+runs the task's own. `--extras-only` runs float32 and the `--extras` rows
+alone (no APS on/off rows). The tables show each overriding row (all-reduce
+column) next to the task's own row of the same payload, where logged.
 Finished runs go to a JSON-lines log and are reused when the script is run
 again with the same log (a run's key names its rounding only when it is
-stochastic, so the round-to-nearest runs logged before stay valid).
+stochastic, and its algorithm only when it overrides the task's own, so
+the runs logged before stay valid).
 
 Usage:
   python benchmarks/low_precision.py                   # full study (~30 min)
@@ -56,6 +64,8 @@ Usage:
   python benchmarks/low_precision.py --long --tasks lstm_date --seeds 0
   python benchmarks/low_precision.py --long --no-train   # table + plot from the log
   python benchmarks/low_precision.py --step-time --tasks lstm_lamb,bert_sharded
+  python benchmarks/low_precision.py --formats float32,int4,float4_e2m1fn \
+      --extras block_ef --algorithm own,two_shot --tasks lstm_date,cnn_gbn
 """
 
 from __future__ import annotations
@@ -127,6 +137,8 @@ EXTRAS = {"block": (False, 32, False), "block_ef": (False, 32, True),
           "aps_ef": (True, None, True)}  # name -> (APS, block size, EF)
 BLOCK = 32
 ROUNDINGS = ("nearest", "stochastic")
+#: Reductions `--algorithm` may put in place of a task's own ("own").
+ALGORITHMS = ("ring", "torus", "two_shot")
 _BITS = {"float32": 32, "bfloat16": 16}  # the others have at most 8
 
 
@@ -137,14 +149,27 @@ def _setup_devices() -> None:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
 
 
-def _variants(formats, roundings=("nearest",), extras=(),
-              variants=None) -> list[tuple[str, bool, str, int | None, bool]]:
-  """(format, APS, rounding, block size, error feedback) of each row.
+def _own(task: str) -> str:
+  """The reduction a task runs unless `--algorithm` overrides it."""
+  return "torus" if task == "cnn_gbn" else "ring"
+
+
+def _variants(formats, roundings=("nearest",), extras=(), variants=None,
+              algorithms=(None,)) -> list[tuple[str, bool, str, int | None, bool, str | None]]:
+  """(format, APS, rounding, block size, error feedback, algorithm) of each row.
 
   Stochastic rounding runs with APS; it and the `extras` (block scaling,
   error feedback) apply to the formats of at most 8 bits. `variants` given
-  explicitly replaces the product.
+  explicitly replaces the product. `algorithms`: None is the task's own
+  reduction, a name overrides it for the low-bit rows (float32 runs once,
+  with the task's own); each row is followed by its overrides.
   """
+  rows = _payloads(formats, roundings, extras, variants)
+  return [(*v, a) for v in rows
+          for a in ((None,) if v[0] == "float32" else algorithms)]
+
+
+def _payloads(formats, roundings, extras, variants):
   if variants is not None:
     return [tuple(v) for v in variants if v[0] in formats]
   out = []
@@ -152,7 +177,7 @@ def _variants(formats, roundings=("nearest",), extras=(),
     if f == "float32":
       out.append((f, False, "nearest", None, False))
       continue
-    if "nearest" in roundings:
+    if "nearest" in roundings:  # `--extras-only`: no roundings, no APS on/off rows
       out += [(f, True, "nearest", None, False), (f, False, "nearest", None, False)]
     if "stochastic" in roundings and _BITS.get(f, 8) <= 8:
       out.append((f, True, "stochastic", None, False))
@@ -161,13 +186,15 @@ def _variants(formats, roundings=("nearest",), extras=(),
   return out
 
 
-def _ident(task, fmt, aps, rounding, block, ef, seed, cfg) -> str:
-  # The key names rounding, block size and error feedback only when they are
-  # not the defaults, so the runs logged before these options stay valid;
-  # "ef=1" is the earlier one-stage rule, "ef=2" the complete one.
+def _ident(task, fmt, aps, rounding, block, ef, seed, cfg, alg=None) -> str:
+  # The key names rounding, block size, error feedback and the algorithm only
+  # when they are not the defaults, so the runs logged before these options
+  # stay valid; "ef=1" is the earlier one-stage rule, "ef=2" the complete one;
+  # `alg` None is the task's own reduction.
   sr = "|rounding=stochastic" if rounding == "stochastic" else ""
   sr += f"|block={block}" if block else ""
   sr += "|ef=1" if ef == "worker" else "|ef=2" if ef else ""
+  sr += f"|alg={alg}" if alg else ""
   return (f"{task}|{fmt}|aps={int(aps)}{sr}|seed={seed}|n={cfg['num_train']}"
           f"|E={cfg['epochs']}")
 
@@ -183,10 +210,10 @@ def _ef(rec: dict):
   return True if rec.get("ef_stages", 1) == 2 else "worker"
 
 
-def _match(rec: dict, task, fmt, aps, rounding, block, ef) -> bool:
+def _match(rec: dict, task, fmt, aps, rounding, block, ef, alg=None) -> bool:
   return (rec["task"] == task and rec["fmt"] == fmt and rec["aps"] == aps
           and _rounding(rec) == rounding and rec.get("block_size") == block
-          and _ef(rec) == ef)
+          and _ef(rec) == ef and rec.get("algorithm") == alg)
 
 
 def _optimizer(task: str, cfg: dict, batch: int):
@@ -230,20 +257,20 @@ def _sharded_flags() -> list[str]:
 
 
 def _bert_fields(fmt: str, aps: bool, rounding: str, block: int | None, ef,
-                 steps: int) -> dict:
+                 steps: int, alg: str | None = None) -> dict:
   """The BERT run's config overrides (dotted names) for one payload and `steps`."""
   low = fmt != "float32"
   return dict(
       **BERT, num_train_tokens=steps * BERT["batch_size"] * BERT["seq_len"],
       optimizer="lamb", lr_scaling="sqrt", warmup_scaling="linear", grad_stats=False,
-      **{"grad_sync.algorithm": "ring", "grad_sync.comm_dtype": fmt,
+      **{"grad_sync.algorithm": alg or "ring", "grad_sync.comm_dtype": fmt,
          "grad_sync.aps": ("on" if aps else "off") if low else "auto",
          "grad_sync.rounding": rounding,
          "grad_sync.block_size": block or 0, "grad_sync.error_feedback": bool(ef)})
 
 
 def train_bert(fmt: str, aps: bool, rounding: str, block: int | None, ef: bool,
-               seed: int, cfg: dict, sharded: bool = False) -> dict:
+               seed: int, cfg: dict, sharded: bool = False, alg: str | None = None) -> dict:
   """One run of examples/bert_lamb's command line, as many steps as the MNIST tasks.
 
   `sharded`: on the (4, 2) ("data", "model") mesh with the kernels split
@@ -254,7 +281,7 @@ def train_bert(fmt: str, aps: bool, rounding: str, block: int | None, ef: bool,
   import bert_scaling
 
   steps = cfg["epochs"] * (cfg["num_train"] // (B0 * SCALE))
-  fields = dict(_bert_fields(fmt, aps, rounding, block, ef, steps), seed=seed,
+  fields = dict(_bert_fields(fmt, aps, rounding, block, ef, steps, alg), seed=seed,
                 log_every_steps=max(1, steps // 64))
   start = time.perf_counter()
   flags = [f"--config.{k}={v}" for k, v in fields.items()]
@@ -265,7 +292,7 @@ def train_bert(fmt: str, aps: bool, rounding: str, block: int | None, ef: bool,
 
 
 def _mnist_step(task: str, fmt: str, aps: bool, rounding: str, block: int | None, ef,
-                seed: int, data, cfg: dict):
+                seed: int, data, cfg: dict, alg: str | None = None):
   """(model, step, initial state) of an MNIST-1D task through make_train_step."""
   import jax
   import jax.numpy as jnp
@@ -292,7 +319,7 @@ def _mnist_step(task: str, fmt: str, aps: bool, rounding: str, block: int | None
   mesh = dp.torus_mesh(2, 4) if cnn else dp.data_mesh()
   step = dp.make_train_step(
       loss_fn, _optimizer(task, cfg, B0 * SCALE), mesh,
-      grad_reduce="torus" if cnn else "ring",
+      grad_reduce=alg or _own(task),
       comm_dtype=None if fmt == "float32" else fmt,
       aps=None if fmt == "float32" else aps, rounding=rounding,
       block_size=None if fmt == "float32" else block,
@@ -301,17 +328,20 @@ def _mnist_step(task: str, fmt: str, aps: bool, rounding: str, block: int | None
 
 
 def train_one(task: str, fmt: str, aps: bool, rounding: str, block: int | None, ef: bool,
-              seed: int, data, cfg: dict) -> dict:
-  """One training run through make_train_step; final test accuracy etc."""
+              seed: int, data, cfg: dict, alg: str | None = None) -> dict:
+  """One training run through make_train_step; final test accuracy etc.
+
+  `alg`: the reduction in place of the task's own (None: its own).
+  """
   if task in BERT_TASKS:
-    return train_bert(fmt, aps, rounding, block, ef, seed, cfg, task == "bert_sharded")
+    return train_bert(fmt, aps, rounding, block, ef, seed, cfg, task == "bert_sharded", alg)
   import jax
   import jax.numpy as jnp
   import numpy as np
 
   batch = B0 * SCALE
   cnn = task == "cnn_gbn"
-  model, step, state = _mnist_step(task, fmt, aps, rounding, block, ef, seed, data, cfg)
+  model, step, state = _mnist_step(task, fmt, aps, rounding, block, ef, seed, data, cfg, alg)
 
   @jax.jit
   def predict(p, st, x):
@@ -344,7 +374,8 @@ def train_one(task: str, fmt: str, aps: bool, rounding: str, block: int | None, 
               finite=all(math.isfinite(v) for v in losses))
 
 
-def _bert_step(sharded: bool, fmt: str, aps: bool, rounding: str, block: int | None, ef):
+def _bert_step(sharded: bool, fmt: str, aps: bool, rounding: str, block: int | None, ef,
+               alg: str | None = None):
   """(step, initial state, one batch) of the BERT task, built as the example builds it."""
   import jax
   import jax.numpy as jnp
@@ -356,7 +387,7 @@ def _bert_step(sharded: bool, fmt: str, aps: bool, rounding: str, block: int | N
   from examples.bert_lamb.configs import default, scaling
 
   config = scaling.get_config()
-  for key, value in _bert_fields(fmt, aps, rounding, block, ef, 512).items():
+  for key, value in _bert_fields(fmt, aps, rounding, block, ef, 512, alg).items():
     *path, name = key.split(".")
     node = config
     for part in path:
@@ -400,13 +431,14 @@ def step_times(tasks, rows, data, cfg, rounds: int = 5, steps: int = 8) -> list[
   out = []
   for task in tasks:
     builds = {}
-    for fmt, aps, rounding, block, ef in rows:
+    for fmt, aps, rounding, block, ef, alg in rows:
       if ef == "worker":
         continue
       if task in BERT_TASKS:
-        step, state, batch = _bert_step(task == "bert_sharded", fmt, aps, rounding, block, ef)
+        step, state, batch = _bert_step(task == "bert_sharded", fmt, aps, rounding, block, ef,
+                                        alg)
       else:
-        _, step, state = _mnist_step(task, fmt, aps, rounding, block, ef, 0, data, cfg)
+        _, step, state = _mnist_step(task, fmt, aps, rounding, block, ef, 0, data, cfg, alg)
         batch = {"x": data.x_train[: B0 * SCALE], "y": data.y_train[: B0 * SCALE]}
       for _ in range(2):
         state, m = step(state, batch)
@@ -415,7 +447,7 @@ def step_times(tasks, rows, data, cfg, rounds: int = 5, steps: int = 8) -> list[
       # rounding, scales and residual updates add to the float32 step.
       mem = step.lower(state, batch).compile().memory_analysis()
       temp = getattr(mem, "temp_size_in_bytes", float("nan"))
-      builds[(fmt, aps, rounding, block, ef)] = [step, state, batch, [], temp]
+      builds[(fmt, aps, rounding, block, ef, alg)] = [step, state, batch, [], temp]
     for _ in range(rounds):
       for entry in builds.values():
         step, state, batch, times, _ = entry
@@ -425,19 +457,20 @@ def step_times(tasks, rows, data, cfg, rounds: int = 5, steps: int = 8) -> list[
         jax.block_until_ready(m)
         times.append(1e3 * (time.perf_counter() - start) / steps)
         entry[1] = state
-    for (fmt, aps, rounding, block, ef), (step, state, _, times, temp) in builds.items():
+    for (fmt, aps, rounding, block, ef, over), (step, state, _, times, temp) in builds.items():
       leaves = jax.tree.leaves(state.params)
       # Gradient bytes per device: float32, one model shard of every leaf.
       nbytes = 4 * sum(x.addressable_shards[0].data.size for x in leaves)
       replicas = math.prod(step.mesh.shape[a] for a in step.data_axes)
-      alg = "torus" if task == "cnn_gbn" else "ring"
+      alg = over or _own(task)
       low = fmt != "float32"
       cost = dp.allreduce_cost(
           alg, (2, 4) if alg == "torus" else replicas, nbytes, alpha=0.0, beta=0.0,
           comm_dtype=fmt if low else None, block_size=block if low else None,
           aps=low and aps, layers=len(leaves))
       out.append(dict(task=task, fmt=fmt, aps=aps, rounding=rounding, block_size=block,
-                      error_feedback=bool(ef), replicas=replicas, grad_bytes=nbytes,
+                      error_feedback=bool(ef), **({"algorithm": over} if over else {}),
+                      replicas=replicas, grad_bytes=nbytes,
                       link_bytes=cost.bytes_per_link, temp_bytes=temp,
                       residual_bytes=sum(x.addressable_shards[0].data.nbytes for x in
                                          jax.tree.leaves(state.grad_residual)),
@@ -469,7 +502,8 @@ def step_time_markdown(recs: list[dict], argv) -> str:
     for r in sel:
       low = r["fmt"] != "float32"
       lines.append(
-          f"| {task} ({r['replicas']} replicas) | {SHORT[r['fmt']]} "
+          f"| {task} ({r['replicas']} replicas) | {SHORT[r['fmt']]}"
+          f"{' (' + r['algorithm'] + ')' if r.get('algorithm') else ''} "
           f"| {('on' if r['aps'] else 'off') if low else '—'} "
           f"| {(r['block_size'] or 'off') if low else '—'} "
           f"| {EF_LABELS[r['error_feedback']] if low else '—'} "
@@ -481,9 +515,13 @@ def step_time_markdown(recs: list[dict], argv) -> str:
   return "\n".join(lines)
 
 
-def _rows(cfg):
+def _rows(cfg, report: bool = False):
+  """The rows `cfg` runs; `report`: also the task's own beside each override."""
+  algs = cfg.get("algorithms", (None,))
+  if report:
+    algs = tuple(dict.fromkeys((None, *algs)))
   return _variants(cfg["formats"], cfg["roundings"], cfg.get("extras", ()),
-                   cfg.get("variants"))
+                   cfg.get("variants"), algs)
 
 
 def run(cfg: dict, out: str, tasks, name: str = "low_precision",
@@ -500,25 +538,27 @@ def run(cfg: dict, out: str, tasks, name: str = "low_precision",
   data = input_pipeline.load_mnist1d(
       cfg["num_train"], cfg["num_test"], seed=0,
       cache_dir=_paths.MNIST1D_CACHE)
-  todo = [(t, f, a, r, b, e, s) for s in cfg["seeds"] for t in tasks
-          for f, a, r, b, e in _rows(cfg)]
+  todo = [(t, f, a, r, b, e, g, s) for s in cfg["seeds"] for t in tasks
+          for f, a, r, b, e, g in _rows(cfg)]
   from tqdm import tqdm
 
-  for task, fmt, aps, rounding, block, ef, seed in tqdm(todo, desc="runs"):
-    ident = _ident(task, fmt, aps, rounding, block, ef, seed, cfg)
+  for task, fmt, aps, rounding, block, ef, alg, seed in tqdm(todo, desc="runs"):
+    ident = _ident(task, fmt, aps, rounding, block, ef, seed, cfg, alg)
     if ident in done or not train or ef == "worker":  # the earlier rule: logged only
       continue
     rec = dict(task=task, fmt=fmt, aps=aps, seed=seed,
                **({"rounding": rounding} if rounding != "nearest" else {}),
                **({"block_size": block} if block else {}),
                **({"error_feedback": True, "ef_stages": 2} if ef else {}),
-               **train_one(task, fmt, aps, rounding, block, ef, seed, data, cfg))
+               **({"algorithm": alg} if alg else {}),
+               **train_one(task, fmt, aps, rounding, block, ef, seed, data, cfg, alg))
     _runlog.log_run(log, done, ident, rec)
     tqdm.write(f"{task:10s} {fmt:14s} aps={int(aps)} {rounding} block={block} "
-               f"ef={int(ef)} seed={seed}: "
+               f"ef={int(ef)} {alg or _own(task)} seed={seed}: "
                f"{rec['accuracy']:.2f}% skipped {rec['skipped']} ({rec['wall']:.0f} s)")
+  shown = [(t, *row, s) for s in cfg["seeds"] for t in tasks for row in _rows(cfg, True)]
   return {k: v for k, v in done.items()
-          if k in {_ident(*c, cfg) for c in todo}}
+          if k in {_ident(*c[:6], c[7], cfg, c[6]) for c in shown}}
 
 
 def _cell(recs) -> tuple[float, list[float]]:
@@ -553,16 +593,27 @@ def markdown(done: dict, cfg: dict, tasks, elapsed: float, argv) -> str:
         "accuracy is the masked-byte accuracy (%) over every held-out window, eval loss "
         "the mean cross-entropy per masked byte (lower is better; in brackets its "
         "change against float32 on the same seeds).", ""]
+  # An all-reduce column where `--algorithm` adds rows beside the tasks' own.
+  algs = any(a is not None for a in cfg.get("algorithms", (None,)))
+  if algs:
+    lines += [
+        "all-reduce: the task's own reduction (ring; 2x4 torus for cnn_gbn) or the one "
+        "`--algorithm` put in its place for the low-bit payload (two_shot: 1-bit Adam's "
+        "compressed reduce-scatter, one all-to-all, a float32 sum at the owner and one "
+        "all-gather, two roundings per element); float32 always runs the task's own.", ""]
   for task in tasks:
     # The BERT task also reports its held-out MLM loss (lower is better).
     has_loss = any("eval_loss" in r for r in recs if r["task"] == task)
     lines += [f"**{TASK_LABELS[task]}**", "",
-              "| payload | APS | block | EF | rounding | accuracy | Δ vs fp32 |"
+              "| payload |" + (" all-reduce |" if algs else "")
+              + " APS | block | EF | rounding | accuracy | Δ vs fp32 |"
               + (" eval loss |" if has_loss else "") + " skip |",
-              "|---|---|---|---|---|---:|---:|" + ("---:|" if has_loss else "") + "---:|"]
-    base = {r["seed"]: r for r in recs if r["task"] == task and r["fmt"] == "float32"}
-    for fmt, aps, rounding, block, ef in _rows(cfg):
-      sel = [r for r in recs if _match(r, task, fmt, aps, rounding, block, ef)]
+              "|---|" + ("---|" if algs else "") + "---|---|---|---|---:|---:|"
+              + ("---:|" if has_loss else "") + "---:|"]
+    base = {r["seed"]: r for r in recs if r["task"] == task and r["fmt"] == "float32"
+            and r.get("algorithm") is None}
+    for fmt, aps, rounding, block, ef, alg in _rows(cfg, True):
+      sel = [r for r in recs if _match(r, task, fmt, aps, rounding, block, ef, alg)]
       if not sel:
         continue
       mean, accs = _cell(sel)
@@ -586,8 +637,9 @@ def markdown(done: dict, cfg: dict, tasks, elapsed: float, argv) -> str:
           rel = [r["eval_loss"] / b["eval_loss"] - 1.0 for r, b in pairs]
           loss += f" ({100 * sum(rel) / len(rel):+.2f} %)"
         loss += " |"
+      glabel = f" {alg or _own(task)} |" if algs else ""
       lines.append(
-          f"| {SHORT[fmt]} | {label} | {blabel} | {elabel} | {rlabel} | {mean:.2f} "
+          f"| {SHORT[fmt]} |{glabel} {label} | {blabel} | {elabel} | {rlabel} | {mean:.2f} "
           f"({', '.join(f'{a:.2f}' for a in accs)}) | {delta} |{loss}"
           f" {sum(r['skipped'] for r in sel)} |")
     lines.append("")
@@ -605,7 +657,7 @@ def plot(done: dict, cfg: dict, tasks, path: str) -> None:
   fig, axes = plt.subplots(1, len(tasks), figsize=(max(6.0, 4.2 * len(tasks)), 3.6), squeeze=False)
   for ax, task in zip(axes[0], tasks, strict=True):
     shown = []
-    series = (
+    payloads = (
         (True, "nearest", None, False, "tab:blue", "APS on"),
         (True, "stochastic", None, False, "tab:green", "APS on, stochastic rounding"),
         (False, "nearest", None, False, "tab:red", "APS off"),
@@ -614,24 +666,33 @@ def plot(done: dict, cfg: dict, tasks, path: str) -> None:
         (False, "nearest", BLOCK, True, "tab:purple", f"block {BLOCK} + EF"),
         (True, "nearest", None, "worker", "tab:olive", "APS + EF, earlier rule"),
         (True, "nearest", None, True, "tab:cyan", "APS + EF"))
-    rows = set(_rows(cfg))
-    series = [v for v in series if any(r[1:] == v[:4] for r in rows if r[0] != "float32")]
-    for k, (aps, rounding, block, ef, color, label) in enumerate(series):
+    # An `--algorithm` override's rows: the payload's colour, a marker of its own.
+    rows = set(_rows(cfg, True))
+    markers = dict(zip(sorted({r[5] for r in rows}, key=lambda a: (a is not None, str(a))),
+                       "o^sD", strict=False))  # the task's own: circles
+    series = [(*v[:4], alg, v[4], markers[alg],
+               v[5] + (f", {alg}" if alg else "")) for alg in markers for v in payloads]
+    # The series with a row to run and a run logged (on any task: one legend).
+    series = [v for v in series if any(r[1:] == v[:5] for r in rows if r[0] != "float32")
+              and any(_match(r, r["task"], r["fmt"], *v[:5]) for r in recs
+                      if r["task"] in tasks and r["fmt"] != "float32")]
+    for k, (aps, rounding, block, ef, alg, color, marker, label) in enumerate(series):
       off = 0.6 * (k - (len(series) - 1) / 2) / max(1, len(series))
       xs, ys = [], []
       for i, fmt in enumerate(fmts):
         if fmt == "float32":
           continue
         for r in recs:
-          if _match(r, task, fmt, aps, rounding, block, ef):
+          if _match(r, task, fmt, aps, rounding, block, ef, alg):
             xs.append(i + off)
             ys.append(r["accuracy"])
-      ax.scatter(xs, ys, color=color, s=18, label=label)
+      ax.scatter(xs, ys, color=color, marker=marker, s=18, label=label)
       shown += ys
-    fp32 = [r["accuracy"] for r in recs if r["task"] == task and r["fmt"] == "float32"]
+    fp32 = [r["accuracy"] for r in recs if r["task"] == task and r["fmt"] == "float32"
+            and r.get("algorithm") is None]
     ax.scatter([fmts.index("float32")] * len(fp32), fp32, color="black", s=18,
                label="float32 (exact)")
-    base = [r["accuracy"] for r in recs if r["task"] == task and r["fmt"] == "float32"]
+    base = fp32
     if base:
       ax.axhline(sum(base) / len(base), color="gray", lw=0.8, ls="--")
     ax.set_xticks(range(len(fmts)), [SHORT[f] for f in fmts], rotation=30, fontsize=8)
@@ -675,6 +736,12 @@ def main(argv=None) -> int:
                            "low_precision_step_time.md")
   parser.add_argument("--rounding", default=None,
                       help=f"comma-separated, from {ROUNDINGS} (default nearest)")
+  parser.add_argument("--extras-only", action="store_true",
+                      help="run only float32 and the --extras rows (no APS on/off rows)")
+  parser.add_argument("--algorithm", default=None,
+                      help="comma-separated reductions for the low-bit rows: 'own' (the "
+                           f"task's own, the default) and/or some of {ALGORITHMS}, which "
+                           "override it (float32 always runs the task's own)")
   args = parser.parse_args(argv)
   _setup_devices()
   if args.quick and args.long:
@@ -696,6 +763,14 @@ def main(argv=None) -> int:
     cfg["roundings"] = tuple(args.rounding.split(","))
     if any(r not in ROUNDINGS for r in cfg["roundings"]):
       parser.error(f"--rounding must name some of {ROUNDINGS}, got {args.rounding}")
+  if args.extras_only:
+    cfg["roundings"] = ()
+  if args.algorithm is not None:
+    names = [a for a in args.algorithm.split(",") if a]
+    if not names or any(a != "own" and a not in ALGORITHMS for a in names):
+      parser.error(f"--algorithm must name 'own' and/or some of {ALGORITHMS}, "
+                   f"got {args.algorithm}")
+    cfg["algorithms"] = tuple(dict.fromkeys(None if a == "own" else a for a in names))
   tasks = tuple(args.tasks.split(",")) if args.tasks else (
       TASKS if args.long else MNIST_TASKS)
   unknown = [t for t in tasks if t not in TASKS]
