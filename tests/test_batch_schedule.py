@@ -338,7 +338,8 @@ def test_resume_is_exact(tmp_path, kind):
   elif kind == "doubling":
     sched, stats = BatchSchedule.doubling(16, 300, max_batch=128), False
   else:
-    sched = BatchSchedule.adaptive(16, max_batch=128, min_steps=3, lag=2, threshold=0.05)
+    sched = BatchSchedule.adaptive(16, max_batch=128, min_steps=3, lag=2, threshold=0.05,
+                                   hold_examples=32)
     stats = True
   build = lambda s=sched: dp.make_train_step(_loss, optax.sgd(0.05), dp.data_mesh(),
                                              batch_schedule=s, grad_stats=stats)
@@ -381,7 +382,7 @@ def test_adaptive_step_follows_reference():
     noise.append(float(m["grad_noise_scale"]))
     losses.append(float(m["loss"]))
   want = adaptive_reference(noise, start=16, max_batch=128, factor=2, threshold=0.05,
-                            min_steps=4, lag=2, calibration=1.0, hold_examples=64,
+                            min_steps=4, lag=2, calibration=1.0, hold_examples=512,
                             guard_margin=0.1, losses=np.asarray(losses), decay=0.99)
   assert sizes == want
   assert step.traces == len(set(sizes)) <= len(sched.batch_sizes)
@@ -1003,11 +1004,14 @@ def _mean_loss(params, batch):
 def _growth_steps(microbatches, steps=110):
   """The steps at which an adaptive run on the 8 devices changes its batch,
   with the same global batches split into 8 x `microbatches` gradients.
-  B_simple = d·σ²/|w − μ|² grows as (1 − η)^(−2t) until the noise floor."""
-  sched = BatchSchedule.adaptive(64, max_batch=64 * 16, min_steps=4, lag=1)
+  B_simple = d·σ²/|w − μ|² grows as (1 − η)^(−2t) until the noise floor.
+  The smoothing (0.95 per start batch) and the stretch (4 start batches)
+  are shorter than the defaults, so that a short run grows several times."""
+  sched = BatchSchedule.adaptive(64, max_batch=64 * 16, min_steps=4, lag=1,
+                                 hold_examples=4 * 64)
   step = dp.make_train_step(_mean_loss, optax.sgd(0.1), dp.data_mesh(),
                             microbatches=microbatches, batch_schedule=sched,
-                            grad_stats=True)
+                            grad_stats=True, grad_stats_decay=0.95)
   state, sizes = step.init({"w": np.zeros((256,), np.float32)}), []
   for i in range(steps):
     b = step.next_batch_size(state)

@@ -156,7 +156,7 @@ class BatchSchedule:
       > 0 (Merrill et al. found B_simple underestimates it under Adam).
     hold_examples: ``adaptive`` only: the examples over which the trigger
       must hold before the batch grows, in ``[0, 2**31 − 1]``; None:
-      ``4 · start`` (0 for the other kinds).
+      ``32 · start`` (0 for the other kinds).
     guard_margin: ``adaptive`` only: the runaway guard's margin, in
       ``[0, 1000]`` (kept to 1e-6), or ``math.inf`` to turn the guard off;
       None: 0.1 (0 for the other kinds).
@@ -379,7 +379,7 @@ class BatchSchedule:
         batch, > 0.
       hold_examples: the examples over which the trigger must hold without
         a break (a skipped step or the guard breaks it) before the batch
-        grows, in ``[0, 2**31 − 1]``; None: ``4 · start``. In examples, so
+        grows, in ``[0, 2**31 − 1]``; None: ``32 · start``. In examples, so
         the stretch does not depend on the number of devices.
       guard_margin: the runaway guard: growth holds while the loss's recent
         average exceeds ``(1 + guard_margin)`` times its long average; >= 0,

@@ -33,7 +33,7 @@ KINDS = ("fixed", "ramp", "adaptive", "doubling")
 
 #: An adaptive schedule's default stretch: the trigger must hold over this
 #: many times the start batch of examples.
-DEFAULT_HOLD_STARTS = 4
+DEFAULT_HOLD_STARTS = 32
 #: An adaptive schedule's default runaway-guard margin.
 DEFAULT_GUARD_MARGIN = 0.1
 

@@ -59,8 +59,8 @@ class GradStatsState(flax.struct.PyTreeNode):
 
 
 #: A growing batch's default smoothing: the decay per start batch of
-#: examples (a half-life of about 13.5 start batches), whatever the devices.
-SCHEDULE_DECAY = 0.95
+#: examples (a half-life of about 69 start batches), whatever the devices.
+SCHEDULE_DECAY = 0.99
 
 
 def default_decay(units: int) -> float:

@@ -260,7 +260,7 @@ def make_train_step(
       units, `max(1 - n/1000, 0) ** n` (0.938 for 8 units); with a
       `batch_schedule` per `start` examples (a step of batch B applies
       `decay ** (B / start)`: smoothing per example seen, the same for any
-      number of devices), where None means 0.95.
+      number of devices), where None means 0.99.
     grad_sync: a `GradSync` holding `grad_reduce`, `comm_dtype`, `aps`,
       `rounding`, `block_size`, `measured_shift` and `error_feedback` (and a
       torus `grid`); give it or those flat keywords.
