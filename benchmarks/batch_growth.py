@@ -396,6 +396,35 @@ def markdown(recs, tasks, cfg) -> str:
       else:
         q, d = f"{val:.2f} ({min(vals):.2f}–{max(vals):.2f})", f"{val - b0:+.2f}"
       lines.append(f"| {t.label} | {LABELS[m]} | {len(rs)} | {steps} | {q} | {d} | {wall:.0f} |")
+  grid = [r for r in recs.values() if r["key"]["task"] in {t.name for t in tasks}
+          and (r["key"]["method"].endswith("_v1") or r["key"]["method"] in CALIBRATED)]
+  if grid:
+    lines += [
+        "",
+        "The calibration grid (issue 48, item 7) and the rule before it (`_v1`: "
+        "smoothing per step, fixed at build, no stretch or guard, microbatches of "
+        "B0's rows), per seed:",
+        "",
+        "| task | row | seed | steps | quality | Δ vs B0 | final batch |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    labels = {t.name: t for t in tasks}
+    for r in sorted(grid, key=lambda r: (r["key"]["task"], r["key"]["method"],
+                                         r["key"]["seed"])):
+      t = labels[r["key"]["task"]]
+      metric = "loss" if t.data == "bert" else "accuracy"
+      base = _records(recs, t, "baseline", cfg)
+      b0 = float(np.mean([b[metric] for b in base])) if base else float("nan")
+      m = r["key"]["method"]
+      label = ("before the stretch, guard and smoothing per example" if m.endswith("_v1")
+               else LABELS.get(m, m))
+      d = (f"{100 * (r[metric] / b0 - 1):+.2f} %" if metric == "loss"
+           else f"{r[metric] - b0:+.2f}")
+      last = r["curve"][-1]["batch"] if r.get("curve") else ""
+      lines.append(f"| {t.label} | {label} | {r['key']['seed']} | {r['steps']} | "
+                   f"{r[metric]:.4f} | {d} | {last} |" if metric == "loss" else
+                   f"| {t.label} | {label} | {r['key']['seed']} | {r['steps']} | "
+                   f"{r[metric]:.2f} | {d} | {last} |")
   first = [r for r in recs.values() if r["key"]["method"].endswith("_v0")
            and r["key"]["task"] in {t.name for t in tasks}]
   if first:
