@@ -215,6 +215,7 @@ def test_output_bias_starts_at_the_log_unigram_prior(tmp_path):
     train.init_output_bias(config, params, vocab)
 
 
+@pytest.mark.slow  # ~100-200 s on 2 cores; make test-all runs it
 def test_bert_smoke_learns_past_the_unigram_entropy(tmp_path):
   """The smoke config, both stages: its eval MLM loss ends below the entropy
   of the held-out tokens' frequencies (no context-free predictor does better)."""
