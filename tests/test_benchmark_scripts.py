@@ -60,6 +60,32 @@ def test_bench_device_quick_writes_every_ratio(tmp_path):
   assert f"library source {res['source_digest']}" in md
 
 
+def test_growth_device_time_quick_compares_the_two_programs(tmp_path):
+  """`growth_device_time.py --quick` (~15 s, one CPU device): rows first runs one
+  microbatch of every batch, accumulation B/B0 of B0 rows, and both train alike."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, XLA_FLAGS="")
+  proc = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "benchmarks", "growth_device_time.py"), "--quick",
+       "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True,
+      timeout=600)
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+  res = json.load(open(tmp_path / "growth_device_time.json"))
+  assert res["device"]["devices"] == 1
+  first, acc = res["rows"]
+  assert (first["mode"], acc["mode"]) == ("rows first", "accumulation only")
+  for rows_first, accumulated in zip(first["programs"], acc["programs"], strict=True):
+    size = rows_first["global_batch"]
+    assert size == accumulated["global_batch"]
+    assert (rows_first["microbatches"], rows_first["rows_per_microbatch"]) == (1, size)
+    assert (accumulated["microbatches"], accumulated["rows_per_microbatch"]) == (size // 8, 8)
+    # The same batches and the same mean gradient: the two runs train alike.
+    np.testing.assert_allclose(rows_first["loss"], accumulated["loss"], rtol=1e-4)
+    assert rows_first["timed_steps"] >= 5 and rows_first["us_per_example"] > 0
+  assert [p["global_batch"] for p in first["programs"]] == [8, 32, 128]
+  md = open(tmp_path / "growth_device_time.md").read()
+  assert md.count("\n| 8 | ") == 1 and "| 128 | " in md
+
+
 @pytest.mark.slow
 def test_batch_scaling_quick_tiny_and_resume(tmp_path):
   bench = load_benchmark("batch_scaling")
