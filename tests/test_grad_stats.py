@@ -434,9 +434,16 @@ def test_date_gain_clock_runs_the_baseline_schedule_on_the_gain_clock():
     date_optax.date(base, 64, lr_scaling="gain", gain_clock="epochs")
 
 
-@pytest.mark.parametrize("options", [{"shard_update": True}, {"grad_reduce": "ring"},
-                                     {"comm_dtype": "bfloat16"}])
+@pytest.mark.parametrize("options", [
+    {"shard_update": True}, {"grad_reduce": "ring"}, {"comm_dtype": "bfloat16"},
+    {"comm_dtype": "int8"}, {"grad_reduce": "ring", "comm_dtype": "int4",
+                             "error_feedback": True},
+    {"grad_reduce": "two_shot", "comm_dtype": "int4", "shard_update": True}])
 def test_statistics_agree_across_step_options(options):
+  # The parameter is one vector, whose random-sign sketch has the vector's
+  # own norm: under a lossy payload the statistics are then exactly those
+  # of the uncompressed gradients (before, the compressed mean's rounding
+  # entered S_B).
   rng = np.random.default_rng(9)
   x = rng.normal(size=(64, D)).astype(np.float32)
   y = (x @ np.ones(D) + rng.normal(size=64)).astype(np.float32)
@@ -445,9 +452,89 @@ def test_statistics_agree_across_step_options(options):
     step = dp.make_train_step(_lsq, optax.sgd(0.1), dp.data_mesh(), grad_stats=True, **kw)
     _, m = step(step.init({"w": np.zeros(D, np.float32)}), {"x": x, "y": y})
     ms.append(m)
-  rtol = 2e-2 if "comm_dtype" in options else 1e-5  # bf16 rounding of the mean
   for k in ("grad_noise_scale", "gain"):
-    np.testing.assert_allclose(float(ms[1][k]), float(ms[0][k]), rtol=rtol)
+    np.testing.assert_allclose(float(ms[1][k]), float(ms[0][k]), rtol=1e-5)
+
+
+def test_sketch_is_linear_and_its_squared_norm_unbiased():
+  from date_optax._src.parallel.step import grad_stats as gs_lib  # noqa: PLC0415
+
+  rng = np.random.default_rng(3)
+  shapes = {"k": (5, 7), "conv": (3, 2, 4), "bias": (6,), "scale": ()}
+  a = {k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()}
+  b = {k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()}
+  exact = sum(float(np.sum(v.astype(np.float64) ** 2)) for v in a.values())
+  sk = jax.jit(jax.vmap(gs_lib.sketch, in_axes=(None, 0)))
+  steps = jnp.arange(4000)
+  est = np.sum(np.square(np.asarray(sk(a, steps), np.float64)), axis=1)
+  assert sk(a, steps).shape == (4000, 6 + 4 + 7 + 1)
+  mean, se = est.mean(), est.std() / np.sqrt(len(est))
+  assert abs(mean - exact) < 4 * se and se < 0.02 * exact, (mean, exact, se)
+  # Leaves of one axis and scalars are kept whole: their part is exact
+  # (leaves in key order: bias 6, conv 4, k 7, scale 1).
+  one = np.asarray(gs_lib.sketch(a, jnp.int32(7)))
+  np.testing.assert_allclose(np.abs(one[:6]), np.abs(a["bias"]), rtol=1e-6)
+  np.testing.assert_allclose(one[17], a["scale"], rtol=1e-6)
+  # The same signs for the same step: the sketch of a mean is the mean of sketches.
+  mean_tree = jax.tree.map(lambda u, v: (u + v) / 2, a, b)
+  np.testing.assert_allclose(
+      gs_lib.sketch(mean_tree, jnp.int32(5)),
+      (gs_lib.sketch(a, jnp.int32(5)) + gs_lib.sketch(b, jnp.int32(5))) / 2,
+      rtol=1e-5, atol=1e-6)
+  assert not np.allclose(gs_lib.sketch(a, jnp.int32(5)), gs_lib.sketch(a, jnp.int32(6)))
+
+
+@pytest.mark.parametrize("builder", ["mesh", "sharded", "pmap"])
+def test_statistics_under_a_low_bit_sync_read_the_uncompressed_mean(builder):
+  """S_B under a 4-bit ring with error feedback: measured on the replicas'
+  uncompressed gradients (a random-sign sketch), not on the compressed mean.
+
+  The same batch every step and no update: the float32 step's S_B is the
+  exact ‖ḡ‖². The low-bit step's per-step S_B (= |G|² + tr Σ / B from its
+  raw estimates) must average to it, while the compressed mean's squared
+  norm, which S_B was before, sits many standard errors above it.
+  """
+  rng = np.random.default_rng(0)
+  dims = {"layer0": (16, 64), "layer1": (64, 64), "head": (64, 4)}
+  params = {k: {"kernel": rng.normal(size=s).astype(np.float32) / np.sqrt(s[0]),
+                "bias": np.zeros(s[1], np.float32)} for k, s in dims.items()}
+  batch = {"x": rng.normal(size=(64, 16)).astype(np.float32),
+           "y": rng.normal(size=(64, 4)).astype(np.float32)}
+  low = {"grad_reduce": "ring", "comm_dtype": "int4", "error_feedback": True}
+
+  def build(**kw):
+    opts = dict(grad_stats=True, grad_stats_decay=0.0, **kw)
+    if builder == "pmap":
+      return dp.make_pmap_train_step(_mlp, optax.set_to_zero(), **opts)
+    if builder == "sharded":
+      mesh = jax.make_mesh((4, 2), ("data", "model"),
+                           axis_types=(jax.sharding.AxisType.Auto,) * 2)
+      return dp.make_train_step(_mlp, optax.set_to_zero(), mesh, **opts,
+                                param_sharding=[(".*/kernel", P(None, "model"))])
+    return dp.make_train_step(_mlp, optax.set_to_zero(), dp.data_mesh(), **opts)
+
+  def s_big(state):  # a pmap state carries a device axis
+    gs = jax.tree.map(lambda x: np.asarray(x).reshape(-1)[0], state.grad_stats)
+    return float((gs.sq_norm + gs.trace_cov / 64) / gs.weight)
+
+  def place(step):  # the pmap step splits the global batch itself
+    return batch if builder == "pmap" else step.shard_batch(batch)
+
+  exact_step = build()
+  state, m = exact_step(exact_step.init(params), place(exact_step))
+  exact = s_big(state)
+  np.testing.assert_allclose(exact, float(m["grad_norm"]) ** 2, rtol=1e-5)
+  step = build(**low)
+  state = step.init(params)
+  shaped = place(step)
+  est, compressed = [], []
+  for _ in range(150):
+    state, m = step(state, shaped)
+    est.append(s_big(state))
+    compressed.append(float(m["grad_norm"]) ** 2)
+  se = np.std(est) / np.sqrt(len(est))
+  assert abs(np.mean(est) - exact) < 4 * se, (np.mean(est), exact, se)
+  assert np.mean(compressed) - exact > 10 * se, (np.mean(compressed), exact, se)
 
 
 def _mlp(params, batch):

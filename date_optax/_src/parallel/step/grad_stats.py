@@ -17,6 +17,19 @@ and the sum rides in the scalar all-reduce that already averages the loss
 Either estimate alone can be negative on one step, so each is smoothed (an
 exponential moving average with bias correction, as fairscale's AdaScale
 does) and the smoothed values are divided, never the ratio smoothed.
+
+Under a lossy `GradSync` (a low-precision payload) the reduced gradient is
+the compressed, error-fed mean, and its squared norm is not ``S_B``: the
+compression error adds to it. There each replica also sends a *sketch* of
+its uncompressed gradient in the same scalar all-reduce: every entry times
+a random sign (the same signs on every replica, new ones each step), summed
+over all axes of its leaf but the last. The sketch is linear, so the mean
+of the replicas' sketches is the sketch of the uncompressed mean ``ḡ``, and
+the squared norm of a random-sign sketch is an unbiased estimate of the
+squared norm of what it sketches (the signs' cross terms have mean zero):
+``S_B`` is then measured on uncompressed values, like ``S_b``, at the cost
+of one float per last-axis entry of every leaf in the all-reduce (0.32 %
+of ResNet-50's gradient). Its randomness averages out in the smoothing.
 """
 
 from __future__ import annotations
@@ -105,6 +118,37 @@ def sq_norm(tree: Any) -> jax.Array:
   if not leaves:
     return jnp.zeros((), jnp.float32)
   return sum(jnp.sum(jnp.square(jnp.asarray(x, jnp.float32))) for x in leaves)
+
+
+#: The sketch's signs: `fold_in(key(SKETCH_SEED), step)`, then the leaf's index.
+SKETCH_SEED = 0x5CE7
+
+
+def sketch(grads: Any, step: jax.Array) -> jax.Array:
+  """A random-sign sketch of `grads`: its squared norm estimates ``‖grads‖²``.
+
+  Each leaf's entries are multiplied by ±1 signs drawn from `step` (the
+  same on every replica, so the sketch of a mean is the mean of the
+  sketches) and summed over every axis but the last; a scalar leaf is kept
+  as it is. ``E‖sketch‖² = ‖grads‖²`` over the signs.
+
+  Args:
+    grads: a gradient pytree (any float dtype).
+    step: the step number (an int scalar), which picks the signs.
+
+  Returns:
+    float32 ``[sum of the leaves' last dimensions]``.
+  """
+  key = jax.random.fold_in(jax.random.key(SKETCH_SEED), step)
+  parts = []
+  for i, g in enumerate(jax.tree.leaves(grads)):
+    g = jnp.asarray(g, jnp.float32)
+    if g.ndim == 0:
+      parts.append(g[None])
+      continue
+    signs = jax.random.rademacher(jax.random.fold_in(key, i), g.shape, jnp.float32)
+    parts.append(jnp.sum(signs * g, axis=tuple(range(g.ndim - 1))))
+  return jnp.concatenate(parts) if parts else jnp.zeros((0,), jnp.float32)
 
 
 def estimates(

@@ -22,6 +22,7 @@ import optax
 from jax import lax
 
 from date_optax._src.parallel.comm.grad_sync import GradSync, sync_gradients
+from date_optax._src.parallel.step import grad_stats as gs_lib
 from date_optax._src.parallel.step import local_grads as lg
 from date_optax._src.parallel.step.step_config import StepConfig
 from date_optax._src.parallel.step.train_state import Metrics, TrainState, apply_gradients
@@ -37,6 +38,9 @@ class ReplicaResult(NamedTuple):
   model_state: Any  # float leaves averaged, others from replica 0 (or None)
   unit_sq: jax.Array | None  # mean squared gradient norm of one unit (grad_stats)
   residual: Any = None  # this replica's new error-feedback residual (or None)
+  # S_B measured on the uncompressed mean (a lossy sync with grad_stats), or
+  # None: then the reduced gradient's own squared norm is S_B.
+  mean_sq: jax.Array | None = None
 
 
 def replica_step(
@@ -66,27 +70,32 @@ def replica_step(
         "this step's init (TrainState.create leaves it None)."
     )
   replica = lg.replica_index(axes)
-  loss, aux, grads, model_state, *sq = lg.replica_grads(
+  loss, aux, local, model_state, *sq = lg.replica_grads(
       loss_fn, has_aux=config.has_aux, compute_dtype=config.compute_dtype,
       microbatches=config.microbatches, params=params, batch=batch,
       model_state=model_state, rng=rng, step=step, replica=replica,
       with_sq_norms=with_stats,
   )
   grads = sync_gradients(
-      grads, axes, grad_sync, key=grad_sync.rounding_key(rng, step), scatter=scatter,
+      local, axes, grad_sync, key=grad_sync.rounding_key(rng, step), scatter=scatter,
       residual=residual if grad_sync.error_feedback else None,
   )
   if grad_sync.error_feedback:
     grads, residual = grads
-  unit_sq = None
+  unit_sq = mean_sq = None
   if with_stats:  # the units' squared norms ride in the loss's scalar all-reduce
-    loss, unit_sq = lax.pmean(jnp.stack([loss, sq[0]]), axes)
-    unit_sq = unit_sq / config.microbatches
+    scalars = jnp.stack([loss, sq[0]])
+    if grad_sync.format is not None:  # and the uncompressed gradient's sketch
+      scalars = jnp.concatenate([scalars, gs_lib.sketch(local, step)])
+    scalars = lax.pmean(scalars, axes)
+    loss, unit_sq = scalars[0], scalars[1] / config.microbatches
+    if grad_sync.format is not None:
+      mean_sq = jnp.sum(jnp.square(scalars[2:]))
   else:
     loss = lax.pmean(loss, axes)
   model_state = lg.replicate_model_state(model_state, axes, replica)
   return ReplicaResult(loss, lg.mean_aux(aux, axes), grads, model_state, unit_sq,
-                       residual if grad_sync.error_feedback else None)
+                       residual if grad_sync.error_feedback else None, mean_sq)
 
 
 def apply_update(
@@ -109,7 +118,7 @@ def apply_update(
   """
   stats = None
   if result.unit_sq is not None:
-    stats = (result.unit_sq, units, global_batch, grad_stats_decay)
+    stats = (result.unit_sq, units, global_batch, grad_stats_decay, result.mean_sq)
   new_state, metrics = apply_gradients(
       state, result.grads, result.loss, optimizer, result.model_state, stats,
       result.residual, extra_args, grad_keys,

@@ -103,7 +103,7 @@ class ReplicatedTrainStep(TrainStep):
         body,
         mesh=self.mesh,
         in_specs=(P(), self.batch_spec, P(), P(), P(), spec),
-        out_specs=ReplicaResult(P(), P(), self._update_specs(params), P(), P(), spec),
+        out_specs=ReplicaResult(P(), P(), self._update_specs(params), P(), P(), spec, P()),
     )
     return fn(params, batch, model_state, rng, step, residual)
 

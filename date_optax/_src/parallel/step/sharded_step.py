@@ -221,17 +221,24 @@ class ShardedTrainStep(TrainStep):
             g, NamedSharding(self.mesh, sharded_sync.stacked_spec(s, self.data_axes))),
         grads, specs,
     )
+    uncompressed = grads
     grads, residual = sharded_sync.reduce_stacked(
         grads, residual if self.error_feedback else None, mesh=self.mesh,
         data_axes=self.data_axes, param_specs=specs,
         update_specs=self._update_specs(params), grad_sync=self.grad_sync,
         key=self.grad_sync.rounding_key(rng, step), scatter=self.shard_update,
     )
+    mean_sq = None
+    if with_stats and self.grad_sync.format is not None:
+      # S_B of the uncompressed mean: the replicas' sketches (same signs)
+      # averaged; see `grad_stats.sketch`.
+      sketches = jax.vmap(lambda g: gs_lib.sketch(g, step))(uncompressed)
+      mean_sq = jnp.sum(jnp.square(jnp.mean(sketches, axis=0)))
     return ReplicaResult(
         jnp.mean(loss), lg.mean_stacked_aux(aux), grads,
         lg.replicate_stacked_model_state(model_state),
         jnp.mean(sq[0]) / config.microbatches if with_stats else None,
-        residual,
+        residual, mean_sq,
     )
 
 

@@ -137,7 +137,11 @@ def make_train_step(
   |G|² = (n·S_B − S_b)/(n − 1) and the per-example covariance trace
   tr Σ = b·n·(S_b − S_B)/(n − 1) (McCandlish et al. 2018, appendix A). The
   per-replica scalar travels in the all-reduce that already averages the
-  loss, so the statistics add no collective. Both are smoothed in the train
+  loss, so the statistics add no collective. Under a low-precision
+  `grad_sync` S_B is not read from the compressed mean: each replica adds a
+  random-sign sketch of its uncompressed gradient (one float per last-axis
+  entry of each leaf) to that all-reduce, whose mean's squared norm
+  estimates S_B without bias. Both are smoothed in the train
   state (`state.grad_stats`, a debiased moving average with factor
   `grad_stats_decay` per step, checkpointed with the state) and passed to
   the optimizer as `optimizer.update(..., grad_stats=date_optax.GradStats)`
