@@ -11,17 +11,9 @@ comes back bit for bit; writes the file names it read.
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
+from workers import worker_start
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
-os.environ["JAX_PLATFORMS"] = "cpu"
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import jax  # noqa: E402
-
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
+ARGS = worker_start(2, data_dir=str, out=str)
 
 import numpy as np  # noqa: E402
 
@@ -31,14 +23,7 @@ from examples.resnet50_imagenet.configs import imagenet_cpu  # noqa: E402
 
 
 def main():
-  parser = argparse.ArgumentParser()
-  parser.add_argument("--port", type=int, required=True)
-  parser.add_argument("--process-id", type=int, required=True)
-  parser.add_argument("--data-dir", required=True)
-  parser.add_argument("--out", required=True)
-  args = parser.parse_args()
-  dp.initialize(f"127.0.0.1:{args.port}", 2, args.process_id, initialization_timeout=60)
-  assert jax.process_count() == 2
+  args = ARGS
   config = imagenet_cpu.get_config()
   config.data_dir = args.data_dir
   _, n = input_pipeline.split_files(config.data_dir, "train")

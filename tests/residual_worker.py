@@ -10,34 +10,18 @@ each writes its own replicas' residual shards.
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
+from workers import worker_start
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-os.environ["JAX_PLATFORMS"] = "cpu"
-# This checkout's library, whatever the environment installed.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ARGS = worker_start(4, dir=str, steps=int)
 
 import jax  # noqa: E402
-
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-
 import test_residual_restore as t  # noqa: E402
 
-import date_optax.parallel as dp  # noqa: E402
 from date_optax.checkpoint import CheckpointManager  # noqa: E402
 
 
 def main():
-  parser = argparse.ArgumentParser()
-  parser.add_argument("--port", type=int, required=True)
-  parser.add_argument("--process-id", type=int, required=True)
-  parser.add_argument("--dir", required=True)
-  parser.add_argument("--steps", type=int, required=True)
-  args = parser.parse_args()
-  dp.initialize(f"127.0.0.1:{args.port}", 2, args.process_id, initialization_timeout=60)
-  assert jax.process_count() == 2 and jax.device_count() == 8
+  args = ARGS
   step = t.make_step(8)
   state = step.init(t.zero_params())
   half = t.ROWS // 2

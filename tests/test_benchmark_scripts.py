@@ -17,14 +17,18 @@ from run_outputs import load_benchmark, study_outputs
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _run_quick(script: str, out, **env) -> None:
+  """`python benchmarks/<script> --quick --out <out>` on the CPU; it must succeed."""
+  proc = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "benchmarks", script), "--quick", "--out", str(out)],
+      cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, **env),
+      capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
 def test_bench_device_quick_writes_every_ratio(tmp_path):
   """`bench_device.py --quick` on 8 CPU devices (~30 s): both files, finite ratios."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-  proc = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "benchmarks", "bench_device.py"), "--quick",
-       "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True,
-      timeout=600)
-  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+  _run_quick("bench_device.py", tmp_path)
   res = json.load(open(tmp_path / "bench_device.json"))
   assert res["device"] == {"kind": res["device"]["kind"], "platform": "cpu", "count": 8}
   for pkg in ("jax", "jaxlib", "optax"):
@@ -63,12 +67,7 @@ def test_bench_device_quick_writes_every_ratio(tmp_path):
 def test_growth_device_time_quick_compares_the_two_programs(tmp_path):
   """`growth_device_time.py --quick` (~15 s, one CPU device): rows first runs one
   microbatch of every batch, accumulation B/B0 of B0 rows, and both train alike."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, XLA_FLAGS="")
-  proc = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "benchmarks", "growth_device_time.py"), "--quick",
-       "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True,
-      timeout=600)
-  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+  _run_quick("growth_device_time.py", tmp_path, XLA_FLAGS="")
   res = json.load(open(tmp_path / "growth_device_time.json"))
   assert res["device"]["devices"] == 1
   first, acc = res["rows"]

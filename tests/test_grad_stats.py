@@ -494,12 +494,7 @@ def test_statistics_under_a_low_bit_sync_read_the_uncompressed_mean(builder):
   raw estimates) must average to it, while the compressed mean's squared
   norm, which S_B was before, sits many standard errors above it.
   """
-  rng = np.random.default_rng(0)
-  dims = {"layer0": (16, 64), "layer1": (64, 64), "head": (64, 4)}
-  params = {k: {"kernel": rng.normal(size=s).astype(np.float32) / np.sqrt(s[0]),
-                "bias": np.zeros(s[1], np.float32)} for k, s in dims.items()}
-  batch = {"x": rng.normal(size=(64, 16)).astype(np.float32),
-           "y": rng.normal(size=(64, 4)).astype(np.float32)}
+  params, batch = _mlp_problem(16, 64, 4)
   low = {"grad_reduce": "ring", "comm_dtype": "int4", "error_feedback": True}
 
   def build(**kw):
@@ -537,6 +532,17 @@ def test_statistics_under_a_low_bit_sync_read_the_uncompressed_mean(builder):
   assert np.mean(compressed) - exact > 10 * se, (np.mean(compressed), exact, se)
 
 
+def _mlp_problem(d_in, width, d_out, rows=64):
+  """`_mlp`'s parameters (scaled normal kernels, zero biases) and a normal batch."""
+  rng = np.random.default_rng(0)
+  dims = {"layer0": (d_in, width), "layer1": (width, width), "head": (width, d_out)}
+  params = {k: {"kernel": rng.normal(size=s).astype(np.float32) / np.sqrt(s[0]),
+                "bias": np.zeros(s[1], np.float32)} for k, s in dims.items()}
+  batch = {"x": rng.normal(size=(rows, d_in)).astype(np.float32),
+           "y": rng.normal(size=(rows, d_out)).astype(np.float32)}
+  return params, batch
+
+
 def _mlp(params, batch):
   h = batch["x"]
   for name in ("layer0", "layer1"):
@@ -550,12 +556,7 @@ def test_statistics_on_the_sharded_mesh_cost_little_memory_traffic():
   # them sharded through the mean; left to propagation it gathered
   # activations over "model" instead (1.19x the bytes of the step without
   # statistics, 1.07x with the layout).
-  rng = np.random.default_rng(0)
-  dims = {"layer0": (64, 256), "layer1": (256, 256), "head": (256, 8)}
-  params = {k: {"kernel": rng.normal(size=s).astype(np.float32) / np.sqrt(s[0]),
-                "bias": np.zeros(s[1], np.float32)} for k, s in dims.items()}
-  batch = {"x": rng.normal(size=(64, 64)).astype(np.float32),
-           "y": rng.normal(size=(64, 8)).astype(np.float32)}
+  params, batch = _mlp_problem(64, 256, 8)
   mesh = jax.make_mesh((4, 2), ("data", "model"),
                        axis_types=(jax.sharding.AxisType.Auto,) * 2)
   nbytes = {}

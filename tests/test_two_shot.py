@@ -21,6 +21,7 @@ import numpy as np
 import optax
 import pytest
 from jax.sharding import PartitionSpec as P
+from test_error_feedback import _batch, _loss, _params  # the same model and rows
 
 import date_optax.parallel as dp
 from date_optax._src.parallel import compat
@@ -28,23 +29,6 @@ from date_optax._src.parallel import compat
 LR = 0.5
 BLOCK = 8
 ROWS = 32  # rows of the global batch
-
-
-def _loss(params, batch):
-  return jnp.mean(jnp.sum(batch["x"] * params["w"], axis=(1, 2)) + batch["z"] @ params["b"])
-
-
-def _params():
-  rng = np.random.default_rng(0)
-  return {"w": rng.integers(-64, 65, size=(16, 8)).astype(np.float32) / 64,
-          "b": rng.integers(-64, 65, size=(3,)).astype(np.float32) / 64}
-
-
-def _batch(seed, bits=6):
-  rng = np.random.default_rng(seed)
-  k = 2**bits
-  return {"x": rng.integers(-k, k + 1, size=(ROWS, 16, 8)).astype(np.float32) / k,
-          "z": rng.integers(-k, k + 1, size=(ROWS, 3)).astype(np.float32) / k * 2.0**-16}
 
 
 def _local_grads(batch, n):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import socket
@@ -11,6 +12,33 @@ import time
 from collections.abc import Callable, Sequence
 
 import pytest
+
+
+def worker_start(devices: int, **options: type) -> argparse.Namespace:
+  """A worker process's start-up, before it imports jax.
+
+  Sets `devices` emulated CPU devices and gloo collectives, puts this
+  checkout's library first on the path, parses ``--port``, ``--process-id``
+  and the required `options` (``data_dir=str`` is ``--data-dir``), and joins
+  the two processes with `date_optax.parallel.initialize`.
+  """
+  os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  os.environ["JAX_PLATFORMS"] = "cpu"
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  import jax  # noqa: PLC0415
+
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  import date_optax.parallel as dp  # noqa: PLC0415
+
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--port", type=int, required=True)
+  parser.add_argument("--process-id", type=int, required=True)
+  for name, kind in options.items():
+    parser.add_argument("--" + name.replace("_", "-"), type=kind, required=True)
+  args = parser.parse_args()
+  dp.initialize(f"127.0.0.1:{args.port}", 2, args.process_id, initialization_timeout=60)
+  assert jax.process_count() == 2 and jax.device_count() == 2 * devices
+  return args
 
 
 def free_port() -> int:
