@@ -26,6 +26,7 @@ def _run_quick(script: str, out, **env) -> None:
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_bench_device_quick_writes_every_ratio(tmp_path):
   """`bench_device.py --quick` on 8 CPU devices (~30 s): both files, finite ratios."""
   _run_quick("bench_device.py", tmp_path)
@@ -64,6 +65,7 @@ def test_bench_device_quick_writes_every_ratio(tmp_path):
   assert f"library source {res['source_digest']}" in md
 
 
+@pytest.mark.slow
 def test_growth_device_time_quick_compares_the_two_programs(tmp_path):
   """`growth_device_time.py --quick` (~15 s, one CPU device): rows first runs one
   microbatch of every batch, accumulation B/B0 of B0 rows, and both train alike."""

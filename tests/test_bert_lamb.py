@@ -294,6 +294,8 @@ def test_bert_one_step_with_a_4_bit_ring_and_error_feedback(tmp_path):
   assert np.isfinite(result["eval_loss"]) and np.isfinite(result["loss"])
 
 
+# Slow (~40 s): tests/test_sharded_low_bit.py covers the library's sharded low-bit step.
+@pytest.mark.slow
 def test_bert_steps_on_the_sharded_mesh_with_a_4_bit_payload(tmp_path):
   """The default (4 data, 2 model) mesh with its param_sharding rules and
   shard_update: the gradients reduced over "data" in int4 with block scales

@@ -114,6 +114,8 @@ def test_sigterm_to_one_host_saves_the_same_step_on_both_and_resumes_exactly(
   _assert_same_run(outs, uninterrupted)
 
 
+# Slow (~30 s): the SIGTERM test above covers the pair's save and resume.
+@pytest.mark.slow
 def test_sigkill_of_one_host_ends_the_other_and_the_pair_resumes(
     tmp_path, uninterrupted):
   pair = _pair(tmp_path, "first", step_sleep=0.3)

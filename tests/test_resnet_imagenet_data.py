@@ -140,6 +140,8 @@ def test_sample_crop_follows_inception_ranges():
   assert input_pipeline.sample_crop(1, 100, rng) is None
 
 
+# Slow (~25 s): the fake-data smoke and the two-process read cover the default run.
+@pytest.mark.slow
 def test_trains_and_evaluates_through_the_real_pipeline(data_dir, tmp_path):
   from examples.resnet50_imagenet import train
 
