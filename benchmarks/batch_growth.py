@@ -83,7 +83,11 @@ CALIBRATIONS = (2, 4)
 SMOOTHING = ("adaptive_d0.95_h4", "adaptive_d0.99_h4", "adaptive_d0.95_h32",
              "adaptive_d0.99_h32", "adaptive_d0.99_h64", "adaptive_d0.99_h32_m8",
              "adaptive_d0.95_h4_m8")
-CALIBRATED = (*(f"adaptive_c{c}" for c in CALIBRATIONS), *SMOOTHING)
+#: The threshold (item 7, the conservative side): grow when B_simple >= t·B
+#: (the default is 2, Merrill et al.'s).
+THRESHOLDS = (3, 4)
+CALIBRATED = (*(f"adaptive_c{c}" for c in CALIBRATIONS),
+              *(f"adaptive_t{t}" for t in THRESHOLDS), *SMOOTHING)
 ADAPTIVE_VARIANTS = (*VARIANTS, *CALIBRATED)
 NEW_METHODS = ("adaptive", *DOUBLING, *LINEAR, *ADAPTIVE_VARIANTS)
 OLD_METHODS = ("baseline", "date")
@@ -100,6 +104,8 @@ LABELS = {
     "adaptive_gain": "adaptive, learning rate by the measured gain",
     **{f"adaptive_c{c}": f"adaptive, calibration {c} (B_crit = {c}·B_simple)"
        for c in CALIBRATIONS},
+    **{f"adaptive_t{t}": f"adaptive, threshold {t} (grow when B_simple ≥ {t}·B)"
+       for t in THRESHOLDS},
     **{m: "adaptive, decay {} per start batch, stretch {} start batches".format(
         *(t[1:] for t in m.split("_")[1:3])) + (", 8 rows per microbatch" if "_m8" in m
                                                  else "") for m in SMOOTHING},

@@ -529,7 +529,7 @@ def test_statistics_under_a_low_bit_sync_read_the_uncompressed_mean(builder):
     compressed.append(float(m["grad_norm"]) ** 2)
   se = np.std(est) / np.sqrt(len(est))
   assert abs(np.mean(est) - exact) < 4 * se, (np.mean(est), exact, se)
-  assert np.mean(compressed) - exact > 10 * se, (np.mean(compressed), exact, se)
+  assert np.mean(compressed) - exact > 6 * se, (np.mean(compressed), exact, se)
 
 
 def _mlp_problem(d_in, width, d_out, rows=64):
