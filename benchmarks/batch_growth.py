@@ -227,11 +227,18 @@ def train_growing(task, data: dict, base: date_optax.Baseline, sched, seed: int,
 
 def run_study(args) -> int:
   cfg = dict(QUICK if args.quick else FULL, devices=args.devices)
+  # The page always shows every task and the study's seeds, whatever subset
+  # this invocation runs (`--tasks`, `--seeds`).
+  shown_cfg = dict(cfg, seeds=max(cfg["seeds"], args.seeds or 0))
   if args.seeds is not None:
     cfg["seeds"] = args.seeds
-  names = args.tasks.split(",") if args.tasks else cfg.get("tasks", GROWING_TASKS)
-  tasks = [dataclasses.replace(t, learning_rate=t.learning_rate or TUNED_LR[t.name])
-           for t in (*oracle.TASKS, BERT) if t.name in names]
+
+  def select(names):
+    return [dataclasses.replace(t, learning_rate=t.learning_rate or TUNED_LR[t.name])
+            for t in (*oracle.TASKS, BERT) if t.name in names]
+
+  tasks = select(args.tasks.split(",") if args.tasks else cfg.get("tasks", GROWING_TASKS))
+  shown = select(cfg.get("tasks", GROWING_TASKS))
   methods = args.methods.split(",") if args.methods else None
   log_path = args.out + ".jsonl"
   done = _runlog.load_runs(log_path)
@@ -339,10 +346,10 @@ def run_study(args) -> int:
     if methods is None or m in methods:
       run(t, m, seed)
   recs = {**old, **done}
-  md = markdown(recs, tasks, cfg) + "\n" + tracking(recs, tasks, cfg)
+  md = markdown(recs, shown, shown_cfg) + "\n" + tracking(recs, shown, shown_cfg)
   with open(args.out + ".md", "w") as f:
     f.write(md)
-  plot(recs, tasks, cfg, args.out + ".png")
+  plot(recs, shown, shown_cfg, args.out + ".png")
   print(md)
   print(f"wrote {args.out}.md, {args.out}.png, {log_path}")
   return 0
