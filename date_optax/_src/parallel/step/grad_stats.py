@@ -146,8 +146,7 @@ def sketch(grads: Any, step: jax.Array) -> jax.Array:
     if g.ndim == 0:
       parts.append(g[None])
       continue
-    # One random byte per entry (not a float32 sign): a quarter of the
-    # memory where the compiler keeps them.
+    # The sign from one random byte per entry.
     flip = (jax.random.bits(jax.random.fold_in(key, i), g.shape, jnp.uint8) & 1) == 1
     parts.append(jnp.sum(jnp.where(flip, -g, g), axis=tuple(range(g.ndim - 1))))
   return jnp.concatenate(parts) if parts else jnp.zeros((0,), jnp.float32)

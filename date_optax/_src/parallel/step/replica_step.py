@@ -84,13 +84,12 @@ def replica_step(
     grads, residual = grads
   unit_sq = mean_sq = None
   if with_stats:  # the units' squared norms ride in the loss's scalar all-reduce
-    scalars = jnp.stack([loss, sq[0]])
-    if grad_sync.format is not None:  # and the uncompressed gradient's sketch
-      scalars = jnp.concatenate([scalars, gs_lib.sketch(local, step)])
+    lossy = grad_sync.format is not None  # then the uncompressed gradient's sketch too
+    scalars = jnp.concatenate([jnp.stack([loss, sq[0]]),
+                               gs_lib.sketch(local, step) if lossy else jnp.zeros(0)])
     scalars = lax.pmean(scalars, axes)
     loss, unit_sq = scalars[0], scalars[1] / config.microbatches
-    if grad_sync.format is not None:
-      mean_sq = jnp.sum(jnp.square(scalars[2:]))
+    mean_sq = jnp.sum(jnp.square(scalars[2:])) if lossy else None
   else:
     loss = lax.pmean(loss, axes)
   model_state = lg.replicate_model_state(model_state, axes, replica)

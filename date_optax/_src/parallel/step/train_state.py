@@ -306,10 +306,10 @@ def apply_gradients(
   have added to the residual included, and the next step compresses its own
   gradient plus the residual as it was before the skip.
 
-  `stats` is `(S_b, units, batch_size, decay[, S_B])` for a step with
+  `stats` is `(S_b, units, batch_size, decay, S_B)` for a step with
   `grad_stats=True` (`S_b` the mean over the units of their squared
-  gradient norms; `S_B`, when given and not None, the squared norm of the
-  uncompressed mean gradient, else `grads`' own is used): the smoothed
+  gradient norms; `S_B` the squared norm of the uncompressed mean
+  gradient, or None to use `grads`' own): the smoothed
   statistics are updated, passed to the optimizer as `grad_stats=` and
   reported as "grad_noise_scale" and "gain".
 
@@ -331,9 +331,9 @@ def apply_gradients(
   new_gs = None
   extra = dict(extra_args or {})
   if stats is not None:
-    unit_sq, units, batch_size, decay, *measured = stats
-    if measured and measured[0] is not None:  # S_B of the uncompressed mean
-      sq_mean = measured[0]
+    unit_sq, units, batch_size, decay, measured = stats
+    if measured is not None:  # S_B of the uncompressed mean
+      sq_mean = measured
     g2, tr = gs_lib.estimates(unit_sq, sq_mean, units, batch_size)
     new_gs = gs_lib.update(state.grad_stats, g2, tr, decay)
     extra["grad_stats"] = gs_lib.smoothed(new_gs, batch_size)
