@@ -581,7 +581,7 @@ def test_proposal_starts_at_the_largest_doubling_of_b0_within_the_critical_batch
   s = propose_batch_schedule(critical, base_batch_size=16, max_batch=1024)
   assert s == BatchSchedule.adaptive(start, max_batch=1024)
   assert s.batch_sizes == tuple(start * 2**j for j in range(int(np.log2(1024 // start)) + 1))
-  assert (s.threshold, s.min_steps, s.lag, s.calibration) == (2.0, 10, 2, 1.0)
+  assert (s.threshold, s.min_steps, s.lag, s.calibration) == (3.0, 10, 2, 1.0)
 
 
 @pytest.mark.parametrize("critical", [1024.0, 5000.0, float("inf")])

@@ -333,3 +333,28 @@ def test_low_precision_delta_is_paired_by_seed_with_its_standard_error(tmp_path)
   rec = {"error_feedback": True}
   assert study._ef(rec) == "worker" and study._ef({**rec, "ef_stages": 2}) is True
   assert study._ef({}) is False
+
+
+def test_growth_pod_time_prices_each_batch_at_its_program(tmp_path):
+  """Steps at each k = B/B0 (a curve keeping every change) times the
+  program's estimated seconds, over B0's steps at the smallest program."""
+  pod = load_benchmark("growth_pod_time")
+  growth, compiled = tmp_path / "g.jsonl", tmp_path / "c.jsonl"
+  curve = [{"step": 0, "batch": 16}, {"step": 10, "batch": 32}, {"step": 25, "batch": 64}]
+  runs = [dict(key=dict(task="mnist1d_lstm_adam", method="baseline", seed=0), steps=400),
+          dict(key=dict(task="mnist1d_lstm_adam", method="adaptive_t3", seed=0), steps=40,
+               examples=6400, curve=curve),
+          dict(key=dict(task="mnist1d_lstm_adam", method="adaptive_d0.9_h4", seed=0),
+               steps=30, examples=6400, curve=curve)]
+  growth.write_text("".join(json.dumps(r) + "\n" for r in runs))
+  programs = [dict(global_batch=256 * k, estimated_seconds=s)
+              for k, s in ((1, 1.0), (2, 1.5), (4, 2.0))]
+  compiled.write_text(json.dumps(dict(ident="growth/v3-128", programs=programs)) + "\n")
+  assert pod.steps_per_ratio(curve, 40, 16) == {1: 10, 2: 15, 4: 15}
+  out = tmp_path / "pod.md"
+  assert pod.main(["--growth-log", str(growth), "--compile-log", str(compiled),
+                   "--out", str(out)]) == 0
+  md = out.read_text()
+  # (10·1.0 + 15·1.5 + 15·2.0) / (400·1.0) = 62.5 / 400.
+  assert "| mnist1d_lstm_adam | adaptive_t3 | 0 | 40 (400) | 1: 10, 2: 15, 4: 15 | 0.156 |" in md
+  assert "adaptive_t3 0.156" in md and "adaptive_d0.9" not in md

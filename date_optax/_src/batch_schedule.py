@@ -148,7 +148,7 @@ class BatchSchedule:
       (``ramp`` and ``doubling``).
     factor: the growth factor of ``adaptive`` and ``doubling``, an integer
       >= 2.
-    threshold: grow when ``B_crit >= threshold · B``, > 0.
+    threshold: grow when ``B_crit >= threshold · B``, > 0 (default 3).
     min_steps: the fewest steps between two changes, >= ``lag + 1``.
     lag: steps between a decision and the step it applies to, >= 1 (the
       host reads decisions this many steps late, so they never stall it).
@@ -194,7 +194,7 @@ class BatchSchedule:
   increment: int = 0
   ramp_examples: int = 0
   factor: int = 2
-  threshold: float = 2.0
+  threshold: float = 3.0
   min_steps: int = 1
   lag: int = 1
   calibration: float = 1.0
@@ -355,7 +355,7 @@ class BatchSchedule:
       *,
       max_batch: int,
       factor: int = 2,
-      threshold: float = 2.0,
+      threshold: float = 3.0,
       min_steps: int = 10,
       lag: int = 2,
       calibration: float = 1.0,
@@ -371,8 +371,11 @@ class BatchSchedule:
       start: the first global batch, >= 1.
       max_batch: the largest batch, ``start · factor**j``.
       factor: the growth factor, an integer >= 2 (Merrill et al.: 2).
-      threshold: grow when ``calibration · B_simple >= threshold · B``
-        (Merrill et al.: 2), > 0.
+      threshold: grow when ``calibration · B_simple >= threshold · B``,
+        > 0. Merrill et al. grow at 2; the default 3 kept B0's quality
+        on four of the five tasks of this library's growth study (2: on
+        three), at most a tenth of B0's steps on each (docs/RESULTS.md,
+        "A higher threshold").
       min_steps: the fewest steps between two changes, >= ``lag + 1``.
       lag: how many steps after its decision a change applies, >= 1.
       calibration: the multiple of ``B_simple`` taken as the critical
