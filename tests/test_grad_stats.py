@@ -484,6 +484,31 @@ def test_sketch_is_linear_and_its_squared_norm_unbiased():
   assert not np.allclose(gs_lib.sketch(a, jnp.int32(5)), gs_lib.sketch(a, jnp.int32(6)))
 
 
+def test_sketch_signs_are_balanced_uncorrelated_and_need_no_buffer():
+  """The hashed signs: half of them negative, two entries' signs (adjacent,
+  or a row apart) uncorrelated over steps, and no leaf-sized buffer of
+  random bits (an RNG's uint32 bits took 3.9 times the gradient's bytes
+  of temporary memory on the CPU compiler)."""
+  from date_optax._src.parallel.step import grad_stats as gs_lib  # noqa: PLC0415
+
+  # The sketch of a one-hot leaf reads the sign of that entry.
+  def signs(step, shape=(64, 3)):
+    eye = jnp.eye(shape[0] * shape[1], dtype=jnp.float32).reshape(-1, *shape)
+    return jax.vmap(lambda e: gs_lib.sketch({"w": e}, step))(eye)  # [entries, 3]
+
+  per_step = np.asarray(jax.jit(jax.vmap(signs))(jnp.arange(300))).sum(axis=2)
+  assert set(np.unique(per_step)) == {-1.0, 1.0}
+  assert abs(per_step.mean()) < 0.02  # 57,600 signs: 4 standard errors
+  corr = (per_step.T @ per_step) / len(per_step)  # entries x entries
+  off = corr[~np.eye(len(corr), dtype=bool)]
+  # 300 steps: each correlation has a standard error of 1/sqrt(300) = 0.058.
+  assert abs(off.mean()) < 0.005 and np.abs(off).max() < 6 / np.sqrt(300)
+  assert abs(np.mean(np.diag(corr, 1))) < 0.03 and abs(np.mean(np.diag(corr, 3))) < 0.03
+  leaf = jax.ShapeDtypeStruct((2048, 2048), jnp.float32)
+  compiled = jax.jit(gs_lib.sketch).lower({"w": leaf}, jnp.int32(0)).compile()
+  assert compiled.memory_analysis().temp_size_in_bytes < 1.5 * 2048 * 2048 * 4
+
+
 @pytest.mark.parametrize("builder", ["mesh", "sharded", "pmap"])
 def test_statistics_under_a_low_bit_sync_read_the_uncompressed_mean(builder):
   """S_B under a 4-bit ring with error feedback: measured on the replicas'

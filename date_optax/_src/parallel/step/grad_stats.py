@@ -120,8 +120,32 @@ def sq_norm(tree: Any) -> jax.Array:
   return sum(jnp.sum(jnp.square(jnp.asarray(x, jnp.float32))) for x in leaves)
 
 
-#: The sketch's signs: `fold_in(key(SKETCH_SEED), step)`, then the leaf's index.
+#: The sketch's signs: a hash of (SKETCH_SEED, step, leaf index, entry index).
 SKETCH_SEED = 0x5CE7
+
+
+def _mix(x: jax.Array) -> jax.Array:
+  """A 32-bit integer finalizer (Wellons' ``lowbias32``): every input bit
+  flips about half of the output bits, so consecutive counters give
+  uncorrelated outputs."""
+  x = x ^ (x >> 16)
+  x = x * jnp.uint32(0x7FEB352D)
+  x = x ^ (x >> 15)
+  x = x * jnp.uint32(0x846CA68B)
+  return x ^ (x >> 16)
+
+
+def _signs_flip(shape: tuple[int, ...], seed: jax.Array) -> jax.Array:
+  """Booleans, one per entry of `shape`: the top bit of the hashed flat
+  index. Built from iotas, so XLA fuses it into the reduction that uses it
+  (a random-number generator's bits would be a buffer of the leaf's size)."""
+  index = jnp.zeros(shape, jnp.uint32)
+  stride = 1
+  for d in reversed(range(len(shape))):
+    index = index + jax.lax.broadcasted_iota(jnp.uint32, shape, d) * jnp.uint32(
+        stride % 2**32)
+    stride *= shape[d]
+  return (_mix(index ^ seed) >> 31) == 1
 
 
 def sketch(grads: Any, step: jax.Array) -> jax.Array:
@@ -130,7 +154,11 @@ def sketch(grads: Any, step: jax.Array) -> jax.Array:
   Each leaf's entries are multiplied by ±1 signs drawn from `step` (the
   same on every replica, so the sketch of a mean is the mean of the
   sketches) and summed over every axis but the last; a scalar leaf is kept
-  as it is. ``E‖sketch‖² = ‖grads‖²`` over the signs.
+  as it is. ``E‖sketch‖² = ‖grads‖²`` over the signs. The signs are a
+  counter-based hash of the step, the leaf and the entry's flat index
+  (an integer finalizer, not a random-number generator), so they cost a
+  few integer operations per entry inside the reduction's fusion and no
+  memory; a leaf of more than 2**32 entries repeats its sign pattern.
 
   Args:
     grads: a gradient pytree (any float dtype).
@@ -139,15 +167,16 @@ def sketch(grads: Any, step: jax.Array) -> jax.Array:
   Returns:
     float32 ``[sum of the leaves' last dimensions]``.
   """
-  key = jax.random.fold_in(jax.random.key(SKETCH_SEED), step)
+  base = _mix(jnp.asarray(step).astype(jnp.uint32) * jnp.uint32(0x9E3779B9)
+              + jnp.uint32(SKETCH_SEED))
   parts = []
   for i, g in enumerate(jax.tree.leaves(grads)):
     g = jnp.asarray(g, jnp.float32)
     if g.ndim == 0:
       parts.append(g[None])
       continue
-    # The sign from one random byte per entry.
-    flip = (jax.random.bits(jax.random.fold_in(key, i), g.shape, jnp.uint8) & 1) == 1
+    seed = _mix(base + jnp.uint32((i * 0x85EBCA6B) % 2**32))
+    flip = _signs_flip(g.shape, seed)
     parts.append(jnp.sum(jnp.where(flip, -g, g), axis=tuple(range(g.ndim - 1))))
   return jnp.concatenate(parts) if parts else jnp.zeros((0,), jnp.float32)
 
