@@ -1,7 +1,10 @@
 """The resumable run log shared by the accuracy studies (standard library only).
 
 Each finished run is one JSON line with an "ident"; a study restarted with
-the same log skips the runs it already has.
+the same log skips the runs it already has. A log is kept in shards of at
+most about `SHARD_BYTES` (``name.jsonl``, then ``name.2.jsonl``, ...), so no
+tracked file grows past the repository's size limit; readers see them as
+one log.
 """
 
 from __future__ import annotations
@@ -23,24 +26,47 @@ def command(script: str, argv: Sequence[str] | None = None) -> str:
       a for a in (argv or sys.argv[1:]) if a != "--report-only")])
 
 
+#: A shard of a log is closed for writing once it holds this many bytes.
+SHARD_BYTES = 900_000
+
+
+def shards(path: str) -> list[str]:
+  """`path` and its continuations ``<stem>.2.jsonl``, ``<stem>.3.jsonl``, ...
+  that exist, in order."""
+  stem = path[: -len(".jsonl")] if path.endswith(".jsonl") else path
+  out, i = [path], 2
+  while os.path.exists(f"{stem}.{i}.jsonl"):
+    out.append(f"{stem}.{i}.jsonl")
+    i += 1
+  return out
+
+
 def load_runs(path: str) -> dict[str, dict]:
-  """The runs logged in `path` so far, by ident (empty if there is no log)."""
+  """The runs logged in `path` (and its shards) so far, by ident (empty if
+  there is no log); a run logged twice reads as its last record."""
   done = {}
-  if os.path.exists(path):
-    with open(path) as f:
-      for line in f:
-        rec = json.loads(line)
-        done[rec.pop("ident")] = rec
+  for part in shards(path):
+    if os.path.exists(part):
+      with open(part) as f:
+        for line in f:
+          rec = json.loads(line)
+          done[rec.pop("ident")] = rec
   return done
 
 
 def log_run(path: str, done: dict[str, dict], ident: str, rec: dict) -> None:
-  """Adds a finished run to `done` and appends it to the log at `path`.
+  """Adds a finished run to `done` and appends it to the log at `path` (to
+  its last shard, or a new one once that holds `SHARD_BYTES`).
 
   One locked write: studies may share a log.
   """
   done[ident] = rec
-  with open(path, "a") as f:
+  parts = shards(path)
+  last = parts[-1]
+  if os.path.exists(last) and os.path.getsize(last) >= SHARD_BYTES:
+    stem = path[: -len(".jsonl")] if path.endswith(".jsonl") else path
+    last = f"{stem}.{len(parts) + 1}.jsonl"
+  with open(last, "a") as f:
     fcntl.flock(f, fcntl.LOCK_EX)
     f.write(json.dumps(dict(ident=ident, **rec)) + "\n")
     fcntl.flock(f, fcntl.LOCK_UN)

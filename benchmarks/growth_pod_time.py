@@ -32,6 +32,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _paths  # noqa: E402
+import _runlog  # noqa: E402
 
 POD_B0 = 256
 
@@ -68,14 +69,12 @@ def main(argv=None) -> int:
   est = program_seconds(args.compile_log)
   methods = args.method.split(",")
   runs, base = [], {}
-  with open(args.growth_log) as f:
-    for line in f:
-      rec = json.loads(line)
-      key = rec["key"]
-      if key["method"] == "baseline":
-        base[key["task"]] = rec["steps"]
-      elif key["method"] in methods and rec.get("curve") and "lstm" in key["task"]:
-        runs.append(rec)
+  for rec in _runlog.load_runs(args.growth_log).values():  # the log and its shards
+    key = rec["key"]
+    if key["method"] == "baseline":
+      base[key["task"]] = rec["steps"]
+    elif key["method"] in methods and rec.get("curve") and "lstm" in key["task"]:
+      runs.append(rec)
   lines = [
       "| task | row | seed | steps (B0's) | batches reached (k) | est. time, growing / B0 |",
       "|---|---|---:|---:|---|---:|",

@@ -346,7 +346,8 @@ def test_growth_pod_time_prices_each_batch_at_its_program(tmp_path):
                examples=6400, curve=curve),
           dict(key=dict(task="mnist1d_lstm_adam", method="adaptive_d0.9_h4", seed=0),
                steps=30, examples=6400, curve=curve)]
-  growth.write_text("".join(json.dumps(r) + "\n" for r in runs))
+  growth.write_text("".join(json.dumps(dict(ident=str(i), **r)) + "\n"
+                           for i, r in enumerate(runs)))
   programs = [dict(global_batch=256 * k, estimated_seconds=s)
               for k, s in ((1, 1.0), (2, 1.5), (4, 2.0))]
   compiled.write_text(json.dumps(dict(ident="growth/v3-128", programs=programs)) + "\n")
@@ -358,3 +359,22 @@ def test_growth_pod_time_prices_each_batch_at_its_program(tmp_path):
   # (10·1.0 + 15·1.5 + 15·2.0) / (400·1.0) = 62.5 / 400.
   assert "| mnist1d_lstm_adam | adaptive_t3 | 0 | 40 (400) | 1: 10, 2: 15, 4: 15 | 0.156 |" in md
   assert "adaptive_t3 0.156" in md and "adaptive_d0.9" not in md
+
+
+def test_run_log_continues_in_shards_read_as_one_log(tmp_path, monkeypatch):
+  """A study's log starts a new shard once the last one holds SHARD_BYTES;
+  loading reads every shard, a later record of the same run winning."""
+  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+  import _runlog  # noqa: PLC0415
+
+  monkeypatch.setattr(_runlog, "SHARD_BYTES", 200)
+  path, done = str(tmp_path / "study.jsonl"), {}
+  for i in range(6):
+    _runlog.log_run(path, done, f"run{i}", {"accuracy": float(i), "pad": "x" * 60})
+  _runlog.log_run(path, done, "run0", {"accuracy": 9.0, "pad": ""})
+  parts = _runlog.shards(path)
+  assert parts == [path, *(str(tmp_path / f"study.{i}.jsonl") for i in range(2, len(parts) + 1))]
+  assert len(parts) >= 3 and all(os.path.getsize(p) < 200 + 120 for p in parts)
+  loaded = _runlog.load_runs(path)
+  assert sorted(loaded) == [f"run{i}" for i in range(6)] and loaded == done
+  assert loaded["run0"]["accuracy"] == 9.0 and loaded["run5"]["accuracy"] == 5.0

@@ -293,7 +293,8 @@ def _ring_or_torus_step(kind):
                             shard_update=True)
 
 
-@pytest.mark.parametrize("kind", ["ring", "torus_shard_update"])
+@pytest.mark.parametrize("kind", [
+    "ring", pytest.param("torus_shard_update", marks=pytest.mark.slow)])  # ~11 s
 def test_skipped_step_keeps_both_residuals(kind):
   step = _ring_or_torus_step(kind)
   state, _ = _run(step, BATCHES[:2])
@@ -326,7 +327,8 @@ def test_skipped_step_keeps_the_residual_and_the_run_goes_on_as_without_it():
   _bit_equal(after.params, clean.params)
 
 
-@pytest.mark.parametrize("kind", ["ring", "torus_shard_update"])
+@pytest.mark.parametrize("kind", [
+    "ring", pytest.param("torus_shard_update", marks=pytest.mark.slow)])  # ~8 s
 def test_residual_survives_a_checkpoint_bit_for_bit(tmp_path, kind):
   step = _ring_or_torus_step(kind)
   state, _ = _run(step, BATCHES[:2])
@@ -346,8 +348,10 @@ def test_residual_survives_a_checkpoint_bit_for_bit(tmp_path, kind):
 
 
 @pytest.mark.parametrize("sync", [
-    dp.GradSync("torus", grid=(2, 4), comm_dtype="int4", rounding="stochastic",
-                error_feedback=True),
+    # ~50 s; test_two_shot's pmap/mesh test covers the path (int4, stochastic,
+    # error feedback) in the default run.
+    pytest.param(dp.GradSync("torus", grid=(2, 4), comm_dtype="int4", rounding="stochastic",
+                             error_feedback=True), marks=pytest.mark.slow),
     pytest.param(dp.GradSync("ring", comm_dtype="int8", block_size=16, error_feedback=True),
                  marks=pytest.mark.slow),  # ~20 s; the torus case covers the path
 ])
@@ -529,7 +533,7 @@ def _two_stage_reference(batches, algorithm, shard_update):
 
 @pytest.mark.parametrize("algorithm,shard_update", [
     ("psum", False), ("psum", True), ("ring", False), ("ring", True),
-    ("torus", False), ("torus", True)])
+    ("torus", False), pytest.param("torus", True, marks=pytest.mark.slow)])  # ~11 s
 def test_two_stage_error_feedback_matches_numpy(algorithm, shard_update):
   """Parameters and both residuals after each of 4 steps, against the rule
   written out in NumPy. "psum" has no hops: APS, the worker residual alone."""
@@ -642,7 +646,8 @@ def test_residual_layout_is_checked():
 @pytest.mark.parametrize("algorithm,options", [
     ("torus", {"comm_dtype": "float8_e4m3fn", "aps": True}),
     ("torus", {"comm_dtype": "int4", "measured_shift": True, "shard_update": True}),
-    ("ring", {"comm_dtype": "float4_e2m1fn", "rounding": "stochastic", "shard_update": True}),
+    pytest.param("ring", {"comm_dtype": "float4_e2m1fn", "rounding": "stochastic",
+                          "shard_update": True}, marks=pytest.mark.slow),  # ~15 s
     ("ring", {"comm_dtype": "bfloat16"}),
 ], ids=["torus-fp8-aps", "torus-int4-shift-sharded", "ring-fp4-stochastic-sharded",
         "ring-bf16"])

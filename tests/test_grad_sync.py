@@ -219,6 +219,7 @@ def test_grad_sync_step_equals_flat_keyword_step_bit_for_bit(case):
     np.testing.assert_allclose(state.params[k], expected[k], rtol=0, atol=atol)
 
 
+@pytest.mark.slow  # ~50 s; test_parallel_steps and test_two_shot compare pmap and jit
 def test_pmap_and_jit_run_the_same_body_bit_for_bit():
   """One GradSync (torus over a 2x4 grid, int8, stochastic rounding) on pmap,
   on a mesh with one data axis and on a 2x4 torus mesh: the same numbers."""

@@ -172,6 +172,7 @@ def test_block_scales_beat_aps_on_a_layer_of_mixed_scales():
     assert err_aps > 0.5 * small, (scatter, err_aps)
 
 
+@pytest.mark.slow  # ~15 s; test_two_shot's pmap/mesh test runs block scales too
 def test_pmap_and_jit_with_block_scales_bit_for_bit():
   sync = dp.GradSync("torus", grid=(2, 4), comm_dtype="int4", block_size=4)
   pmap = dp.make_pmap_train_step(_loss, optax.sgd(1.0), grad_sync=sync, donate=False)

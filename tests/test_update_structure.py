@@ -153,7 +153,8 @@ def test_kernel_count_per_leaf_is_the_base_optimizers(name):
   assert extra <= 4, f"{name}: {extra} kernels beyond the per-leaf cost for 40 leaves"
 
 
-@pytest.mark.parametrize("name", ["lars", "lamb"])
+@pytest.mark.parametrize("name", [
+    pytest.param("lars", marks=pytest.mark.slow), "lamb"])  # ~14 s each
 def test_kernel_count_on_resnet50s_161_leaves(name):
   # Beyond the per-leaf cost, a few kernels per distinct small shape.
   make, base, per_leaf = STRUCTURE[name]
