@@ -36,7 +36,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.batch_size = 64 * 16
   # A batch that grows from base_batch_size to batch_size (the largest):
   # None (fixed at batch_size), "adaptive" (doubled when the measured noise
-  # scale passes twice the batch) or "ramp" (Megatron-LM's linear ramp over
+  # scale holds at three times the batch) or "ramp" (Megatron-LM's linear ramp over
   # ramp_examples examples, None: the run's first quarter, in steps of
   # ramp_increment, None: at most 7 equal steps). The run trains on the
   # same num_epochs · num_train examples in whatever steps it takes.
