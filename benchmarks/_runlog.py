@@ -30,14 +30,18 @@ def command(script: str, argv: Sequence[str] | None = None) -> str:
 SHARD_BYTES = 900_000
 
 
+def _shard(path: str, i: int) -> str:
+  """The i-th shard of the log at `path` (1: `path` itself)."""
+  stem = path[: -len(".jsonl")] if path.endswith(".jsonl") else path
+  return path if i == 1 else f"{stem}.{i}.jsonl"
+
+
 def shards(path: str) -> list[str]:
   """`path` and its continuations ``<stem>.2.jsonl``, ``<stem>.3.jsonl``, ...
   that exist, in order."""
-  stem = path[: -len(".jsonl")] if path.endswith(".jsonl") else path
-  out, i = [path], 2
-  while os.path.exists(f"{stem}.{i}.jsonl"):
-    out.append(f"{stem}.{i}.jsonl")
-    i += 1
+  out = [path]
+  while os.path.exists(_shard(path, len(out) + 1)):
+    out.append(_shard(path, len(out) + 1))
   return out
 
 
@@ -64,8 +68,7 @@ def log_run(path: str, done: dict[str, dict], ident: str, rec: dict) -> None:
   parts = shards(path)
   last = parts[-1]
   if os.path.exists(last) and os.path.getsize(last) >= SHARD_BYTES:
-    stem = path[: -len(".jsonl")] if path.endswith(".jsonl") else path
-    last = f"{stem}.{len(parts) + 1}.jsonl"
+    last = _shard(path, len(parts) + 1)
   with open(last, "a") as f:
     fcntl.flock(f, fcntl.LOCK_EX)
     f.write(json.dumps(dict(ident=ident, **rec)) + "\n")

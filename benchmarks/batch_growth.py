@@ -173,6 +173,10 @@ _OPTION_CODES = {"c": "calibration", "t": "threshold", "g": "guard_margin",
                  "h": "hold_examples", "d": "grad_stats_decay", "m": "max_rows_per_device"}
 
 
+#: The learning-rate rules a row's name may carry (``adaptive_linear_t3``).
+LR_RULES = ("linear", "sqrt", "gain")
+
+
 def adaptive_options(method: str, start: int) -> tuple[dict, dict]:
   """(the schedule's keywords, the step's keywords) of an adaptive row: the
   step's are `grad_stats_decay` and `max_rows_per_device` (``m8``: 8 rows
@@ -180,7 +184,7 @@ def adaptive_options(method: str, start: int) -> tuple[dict, dict]:
   did before rows first)."""
   options, step = {}, {}
   for token in method.split("_")[1:]:
-    if token in ("linear", "sqrt", "gain") or token[0] not in _OPTION_CODES:
+    if token in LR_RULES or token[0] not in _OPTION_CODES:
       continue
     name, value = _OPTION_CODES[token[0]], float(token[1:])
     if name in ("grad_stats_decay", "max_rows_per_device"):
@@ -319,8 +323,7 @@ def run_study(args) -> int:
       else:
         sched = schedule_for(method, task.batch_size, data["epochs"] * len(data["x_train"]),
                              cfg, start=first)
-        rule = next((r for r in method.split("_")[1:] if r in ("linear", "sqrt", "gain")),
-                    None)
+        rule = next((r for r in method.split("_")[1:] if r in LR_RULES), None)
         options = adaptive_options(method, first)[1] if method.startswith("adaptive") else {}
         rec = train_growing(task, data, base, sched, seed, devices, rule, options)
     except Exception as e:  # noqa: BLE001 - a failed cell must not end the study
