@@ -6,8 +6,8 @@ has held at three times the batch, up to 1,024; the learning rate is
 `date(baseline, 1024, batch_schedule=...)`, the baseline's schedule counted
 in examples times k_t = B_t/B0 (linear: momentum). In
 benchmarks/batch_growth.py (20 epochs of 16,384 signals) this row, with
-the first rule (threshold 2, no stretch), reached 96.34 % in 637 steps against 96.44 % for B0 in 20,480 and 82.81 % for a
-fixed 64·B0. The baseline is the momentum one of benchmarks/batch_scaling.py
+the first rule (threshold 2, no stretch), reached 96.34 % in 637 steps
+against 96.44 % for B0 in 20,480 and 82.81 % for a fixed 64·B0. The baseline is the momentum one of benchmarks/batch_scaling.py
 (heavy ball 0.9, lr 0.05 tuned at B0); DATE's own default ratio bounds.
 """
 
