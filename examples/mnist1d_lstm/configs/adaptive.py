@@ -7,8 +7,9 @@ has held at three times the batch, up to 1,024; the learning rate is
 in examples times k_t = B_t/B0 (linear: momentum). In
 benchmarks/batch_growth.py (20 epochs of 16,384 signals) this row, with
 the first rule (threshold 2, no stretch), reached 96.34 % in 637 steps
-against 96.44 % for B0 in 20,480 and 82.81 % for a fixed 64·B0. The baseline is the momentum one of benchmarks/batch_scaling.py
-(heavy ball 0.9, lr 0.05 tuned at B0); DATE's own default ratio bounds.
+against 96.44 % for B0 in 20,480 and 82.81 % for a fixed 64·B0. The
+baseline is the momentum one of benchmarks/batch_scaling.py (heavy ball
+0.9, lr 0.05 tuned at B0); DATE's own default ratio bounds.
 """
 
 from examples.mnist1d_lstm.configs import default
