@@ -27,6 +27,7 @@ Models (the repository's examples' modules, synthetic data):
 Usage (from the repository root, on the machine with the accelerator):
   python benchmarks/growth_device_time.py --out DIR
   python benchmarks/growth_device_time.py --quick --out /tmp/gd   # CPU, seconds
+  python benchmarks/growth_device_time.py --compile-only --out DIR  # compile times only
 
 Writes ``DIR/growth_device_time.json`` (rows appended as each model and mode
 ends, so a run cut short keeps what it finished) and
@@ -130,8 +131,11 @@ def _tiny():
 MODELS = {"resnet50": _resnet50, "bert_base": _bert_base, "tiny": _tiny}
 
 
-def run_mode(name: str, spec: dict, mode: str, steps: int, factor: int, levels: int) -> dict:
-  """Builds the step for `mode`, precompiles its programs and times each batch."""
+def run_mode(name: str, spec: dict, mode: str, steps: int, factor: int, levels: int,
+             compile_only: bool = False) -> dict:
+  """Builds the step for `mode`, precompiles its programs and times each batch
+  (with `compile_only`, only the compile times: for a CPU host, where the
+  examples' steps at 64·B0 take minutes)."""
   b0 = spec["b0"] * jax.device_count()
   top = b0 * factor ** (levels - 1)
   timed = steps + 2  # two warm-up steps at each batch
@@ -155,6 +159,14 @@ def run_mode(name: str, spec: dict, mode: str, steps: int, factor: int, levels: 
   print(f"[{name} / {mode}] compiled {len(compile_s)} programs in {compile_wall:.1f} s: "
         + ", ".join(f"{b}: {s:.1f} s" for b, s in compile_s.items()), flush=True)
   programs = []
+  if compile_only:
+    for size in schedule.batch_sizes:
+      micro = step.microbatches_for(size)
+      programs.append({"global_batch": size, "microbatches": micro,
+                       "rows_per_microbatch": size // jax.device_count() // micro,
+                       "compile_seconds": round(compile_s[size], 2)})
+    return {"model": name, "mode": mode, "unit": spec["unit"], "b0": b0,
+            "compile_wall_seconds": round(compile_wall, 2), "programs": programs}
   for size in schedule.batch_sizes:
     batch = jax.device_put(spec["batch"](rng, size), step.batch_sharding)
     n = 0
@@ -186,6 +198,16 @@ def device_info() -> dict:
           "jax": jax.__version__, "host": platform.node(), "python": platform.python_version()}
 
 
+def _us(program: dict | None) -> str:
+  """A table cell: µs per example (microbatches), or only the microbatches
+  of a program that was compiled and not timed."""
+  if program is None:
+    return "–"
+  if "us_per_example" not in program:
+    return f"not timed ({program['microbatches']})"
+  return f"{program['us_per_example']:.1f} ({program['microbatches']})"
+
+
 def write_md(path: str, rows: list[dict], info: dict, argv: list[str]) -> None:
   lines = [
       "# A growing batch: rows first against accumulation only, measured", "",
@@ -207,10 +229,9 @@ def write_md(path: str, rows: list[dict], info: dict, argv: list[str]) -> None:
     for i, b in enumerate(sizes):
       f = first["programs"][i] if first and i < len(first["programs"]) else None
       a = acc["programs"][i] if acc and i < len(acc["programs"]) else None
-      ratio = f"{a['us_per_example'] / f['us_per_example']:.2f}" if f and a else "–"
-      lines.append(
-          f"| {b} | {f['us_per_example']:.1f} ({f['microbatches']}) | " if f else f"| {b} | – | ")
-      lines[-1] += (f"{a['us_per_example']:.1f} ({a['microbatches']}) | " if a else "– | ")
+      timed = f and a and "us_per_example" in f and "us_per_example" in a
+      ratio = f"{a['us_per_example'] / f['us_per_example']:.2f}" if timed else "–"
+      lines.append(f"| {b} | {_us(f)} | {_us(a)} | ")
       lines[-1] += (f"{ratio} | {f['compile_seconds'] if f else '–'} | "
                     f"{a['compile_seconds'] if a else '–'} |")
     lines.append("")
@@ -227,6 +248,8 @@ def main(argv=None) -> int:
   p.add_argument("--levels", type=int, default=4, help="batch sizes: B0·factor**i, i < levels")
   p.add_argument("--factor", type=int, default=4)
   p.add_argument("--quick", action="store_true", help="the tiny model, 3 levels (CPU smoke)")
+  p.add_argument("--compile-only", action="store_true",
+                 help="compile every program and record its compile time; time no step")
   args = p.parse_args(argv)
   models = ["tiny"] if args.quick else args.models.split(",")
   levels = 3 if args.quick else args.levels
@@ -237,7 +260,8 @@ def main(argv=None) -> int:
   for name in models:
     spec = MODELS[name]()
     for mode in MODES:
-      rows.append(run_mode(name, spec, mode, args.steps, args.factor, levels))
+      rows.append(run_mode(name, spec, mode, args.steps, args.factor, levels,
+                           compile_only=args.compile_only))
       with open(os.path.join(args.out, "growth_device_time.json"), "w") as fh:
         json.dump({"device": info, "argv": argv, "rows": rows}, fh, indent=1)
       write_md(os.path.join(args.out, "growth_device_time.md"), rows, info, argv)

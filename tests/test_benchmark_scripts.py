@@ -87,6 +87,23 @@ def test_growth_device_time_quick_compares_the_two_programs(tmp_path):
   assert md.count("\n| 8 | ") == 1 and "| 128 | " in md
 
 
+def test_growth_device_time_compile_only_records_every_program(tmp_path):
+  """`--compile-only` compiles each mode's programs (one per batch), reports
+  their compile seconds and microbatches, and times no step."""
+  bench = load_benchmark("growth_device_time")
+  assert bench.main(["--quick", "--compile-only", "--out", str(tmp_path)]) == 0
+  res = json.load(open(tmp_path / "growth_device_time.json"))
+  first, acc = res["rows"]
+  b0 = 8 * res["device"]["devices"]
+  for row, micro in ((first, lambda size: 1), (acc, lambda size: size // b0)):
+    assert [p["global_batch"] for p in row["programs"]] == [b0, 4 * b0, 16 * b0]
+    for program in row["programs"]:
+      assert program["microbatches"] == micro(program["global_batch"])
+      assert program["compile_seconds"] > 0 and "ms_per_step" not in program
+  md = open(tmp_path / "growth_device_time.md").read()
+  assert f"| {16 * b0} | not timed (1) | not timed (16) | – |" in md
+
+
 @pytest.mark.slow
 def test_batch_scaling_quick_tiny_and_resume(tmp_path):
   bench = load_benchmark("batch_scaling")
