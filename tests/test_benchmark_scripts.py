@@ -87,8 +87,9 @@ def test_growth_device_time_quick_compares_the_two_programs(tmp_path):
   assert md.count("\n| 8 | ") == 1 and "| 128 | " in md
 
 
+@pytest.mark.slow
 def test_growth_device_time_compile_only_records_every_program(tmp_path):
-  """`--compile-only` compiles each mode's programs (one per batch), reports
+  """`--compile-only` (~9 s) compiles each mode's programs (one per batch), reports
   their compile seconds and microbatches, and times no step."""
   bench = load_benchmark("growth_device_time")
   assert bench.main(["--quick", "--compile-only", "--out", str(tmp_path)]) == 0
