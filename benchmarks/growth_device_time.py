@@ -214,8 +214,10 @@ def write_md(path: str, rows: list[dict], info: dict, argv: list[str]) -> None:
       f"Device: {info['device_kind']} ×{info['devices']} ({info['platform']}), "
       f"jax {info['jax']}. Command: `python benchmarks/growth_device_time.py "
       f"{' '.join(argv)}`.", "",
-      "Each program is compiled up front by `step.precompile`; times are the mean over "
-      "the timed steps after two warm-ups at each batch.", "",
+      "Each program is compiled up front by `step.precompile` (in threads; a program's "
+      "seconds include the others' share of the host); "
+      + ("no step was timed (`--compile-only`)." if "--compile-only" in argv else
+         "times are the mean over the timed steps after two warm-ups at each batch."), "",
   ]
   for model in dict.fromkeys(r["model"] for r in rows):
     by = {r["mode"]: r for r in rows if r["model"] == model}
