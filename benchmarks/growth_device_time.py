@@ -159,15 +159,14 @@ def run_mode(name: str, spec: dict, mode: str, steps: int, factor: int, levels: 
   print(f"[{name} / {mode}] compiled {len(compile_s)} programs in {compile_wall:.1f} s: "
         + ", ".join(f"{b}: {s:.1f} s" for b, s in compile_s.items()), flush=True)
   programs = []
-  if compile_only:
-    for size in schedule.batch_sizes:
-      micro = step.microbatches_for(size)
-      programs.append({"global_batch": size, "microbatches": micro,
-                       "rows_per_microbatch": size // jax.device_count() // micro,
-                       "compile_seconds": round(compile_s[size], 2)})
-    return {"model": name, "mode": mode, "unit": spec["unit"], "b0": b0,
-            "compile_wall_seconds": round(compile_wall, 2), "programs": programs}
   for size in schedule.batch_sizes:
+    micro = step.microbatches_for(size)
+    program = {"global_batch": size, "microbatches": micro,
+               "rows_per_microbatch": size // jax.device_count() // micro,
+               "compile_seconds": round(compile_s[size], 2)}
+    programs.append(program)
+    if compile_only:
+      continue
     batch = jax.device_put(spec["batch"](rng, size), step.batch_sharding)
     n = 0
     t0 = None
@@ -180,12 +179,8 @@ def run_mode(name: str, spec: dict, mode: str, steps: int, factor: int, levels: 
     jax.block_until_ready((state, metrics))
     seconds = (time.perf_counter() - t0) / (n - 2)
     loss = float(metrics["loss"])
-    micro = step.microbatches_for(size)
-    programs.append({"global_batch": size, "microbatches": micro,
-                     "rows_per_microbatch": size // jax.device_count() // micro,
-                     "compile_seconds": round(compile_s[size], 2),
-                     "ms_per_step": seconds * 1e3, "us_per_example": seconds / size * 1e6,
-                     "timed_steps": n - 2, "loss": loss})
+    program.update(ms_per_step=seconds * 1e3, us_per_example=seconds / size * 1e6,
+                   timed_steps=n - 2, loss=loss)
     print(f"  batch {size:6d} ({micro:3d} x {size // micro}): {seconds * 1e3:9.2f} ms/step, "
           f"{seconds / size * 1e6:8.2f} us/{spec['unit'][:-1]}, loss {loss:.3f}", flush=True)
   return {"model": name, "mode": mode, "unit": spec["unit"], "b0": b0,
