@@ -69,7 +69,7 @@ def _report(step, rows=256, tpu=None):
     ("v2-8", "v2:2x2", 4, 8, 8), ("v2-32", "v2:4x4", 16, 32, 8),
     ("v2-512", "v2:16x16", 256, 512, 8), ("v3-32", "v3:4x4", 16, 32, 16),
     ("v3-512", "v3:16x16", 256, 512, 16), ("v3-2048", "v3:32x32", 1024, 2048, 16),
-    ("v4-128", "v4:4x4x4", 64, 128, 16), ("v5litepod-256", "v5e:16x16", 256, 256, 16),
+    ("v4-128", "v4:4x4x4", 64, 64, 32), ("v5litepod-256", "v5e:16x16", 256, 256, 16),
 ])
 def test_tpu_slice_names_a_cloud_slice(name, topology, chips, devices, hbm_gib):
   s = dp.tpu_slice(name)

@@ -38,7 +38,14 @@ from date_optax._src.parallel.data.input_pipeline import (
 from date_optax._src.parallel.data.prefetch import DevicePrefetch, prefetch_to_device
 from date_optax._src.parallel.layout.distributed import host_local_to_global, initialize
 from date_optax._src.parallel.layout.mesh import data_mesh, torus_mesh
-from date_optax._src.parallel.layout.tpu_slice import TpuSlice, accelerator_types, tpu_slice
+from date_optax._src.parallel.layout.tpu_generations import TpuGeneration
+from date_optax._src.parallel.layout.tpu_generations import generation as tpu_generation
+from date_optax._src.parallel.layout.tpu_slice import (
+    TpuSlice,
+    accelerator_types,
+    multislice_mesh,
+    tpu_slice,
+)
 from date_optax._src.parallel.step.compile_report import CompileReport, compile_report
 from date_optax._src.parallel.step.grad_stats import GradStatsState
 from date_optax._src.parallel.step.pmap_step import PmapTrainStep, make_pmap_train_step
@@ -73,6 +80,7 @@ __all__ = [
     "ShardedTrainStep",
     "StepConfig",
     "TrainState",
+    "TpuGeneration",
     "TpuSlice",
     "TrainStep",
     "accelerator_types",
@@ -95,6 +103,7 @@ __all__ = [
     "make_replicated_train_step",
     "make_sharded_train_step",
     "make_train_step",
+    "multislice_mesh",
     "pad_batch",
     "prefetch_to_device",
     "psum_all_reduce",
@@ -103,6 +112,7 @@ __all__ = [
     "sync_gradients",
     "torus_all_reduce",
     "torus_mesh",
+    "tpu_generation",
     "tpu_slice",
     "update_shard_axis",
 ]

@@ -14,21 +14,24 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import glob
 import importlib.util
 import math
+import os
 import re
 from typing import Any
 
 import jax
+import numpy as np
 
-from date_optax._src.parallel.layout.mesh import data_mesh, torus_mesh
-
-GiB = 1 << 30
+from date_optax._src import validation
+from date_optax._src.parallel.layout import tpu_generations as tg
+from date_optax._src.parallel.layout.mesh import auto_axes_mesh, data_mesh, torus_mesh
 
 #: The environment of a process that only compiles for TPUs (no TPU used):
 #: libtpu's one-process lock file shared, and no probing for TPU VM metadata.
-#: Set by `date-optax compile` and the TPU-compile study before libtpu
-#: loads; never on a TPU VM that trains.
+#: `tpu_slice`'s devices set what is unset of it on a host without a TPU;
+#: never on a TPU VM that trains.
 COMPILE_ONLY_ENV = {
     "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
     "TPU_SKIP_MDS_QUERY": "1",
@@ -36,31 +39,8 @@ COMPILE_ONLY_ENV = {
     "TPU_ACCELERATOR_TYPE": "v3-8",
 }
 
-
-@dataclasses.dataclass(frozen=True)
-class _Generation:
-  """Public facts of one TPU generation (per chip) and how it names slices."""
-
-  topology_prefix: str  # libtpu's name: "v3" in "v3:16x16"
-  size_counts: str  # what "v3-512"'s number counts: "cores" or "chips"
-  cores_per_chip: int
-  hbm_per_chip: int  # bytes
-  peak_flops_per_chip: float  # dense bf16 FLOP/s
-  sizes: tuple[int, ...]  # the accelerator-type numbers offered
-  dims: int  # 2-D or 3-D torus
-
-
-_POW2 = lambda lo, hi: tuple(2**i for i in range(lo, hi + 1))  # noqa: E731
-
-#: Per-chip HBM and dense bf16 peak from Google's public Cloud TPU pages.
-GENERATIONS: dict[str, _Generation] = {
-    "v2": _Generation("v2", "cores", 2, 16 * GiB, 45e12, (8, 32, 128, 256, 512), 2),
-    "v3": _Generation("v3", "cores", 2, 32 * GiB, 123e12, (8,) + _POW2(5, 11), 2),
-    "v4": _Generation("v4", "cores", 2, 32 * GiB, 275e12, _POW2(3, 10) + (1536, 2048, 4096), 3),
-    "v5p": _Generation("v5p", "cores", 2, 95 * GiB, 459e12, _POW2(3, 13), 3),
-    "v5litepod": _Generation("v5e", "chips", 1, 16 * GiB, 197e12, (1, 4, 8) + _POW2(4, 8), 2),
-    "v6e": _Generation("v6e", "chips", 1, 32 * GiB, 918e12, (1, 4, 8) + _POW2(4, 8), 2),
-}
+#: The outer mesh axis of a Multislice target: it crosses slices (DCN).
+SLICE_AXIS = "slice"
 
 
 def _grid(chips: int, dims: int) -> tuple[int, ...]:
@@ -77,11 +57,12 @@ def _grid(chips: int, dims: int) -> tuple[int, ...]:
 
 
 def accelerator_types() -> list[str]:
-  """Every accelerator type `tpu_slice` knows.
+  """Every accelerator type `tpu_slice` knows, by Cloud TPU's names.
 
   Returns:
     The names, e.g. ``["v2-8", ..., "v3-2048", ..., "v6e-256"]``, by
-    generation and size.
+    generation and size (v5e's as ``v5litepod-N``; `tpu_slice` also takes
+    ``v5e-N``).
 
   Examples:
     >>> import date_optax.parallel as dp
@@ -91,7 +72,7 @@ def accelerator_types() -> list[str]:
   References:
     Google Cloud, "TPU versions" (the slice sizes of each generation).
   """
-  return [f"{name}-{size}" for name, gen in GENERATIONS.items() for size in gen.sizes]
+  return [f"{name}-{size}" for name, gen in tg.GENERATIONS.items() for size in gen.sizes]
 
 
 def check_libtpu() -> None:
@@ -104,32 +85,159 @@ def check_libtpu() -> None:
     )
 
 
+def has_tpu_attached() -> bool:
+  """Whether this host has TPU chips (a TPU VM's ``/dev/accel*`` or ``/dev/vfio``)."""
+  return bool(glob.glob("/dev/accel*")) or os.path.isdir("/dev/vfio")
+
+
+def quiet_compile_only() -> None:
+  """Sets the unset keys of `COMPILE_ONLY_ENV` on a host without a TPU.
+
+  libtpu probes for a TPU VM's metadata when it loads and, finding none,
+  prints start-up errors that mean nothing to a process that only compiles.
+  On a host with TPU chips nothing is set: a training process there needs
+  the real metadata. Values the user set are kept.
+  """
+  if has_tpu_attached():
+    return
+  for key, value in COMPILE_ONLY_ENV.items():
+    os.environ.setdefault(key, value)
+
+
 @functools.cache
-def _topology_devices(topology: str) -> tuple[Any, ...]:
+def _topology_devices(topology: str, num_slices: int = 1,
+                      chip_config: str | None = None) -> tuple[Any, ...]:
   check_libtpu()
+  quiet_compile_only()
   from jax.experimental import topologies  # noqa: PLC0415 - loads libtpu
 
-  return tuple(topologies.get_topology_desc(platform="tpu", topology_name=topology).devices)
+  kwargs: dict[str, Any] = {}
+  if num_slices > 1:
+    kwargs["num_slices"] = num_slices
+  if chip_config is not None:
+    # A VM's runtime joins the chip's cores into one device; libtpu needs the
+    # host's chip block with that config ((2, 2, 1) on every 3-D generation).
+    kwargs.update(chip_config_name=chip_config, chips_per_host_bounds=(2, 2, 1))
+  desc = topologies.get_topology_desc(platform="tpu", topology_name=topology, **kwargs)
+  return tuple(desc.devices)
+
+
+def _by_slice(devices: list[Any], num_slices: int) -> list[list[Any]]:
+  """The devices grouped by slice: by ``slice_index`` where devices carry one
+  (a Multislice topology, a Multislice VM), else by process (each process a
+  slice, as `create_hybrid_device_mesh(process_is_granule=True)` does)."""
+  key = ((lambda d: d.slice_index)
+         if all(getattr(d, "slice_index", None) is not None for d in devices)
+         else (lambda d: d.process_index))
+  groups: dict[int, list[Any]] = {}
+  for d in devices:
+    groups.setdefault(key(d), []).append(d)
+  if len(groups) != num_slices or len({len(g) for g in groups.values()}) != 1:
+    raise ValueError(
+        f"expected {num_slices} slices of equal size, found groups of sizes "
+        f"{[len(g) for _, g in sorted(groups.items())]}."
+    )
+  return [sorted(g, key=lambda d: d.id) for _, g in sorted(groups.items())]
+
+
+def multislice_mesh(
+    shape: tuple[int, ...],
+    axis_names: tuple[str, ...],
+    *,
+    num_slices: int,
+    devices: list[Any] | None = None,
+    slice_axis: str = SLICE_AXIS,
+) -> jax.sharding.Mesh:
+  """A mesh over several slices: the slice axis outermost, each slice's own
+  axes laid out inside it (`jax.make_mesh`'s physical order per slice).
+
+  Collectives over `slice_axis` cross the data-center network (DCN); those
+  over the other axes stay on one slice's ICI links. This is the hybrid mesh
+  of `jax.experimental.mesh_utils.create_hybrid_device_mesh`.
+
+  Args:
+    shape: the per-slice mesh shape (its product is each slice's devices).
+    axis_names: the per-slice axis names.
+    num_slices: the number of slices (1 gives a mesh with a slice axis of 1).
+    devices: every device of every slice (default `jax.devices()`).
+    slice_axis: the name of the outer axis.
+
+  Returns:
+    A `jax.sharding.Mesh` of shape ``(num_slices, *shape)`` and axes
+    ``(slice_axis, *axis_names)``, Auto axes.
+
+  Raises:
+    ValueError: the devices do not form `num_slices` equal slices of
+      ``prod(shape)`` devices, or `slice_axis` is one of `axis_names`.
+
+  Examples:
+    >>> import jax
+    >>> import date_optax.parallel as dp
+    >>> mesh = dp.multislice_mesh((4,), ("data",), num_slices=2)  # 2 x 4 CPU devices
+    >>> dict(mesh.shape)
+    {'slice': 2, 'data': 4}
+
+  References:
+    Google Cloud, "Cloud TPU Multislice overview"; JAX,
+    ``jax.experimental.mesh_utils.create_hybrid_device_mesh``; MaxText's
+    ``dcn_data_parallelism``.
+  """
+  num_slices = validation.check_int("num_slices", num_slices, low=1)
+  if slice_axis in axis_names:
+    raise ValueError(f"slice_axis {slice_axis!r} must differ from axis_names {axis_names}.")
+  devices = list(jax.devices() if devices is None else devices)
+  per_slice = int(np.prod(shape))
+  if per_slice * num_slices != len(devices):
+    raise ValueError(
+        f"a mesh of {num_slices} slices of shape {tuple(shape)} needs "
+        f"{per_slice * num_slices} devices, got {len(devices)}."
+    )
+  if num_slices == 1:
+    groups = [devices]
+  elif all(getattr(d, "slice_index", None) is not None for d in devices) or len(
+      {d.process_index for d in devices}) == num_slices:
+    groups = _by_slice(devices, num_slices)
+  else:  # one process, no slice indices (CPU tests): consecutive blocks
+    groups = [devices[i * per_slice:(i + 1) * per_slice] for i in range(num_slices)]
+  grids = []
+  for group in groups:
+    try:
+      from jax.experimental import mesh_utils  # noqa: PLC0415
+
+      grids.append(mesh_utils.create_device_mesh(tuple(shape), devices=group,
+                                                 allow_split_physical_axes=True))
+    except (ValueError, NotImplementedError, AssertionError):
+      grids.append(np.asarray(group, dtype=object).reshape(shape))
+  mesh = jax.sharding.Mesh(np.stack(grids), (slice_axis, *axis_names))
+  return auto_axes_mesh(mesh)
 
 
 @dataclasses.dataclass(frozen=True)
 class TpuSlice:
-  """A Cloud TPU slice (``v3-512``) as a compile target: devices, meshes, limits.
+  """A Cloud TPU slice (``v3-512``), or S of them, as a compile target.
 
   Build it with `tpu_slice`. The devices are libtpu's description of the
   slice (no TPU is needed; any process, ``JAX_PLATFORMS=cpu`` included):
   arrays cannot live on them, but `jax.jit(...).lower(...).compile()` over a
-  mesh of them runs the real TPU compiler.
+  mesh of them runs the real TPU compiler. They are the devices a VM of
+  that type lists (`jax.devices()`): one per TensorCore on v2 and v3, one
+  megacore device per chip on v4 and v5p, one per chip on v5e and v6e.
+
+  With ``num_slices`` S > 1 the target is a Multislice job: S slices of
+  this type joined by the data-center network (DCN). Its meshes put a
+  ``"slice"`` axis outermost, so only collectives over that axis cross DCN.
 
   Args:
-    accelerator_type: the Cloud TPU name, e.g. ``"v3-512"``.
-    generation: ``"v2"``, ``"v3"``, ``"v4"``, ``"v5p"``, ``"v5litepod"`` or
-      ``"v6e"``.
-    topology: libtpu's topology name, e.g. ``"v3:16x16"`` (chips per axis).
-    chips: chips in the slice.
-    cores: TensorCores in the slice.
+    accelerator_type: Cloud TPU's name of one slice, e.g. ``"v3-512"``,
+      ``"v5litepod-256"`` (``"v5e-256"`` is accepted and stored so).
+    generation: the accelerator-type prefix: ``"v2"``, ``"v3"``, ``"v4"``,
+      ``"v5p"``, ``"v5litepod"`` or ``"v6e"``.
+    topology: libtpu's topology name of one slice, e.g. ``"v3:16x16"``.
+    chips: chips in one slice.
+    cores: TensorCores in one slice.
     hbm_per_chip: HBM bytes per chip (public specification).
     peak_flops_per_chip: dense bfloat16 FLOP/s per chip (public specification).
+    num_slices: slices joined over DCN (1: a single slice).
 
   Examples:
     >>> import date_optax.parallel as dp
@@ -138,11 +246,18 @@ class TpuSlice:
     ('v3:4x4', 16, 32, 16.0)
     >>> dict(s.mesh(model=2).shape)
     {'data': 16, 'model': 2}
+    >>> v4 = dp.tpu_slice("v4-8")  # 4 chips, one 32 GiB megacore device each
+    >>> v4.num_devices, v4.hbm_per_device / 2**30
+    (4, 32.0)
+    >>> two = dp.tpu_slice("v5e-16", num_slices=2)
+    >>> two.accelerator_type, two.num_devices, dict(two.data_mesh().shape)
+    ('v5litepod-16', 32, {'slice': 2, 'data': 16})
 
   References:
     Google Cloud, "TPU versions" (system architecture pages for v2, v3, v4,
-    v5e, v5p and v6e); Ying et al., "Image Classification at Supercomputer
-    Scale", 2018 (the v2/v3 pod's 2-D torus).
+    v5e, v5p and v6e) and "Cloud TPU Multislice overview"; Ying et al.,
+    "Image Classification at Supercomputer Scale", 2018 (the v2/v3 pod's
+    2-D torus).
   """
 
   accelerator_type: str
@@ -152,22 +267,42 @@ class TpuSlice:
   cores: int
   hbm_per_chip: int
   peak_flops_per_chip: float
+  num_slices: int = 1
+
+  @property
+  def facts(self) -> tg.TpuGeneration:
+    """The generation's public facts (bandwidths, links, hosts, price)."""
+    return tg.GENERATIONS[self.generation]
+
+  @property
+  def name(self) -> str:
+    """The target as people write it: ``"v5litepod-256"`` or ``"4 x v5litepod-256"``."""
+    return (self.accelerator_type if self.num_slices == 1
+            else f"{self.num_slices} x {self.accelerator_type}")
 
   @property
   def devices(self) -> list[Any]:
-    """The slice's JAX devices (libtpu's topology description), in id order."""
-    return list(_topology_devices(self.topology))
+    """Every slice's JAX devices (libtpu's topology description), in id order."""
+    return list(_topology_devices(self.topology, self.num_slices, self.facts.chip_config))
 
   @property
   def num_devices(self) -> int:
-    """JAX devices: one per TensorCore on v2, v3 and v4 (libtpu's topologies
-    list v4's two cores apart; a v4 VM's runtime joins them into one megacore
-    device), one per chip on v5p, v5e and v6e."""
+    """JAX devices over all slices, as VMs of this type list them."""
     return len(self.devices)
 
   @property
+  def total_chips(self) -> int:
+    """Chips over all slices (what a run is billed for)."""
+    return self.chips * self.num_slices
+
+  @property
+  def hosts(self) -> int:
+    """TPU VM hosts over all slices (one process each on a real job)."""
+    return self.num_slices * max(1, self.chips // self.facts.chips_per_host)
+
+  @property
   def devices_per_chip(self) -> int:
-    return self.num_devices // self.chips
+    return self.num_devices // self.total_chips
 
   @property
   def hbm_per_device(self) -> int:
@@ -179,38 +314,68 @@ class TpuSlice:
     """Dense bf16 FLOP/s of one device."""
     return self.peak_flops_per_chip / self.devices_per_chip
 
+  @property
+  def hbm_bandwidth_per_device(self) -> float:
+    """HBM bytes/s of one device."""
+    return self.facts.hbm_bandwidth_per_chip / self.devices_per_chip
+
+  def _check_model(self, model: Any, n: int) -> int:
+    if not isinstance(model, int) or isinstance(model, bool) or model < 1 or n % model:
+      divisors = [d for d in range(1, n + 1) if n % d == 0]
+      per = "of one slice " if self.num_slices > 1 else ""
+      raise ValueError(
+          f"model must be a divisor of the {n} devices {per}of {self.accelerator_type}, "
+          f"one of {divisors}; got {model!r}."
+      )
+    return model
+
   def data_mesh(self, axis_name: str = "data") -> jax.sharding.Mesh:
-    """A 1-D mesh over every device of the slice (`date_optax.parallel.data_mesh`)."""
-    return data_mesh(axis_name=axis_name, devices=self.devices)
+    """A mesh whose every axis carries replicas: 1-D over one slice
+    (`date_optax.parallel.data_mesh`); ``("slice", axis_name)`` over several,
+    the slice axis outermost."""
+    if self.num_slices == 1:
+      return data_mesh(axis_name=axis_name, devices=self.devices)
+    per = self.num_devices // self.num_slices
+    return multislice_mesh((per,), (axis_name,), num_slices=self.num_slices,
+                           devices=self.devices)
 
   def mesh(self, model: int = 1, axis_names: tuple[str, str] = ("data", "model")
            ) -> jax.sharding.Mesh:
     """A (data, model) mesh: `model` devices per model-parallel group.
 
     Args:
-      model: devices along the model axis; must divide the device count.
+      model: devices along the model axis; must divide one slice's devices
+        (a model group never crosses slices).
       axis_names: the two axes' names.
 
     Returns:
       A 2-D `jax.sharding.Mesh` (Auto axes) over the slice's devices,
-      placed in the torus order `jax.make_mesh` chooses.
+      placed in the torus order `jax.make_mesh` chooses; over several slices
+      a 3-D one with the ``"slice"`` axis outermost.
     """
-    n = self.num_devices
-    if not isinstance(model, int) or isinstance(model, bool) or model < 1 or n % model:
-      divisors = [d for d in range(1, n + 1) if n % d == 0]
-      raise ValueError(
-          f"model must be a divisor of the {n} devices of {self.accelerator_type}, "
-          f"one of {divisors}; got {model!r}."
-      )
-    return torus_mesh(n // model, model, axis_names=axis_names, devices=self.devices)
+    per = self.num_devices // self.num_slices
+    model = self._check_model(model, per)
+    if self.num_slices == 1:
+      return torus_mesh(per // model, model, axis_names=axis_names, devices=self.devices)
+    return multislice_mesh((per // model, model), tuple(axis_names),
+                           num_slices=self.num_slices, devices=self.devices)
 
   def torus_mesh(self, axis_names: tuple[str, str] = ("x", "y")) -> jax.sharding.Mesh:
     """An X × Y mesh shaped as the slice's chip torus, for `GradSync("torus")`.
 
     The first axis is the torus's first axis of chips; the second holds the
-    other axes (and, on v2/v3/v4, each chip's two cores), so neighbours along
-    either axis share a link.
+    other axes (and, on v2/v3, each chip's two cores). One slice only: a
+    torus does not cross the data-center network.
+
+    Raises:
+      ValueError: a Multislice target.
     """
+    if self.num_slices > 1:
+      raise ValueError(
+          f"torus_mesh is one slice's torus; {self.name} has {self.num_slices} slices "
+          "joined by DCN: use data_mesh() (a 'slice' axis outermost) with "
+          "GradSync('hierarchical') or psum."
+      )
     x = int(self.topology.split(":")[1].split("x")[0])
     return torus_mesh(x, self.num_devices // x, axis_names=axis_names, devices=self.devices)
 
@@ -219,20 +384,24 @@ class TpuSlice:
     """Environment variables for a process that only compiles for TPUs.
 
     libtpu lets one process per host load it (``/tmp/libtpu_lockfile``) and
-    probes for TPU VM metadata when it loads; a process that compiles and
-    never runs on a TPU sets these first (`date-optax compile` does). Never
-    on a TPU VM that trains.
+    probes for TPU VM metadata when it loads. `tpu_slice`'s devices set the
+    unset ones on a host without a TPU; a process that loads libtpu another
+    way first (``jax.devices()`` with ``jax[tpu]`` installed) sets them
+    itself. Never on a TPU VM that trains.
     """
     return dict(COMPILE_ONLY_ENV)
 
   def as_dict(self) -> dict[str, Any]:
     """The slice's facts as JSON-ready values (devices counted, not listed)."""
-    return {**dataclasses.asdict(self), "num_devices": self.num_devices,
-            "hbm_per_device": self.hbm_per_device,
-            "peak_flops_per_device": self.peak_flops_per_device}
+    return {**dataclasses.asdict(self), "name": self.name,
+            "num_devices": self.num_devices, "total_chips": self.total_chips,
+            "hosts": self.hosts, "hbm_per_device": self.hbm_per_device,
+            "peak_flops_per_device": self.peak_flops_per_device,
+            "hbm_bandwidth_per_device": self.hbm_bandwidth_per_device,
+            "generation_facts": self.facts.as_dict()}
 
 
-def tpu_slice(accelerator_type: str) -> TpuSlice:
+def tpu_slice(accelerator_type: str, num_slices: int = 1) -> TpuSlice:
   """The Cloud TPU slice `accelerator_type` (``"v3-512"``) as a compile target.
 
   Args:
@@ -240,13 +409,16 @@ def tpu_slice(accelerator_type: str) -> TpuSlice:
       (``gcloud ... --accelerator-type``): ``v2-8`` .. ``v2-512``,
       ``v3-8`` .. ``v3-2048``, ``v4-8`` .. ``v4-4096`` and ``v5p-8`` ..
       ``v5p-8192`` count TensorCores; ``v5litepod-1`` .. ``v5litepod-256``
-      and ``v6e-1`` .. ``v6e-256`` count chips.
+      (also written ``v5e-N``) and ``v6e-1`` .. ``v6e-256`` count chips.
+    num_slices: how many such slices a Multislice job joins over the
+      data-center network, 1 to 64 (v4, v5e, v5p and v6e; 1 on v2 and v3).
 
   Returns:
     A `TpuSlice`. Its devices load libtpu on first use.
 
   Raises:
-    ValueError: an unknown name, listing the valid ones.
+    ValueError: an unknown name, listing the valid ones; a slice count out
+      of range or on a generation that cannot join slices.
     ImportError: (on first use of the devices) libtpu is not installed; the
       message gives the install command.
 
@@ -255,24 +427,34 @@ def tpu_slice(accelerator_type: str) -> TpuSlice:
     >>> s = dp.tpu_slice("v3-2048")  # a full v3 pod: 1,024 chips
     >>> s.topology, s.num_devices
     ('v3:32x32', 2048)
-    >>> dp.tpu_slice("v5litepod-256").topology
+    >>> dp.tpu_slice("v5e-256").topology
     'v5e:16x16'
+    >>> dp.tpu_slice("v5litepod-256", num_slices=4).total_chips
+    1024
 
   References:
-    Google Cloud, "TPU versions" and "TPU regions and zones" (accelerator
-    type names); MaxText's ``train_compile.py`` (compiling for a topology
-    before renting it).
+    Google Cloud, "TPU versions", "TPU regions and zones" (accelerator
+    type names) and "Cloud TPU Multislice overview"; MaxText's
+    ``train_compile.py`` (compiling for a topology before renting it).
   """
   if not isinstance(accelerator_type, str):
     raise TypeError(f"accelerator_type must be a str such as 'v3-512', got "
                     f"{accelerator_type!r}.")
   match = re.fullmatch(r"(v[0-9a-z]+)-([0-9]+)", accelerator_type)
-  gen = GENERATIONS.get(match.group(1)) if match else None
+  prefix = tg.ALIASES.get(match.group(1), match.group(1)) if match else ""
+  gen = tg.GENERATIONS.get(prefix)
   size = int(match.group(2)) if match else 0
   if gen is None or size not in gen.sizes:
     raise ValueError(
         f"unknown accelerator_type {accelerator_type!r}; valid: "
-        f"{', '.join(accelerator_types())}."
+        f"{', '.join(accelerator_types())} (v5e-N is v5litepod-N)."
+    )
+  num_slices = validation.check_int("num_slices", num_slices, low=1, high=64)
+  if num_slices > 1 and not gen.multislice:
+    multi = ", ".join(g.name for g in tg.GENERATIONS.values() if g.multislice)
+    raise ValueError(
+        f"num_slices={num_slices}: TPU {gen.name} slices cannot be joined over the "
+        f"data-center network (Multislice runs on {multi}); pass num_slices=1."
     )
   if gen.size_counts == "cores":
     cores, chips = size, max(1, size // gen.cores_per_chip)
@@ -280,11 +462,12 @@ def tpu_slice(accelerator_type: str) -> TpuSlice:
     chips, cores = size, size * gen.cores_per_chip
   grid = _grid(chips, gen.dims)
   return TpuSlice(
-      accelerator_type=accelerator_type,
-      generation=match.group(1),
+      accelerator_type=f"{prefix}-{size}",
+      generation=prefix,
       topology=f"{gen.topology_prefix}:{'x'.join(map(str, grid))}",
       chips=chips,
       cores=cores,
       hbm_per_chip=gen.hbm_per_chip,
       peak_flops_per_chip=gen.peak_flops_per_chip,
+      num_slices=num_slices,
   )
