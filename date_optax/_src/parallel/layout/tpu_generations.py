@@ -72,6 +72,12 @@ class TpuGeneration:
     dims: 2 or 3, the chip torus's dimensions.
     sources: the keys of the module's sources each number comes from.
 
+  Examples:
+    >>> import date_optax.parallel as dp
+    >>> v6e = dp.tpu_generation("v6e")
+    >>> v6e.peak_flops_per_chip / 1e12, v6e.hbm_bandwidth_per_chip / 1e12, v6e.ici_links_per_chip
+    (918.0, 1.6, 4)
+
   References:
     See the module docstring: Google Cloud's TPU pages; Austin et al., "How
     to Scale Your Model", 2025; Jouppi et al., CACM 2020.

@@ -1,0 +1,127 @@
+"""Today's TPU generations as a VM lists them, Multislice targets, and a quiet libtpu."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+import date_optax.parallel as dp
+from date_optax._src.parallel.layout import tpu_generations as tg
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                                  reason="libtpu (pip install 'jax[tpu]') is not installed")
+GiB = 2**30
+
+
+# What `jax.devices()` lists on a VM of each type, and each device's HBM
+# (Google Cloud's system-architecture pages: v2/v3 list each TensorCore with
+# half the chip's HBM; v4 and v5p one megacore device per chip; v5e and v6e
+# one device per chip).
+@needs_libtpu
+@pytest.mark.xdist_group("libtpu")
+@pytest.mark.parametrize("name,devices,hbm_gib", [
+    ("v2-8", 8, 8), ("v3-8", 8, 16), ("v4-8", 4, 32), ("v4-32", 16, 32),
+    ("v5p-8", 4, 95), ("v5litepod-4", 4, 16), ("v5litepod-8", 8, 16), ("v6e-8", 8, 32),
+])
+def test_a_slice_has_the_devices_its_vm_lists(name, devices, hbm_gib):
+  s = dp.tpu_slice(name)
+  assert s.num_devices == devices
+  assert s.hbm_per_device == hbm_gib * GiB
+  assert len({d.id for d in s.devices}) == devices
+  # One device's peak and bandwidth are its chip's share.
+  np.testing.assert_allclose(s.peak_flops_per_device * devices, s.peak_flops_per_chip * s.chips)
+  np.testing.assert_allclose(s.hbm_bandwidth_per_device * devices,
+                             s.facts.hbm_bandwidth_per_chip * s.chips)
+
+
+def test_every_generation_has_its_public_facts():
+  assert {g.name for g in tg.GENERATIONS.values()} == {"v2", "v3", "v4", "v5p", "v5e", "v6e"}
+  for g in tg.GENERATIONS.values():
+    for field in ("hbm_per_chip", "hbm_bandwidth_per_chip", "peak_flops_per_chip",
+                  "ici_bandwidth_per_link", "dcn_bandwidth_per_host", "price_per_chip_hour"):
+      assert getattr(g, field) > 0, (g.name, field)
+    assert g.ici_links_per_chip == 2 * g.dims  # a torus: two links per axis
+    assert g.sources
+  # Two sources agree: Google's v5e page gives 6.4 Tbit/s of DCN per 256-chip
+  # pod (25 Gbit/s per chip); the scaling book 2.5e10 bytes/s per 8-chip host.
+  np.testing.assert_allclose(dp.tpu_generation("v5e").dcn_bandwidth_per_chip,
+                             6.4e12 / 8 / 256)
+
+
+def test_generation_names_people_type():
+  assert dp.tpu_generation("v5e") is dp.tpu_generation("v5litepod")
+  assert dp.tpu_slice("v5e-8") == dp.tpu_slice("v5litepod-8")
+  assert dp.tpu_slice("v5e-8").accelerator_type == "v5litepod-8"
+  with pytest.raises(ValueError, match=r"unknown TPU generation 'v7'.*v5e"):
+    dp.tpu_generation("v7")
+  with pytest.raises(TypeError, match="name"):
+    dp.tpu_generation(5)
+  with pytest.raises(ValueError, match=r"v5e-N is v5litepod-N"):
+    dp.tpu_slice("v5e-12")
+
+
+def test_multislice_targets_are_refused_where_slices_cannot_join():
+  with pytest.raises(ValueError, match=r"num_slices=2: TPU v3 slices cannot be joined.*v5e"):
+    dp.tpu_slice("v3-32", num_slices=2)
+  with pytest.raises(ValueError, match=r"num_slices must be an integer in \[1, 64\]"):
+    dp.tpu_slice("v5e-16", num_slices=0)
+  with pytest.raises(TypeError, match="num_slices"):
+    dp.tpu_slice("v5e-16", num_slices=2.0)
+  s = dp.tpu_slice("v5litepod-256", num_slices=4)
+  assert (s.name, s.total_chips, s.hosts) == ("4 x v5litepod-256", 1024, 128)
+
+
+@needs_libtpu
+@pytest.mark.xdist_group("libtpu")
+@pytest.mark.parametrize("name,num_slices", [("v5e-16", 2), ("v4-16", 2), ("v6e-8", 4)])
+def test_multislice_meshes_put_the_slice_axis_outermost(name, num_slices):
+  s = dp.tpu_slice(name, num_slices=num_slices)
+  per = s.num_devices // num_slices
+  assert s.num_devices == dp.tpu_slice(name).num_devices * num_slices
+  mesh = s.data_mesh()
+  assert dict(mesh.shape) == {"slice": num_slices, "data": per}
+  for i in range(num_slices):  # each row of the outer axis is one whole slice
+    assert {d.slice_index for d in mesh.devices[i]} == {i}
+  mesh = s.mesh(model=2)
+  assert dict(mesh.shape) == {"slice": num_slices, "data": per // 2, "model": 2}
+  assert all({d.slice_index for d in mesh.devices[i].flat} == {i} for i in range(num_slices))
+  with pytest.raises(ValueError, match="model must be a divisor of the .* devices of one slice"):
+    s.mesh(model=3)
+  with pytest.raises(ValueError, match="torus_mesh is one slice's torus"):
+    s.torus_mesh()
+
+
+def test_multislice_mesh_over_emulated_devices():
+  mesh = dp.multislice_mesh((2, 2), ("data", "model"), num_slices=2)
+  assert dict(mesh.shape) == {"slice": 2, "data": 2, "model": 2}
+  assert sorted(d.id for d in mesh.devices[0].flat) == [d.id for d in jax.devices()[:4]]
+  with pytest.raises(ValueError, match=r"needs 12 devices, got 8"):
+    dp.multislice_mesh((6,), ("data",), num_slices=2)
+  with pytest.raises(ValueError, match="slice_axis 'data' must differ"):
+    dp.multislice_mesh((4,), ("data",), num_slices=2, slice_axis="data")
+
+
+@needs_libtpu
+def test_a_compile_only_process_prints_no_libtpu_start_up_noise():
+  env = {k: v for k, v in os.environ.items()
+         if k not in tg_env_keys() and k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+  env["PYTHONPATH"] = str(ROOT)
+  code = ("import date_optax.parallel as dp\n"
+          "print(len(dp.tpu_slice('v6e-8').devices))\n")
+  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120, check=True)
+  assert out.stdout.strip() == "8"
+  for noise in ("Failed to find host bounds", "E0000", "INVALID_ARGUMENT", "libtpu_init_utils"):
+    assert noise not in out.stderr, out.stderr
+
+
+def tg_env_keys() -> set[str]:
+  return set(dp.TpuSlice.compile_only_env())
