@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from date_optax._src import cli_compile, cli_recipe
+from date_optax._src import cli_compile, cli_plan, cli_recipe
 
 #: Modules whose ``register(subparsers)`` adds one subcommand each.
-SUBCOMMANDS = [cli_recipe, cli_compile]
+SUBCOMMANDS = [cli_recipe, cli_compile, cli_plan]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -59,6 +59,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                     help="your own compile target (see below)")
   p.add_argument("--accelerator-type", required=True, metavar="TYPE",
                  help="the Cloud TPU slice, e.g. v3-512, v2-32, v4-128, v5litepod-256")
+  p.add_argument("--num-slices", type=int, default=1, metavar="S",
+                 help="S slices joined over the data-center network (Multislice; v4, "
+                      "v5e, v5p, v6e); default 1")
   p.add_argument("--config", metavar="PATH[:ARG]",
                  help="a config file with get_config() (default: the example's "
                       "configs/default.py); ':ARG' is passed to get_config")
@@ -69,7 +72,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
   return p
 
 
-def _quiet_libtpu() -> None:
+def quiet_libtpu() -> None:
   """Compile-only use of libtpu: no TPU backend, and no host probing noise.
 
   libtpu looks for the TPU VM's metadata when it loads and prints warnings
@@ -130,7 +133,7 @@ def _target(args: argparse.Namespace) -> Any:
   return getattr(importlib.import_module(module), name)
 
 
-def _jsonable(report: Any) -> dict[str, Any]:
+def jsonable(report: Any) -> dict[str, Any]:
   out = report.as_dict()
   for c in out["collectives"]:
     if len(c["groups"]) > _GROUPS_CHARS:
@@ -140,7 +143,7 @@ def _jsonable(report: Any) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
   """Runs ``date-optax compile``; returns the exit code (2 on bad input)."""
-  _quiet_libtpu()
+  quiet_libtpu()
   from jax import tree_util  # noqa: PLC0415
 
   from date_optax._src.parallel.layout import tpu_slice as ts  # noqa: PLC0415
@@ -155,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     # and a user's target import from the working directory.
     sys.path.insert(0, os.getcwd())
   try:
-    tpu = ts.tpu_slice(args.accelerator_type)
+    tpu = ts.tpu_slice(args.accelerator_type, num_slices=args.num_slices)
     ts.check_libtpu()
     config = load_config(args.config, args.example, args.set)
     target = _target(args)
@@ -163,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
   except (ValueError, TypeError, KeyError, ImportError, AttributeError) as e:
     return fail(str(e))
   if not args.json:
-    print(f"{args.accelerator_type}: {tpu.chips} chips, {tpu.num_devices} devices "
+    print(f"{tpu.name}: {tpu.total_chips} chips, {tpu.num_devices} devices "
           f"({tpu.topology}), {tpu.hbm_per_device / 2**30:.0f} GiB HBM and "
           f"{tpu.peak_flops_per_device / 1e12:.1f} bf16 TFLOP/s per device "
           "(public specifications); times are the compiler's estimates.", flush=True)
@@ -179,15 +182,22 @@ def run(args: argparse.Namespace) -> int:
       if not args.json:
         print(f"\n{name}\nbatch {rows} on {tpu.num_devices} devices {e}", flush=True)
       continue
-    except ValueError as e:
-      return fail(f"{name}: {e}")
-    results.append({"name": name, **_jsonable(report)})
+    except Exception as e:  # noqa: BLE001 - reported, and the other programs go on
+      lines = str(e).strip().splitlines()
+      cause = f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
+      results.append({"name": name, "fits": None, "failed": cause})
+      if not args.json:
+        print(f"\n{name}\nfailed to compile: {cause}", flush=True)
+      continue
+    results.append({"name": name, **jsonable(report)})
     if not args.json:
       print(f"\n{name}\n{report.summary()}", flush=True)
   if args.json:
-    json.dump({"accelerator_type": args.accelerator_type, "slice": tpu.as_dict(),
+    json.dump({"accelerator_type": tpu.accelerator_type, "num_slices": tpu.num_slices,
+               "slice": tpu.as_dict(),
                "estimates": "compiler cost model (libtpu), not measured",
                "programs": results}, sys.stdout, indent=1)
     print()
-  # 1: a program does not fit its devices (each one says by how much).
-  return 0 if all(r["fits"] is not False for r in results) else 1
+  # 1: a program does not fit its devices (each one says by how much), or
+  # failed to compile (its one-line cause is printed; the others still are).
+  return 0 if all(r["fits"] is True for r in results) else 1

@@ -230,6 +230,12 @@ def make_train_step(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
       grad_sync=make_grad_sync(config))
 
 
+def train_steps(config: ml_collections.ConfigDict) -> list[int]:
+  """Steps each `compile_target` program (one per stage) trains for: each
+  stage's recipe at its batch (``date-optax plan`` prices them)."""
+  return [stage.total_steps for stage in make_recipe(config).stages]
+
+
 def compile_target(config: ml_collections.ConfigDict, tpu: dp.TpuSlice) -> list:
   """The example's train step on `tpu`'s devices, abstract (``date-optax compile``).
 

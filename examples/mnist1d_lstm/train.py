@@ -177,6 +177,16 @@ def make_train_step(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, 
                             max_rows_per_device=config.get("max_rows_per_device"))
 
 
+def train_steps(config: ml_collections.ConfigDict) -> list[int | None]:
+  """Steps each `compile_target` program trains for (``date-optax plan``):
+  ``num_epochs`` epochs at a fixed batch; None for each size of a growing
+  batch, whose steps depend on the noise the run measures."""
+  schedule = make_batch_schedule(config)
+  if schedule is not None:
+    return [None] * len(schedule.batch_sizes)
+  return [config.num_train // config.batch_size * config.num_epochs]
+
+
 def compile_target(config: ml_collections.ConfigDict, tpu: dp.TpuSlice, model: Any = None,
                    input_shape: tuple[int, ...] = (40,)) -> list:
   """The example's train step on `tpu`'s devices, abstract (``date-optax compile``).

@@ -17,6 +17,11 @@ from examples.mnist1d_lstm import train as lstm_train
 from examples.mnist_lstm import input_pipeline, models
 
 
+def train_steps(config: ml_collections.ConfigDict) -> list[int | None]:
+  """Steps each `compile_target` program trains for (`lstm_train.train_steps`)."""
+  return lstm_train.train_steps(config)
+
+
 def compile_target(config: ml_collections.ConfigDict, tpu: dp.TpuSlice) -> list:
   """The example's train step on `tpu`'s devices, abstract (``date-optax compile``).
 

@@ -148,6 +148,12 @@ def init_variables(config: ml_collections.ConfigDict, model: models.ResNet,
   return jax.eval_shape(init, key) if abstract else jax.jit(init)(key)
 
 
+def train_steps(config: ml_collections.ConfigDict) -> list[int]:
+  """Steps each `compile_target` program trains for: the recipe's whole run
+  at `config.batch_size` (``date-optax plan`` prices them)."""
+  return [make_optimizer(config)[1].total_steps]
+
+
 def compile_target(config: ml_collections.ConfigDict, tpu: dp.TpuSlice) -> list:
   """The example's train step on `tpu`'s devices, abstract (``date-optax compile``).
 

@@ -1,0 +1,455 @@
+"""``date-optax plan``: what a training run costs on TPU slices, before renting.
+
+For every candidate (accelerator type × slice count × global batch) the
+example's own train step is compiled for the target by the TPU compiler
+(libtpu, on any machine), and its step time read from the compile report
+(the TPU cost model where it answers, else the roofline of the program's
+flops, bytes and collectives on the generation's public rates). The steps
+to train are the example's recipe at that batch (its ``train_steps``).
+Time to train, chip-hours and cost follow; the fastest and the cheapest
+candidates that fit are marked. Compiles are cached on disk by program, so
+a second plan over the same candidates takes seconds.
+
+Every time and cost is an estimate from public specifications and the
+compiler's accounts, not a measurement on TPU hardware.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import hashlib
+import importlib
+import importlib.metadata
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from date_optax._src import cli_compile
+
+#: What a cached compile's key includes besides the program: a new version
+#: of any of these can change the program.
+_VERSIONED = ("jax", "jaxlib", "libtpu", "date-optax")
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+  """Adds the ``plan`` subcommand to `subparsers`."""
+  p = subparsers.add_parser(
+      "plan",
+      help="price a training run on TPU slices before renting (no TPU needed)",
+      description=(
+          "Compile an example's train step for each candidate TPU target (accelerator "
+          "type x slice count x global batch) and print whether it fits, the estimated "
+          "step time, the steps the example's recipe takes at that batch, the time to "
+          "train, chip-hours and cost, marking the fastest and the cheapest candidate "
+          "that fits. Every number is an estimate (the TPU compiler's cost model or a "
+          "roofline on public chip specifications), not a measurement."
+      ),
+      epilog=(
+          "examples (run from the repository root):\n"
+          "  date-optax plan --example resnet50_imagenet \\\n"
+          "      --accelerator-type v5e-256,v5p-512,v6e-256 --num-slices 1,2 \\\n"
+          "      --global-batch 32768\n"
+          "  date-optax plan --example mnist1d_lstm --accelerator-type v5e-8,v6e-8 \\\n"
+          "      --price-per-chip-hour v5e=1.0 --json\n"
+          "\n"
+          "Compiles are cached in --cache-dir by program (example, config, target and\n"
+          "the versions of jax, jaxlib, libtpu and date-optax); --no-cache compiles again.\n"
+          "Prices are public on-demand prices per chip-hour (see `date_optax.parallel.\n"
+          "tpu_generation(...).price_per_chip_hour`); pass yours with --price-per-chip-hour."
+      ),
+      formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
+  p.add_argument("--example", required=True, choices=cli_compile.EXAMPLES,
+                 help="one of the repository's examples")
+  p.add_argument("--config", metavar="PATH[:ARG]",
+                 help="a config file with get_config() (default: the example's "
+                      "configs/default.py); ':ARG' is passed to get_config")
+  p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                 help="override a config field (Python literal values; dotted keys)")
+  p.add_argument("--accelerator-type", required=True, metavar="T[,T...]",
+                 help="Cloud TPU slice types, e.g. v5e-256,v5p-512,v6e-256")
+  p.add_argument("--num-slices", default="1", metavar="S[,S...]",
+                 help="slices joined over the data-center network (Multislice); default 1")
+  p.add_argument("--global-batch", metavar="B[,B...]",
+                 help="global batches (default: the config's batch_size)")
+  p.add_argument("--price-per-chip-hour", metavar="P | GEN=P[,GEN=P...]",
+                 help="USD per chip-hour: one price for every candidate, or per "
+                      "generation (v5e=1.2,v6e=2.7); default the public on-demand prices")
+  p.add_argument("--cache-dir", metavar="DIR",
+                 help="where compiles are cached (default $XDG_CACHE_HOME/date_optax/plan "
+                      "or ~/.cache/date_optax/plan)")
+  p.add_argument("--no-cache", action="store_true", help="compile every candidate again")
+  p.add_argument("--plot", metavar="PATH", help="write a plot of time to train against cost")
+  p.add_argument("--json", action="store_true", help="print one JSON object")
+  p.set_defaults(func=run)
+  return p
+
+
+@dataclasses.dataclass
+class Candidate:
+  """One target of the plan and, once compiled, what it costs."""
+
+  accelerator_type: str
+  num_slices: int
+  global_batch: int
+  tpu: Any = None
+  programs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+  error: str | None = None
+  cached: bool = False
+  compile_seconds: float = 0.0
+
+  @property
+  def name(self) -> str:
+    slices = "" if self.num_slices == 1 else f"{self.num_slices} x "
+    return f"{slices}{self.accelerator_type}, batch {self.global_batch}"
+
+  @property
+  def fits(self) -> bool | None:
+    if self.error is not None or not self.programs:
+      return None
+    return all(p.get("fits") is not False for p in self.programs)
+
+
+def _split(text: str, what: str, cast: Any) -> list[Any]:
+  items = [t.strip() for t in str(text).split(",") if t.strip()]
+  if not items:
+    raise ValueError(f"{what} is empty.")
+  out = []
+  for item in items:
+    try:
+      out.append(cast(item))
+    except ValueError as e:
+      raise ValueError(f"{what}: {item!r} is not valid ({e}).") from None
+  return out
+
+
+def _positive_int(text: str) -> int:
+  value = int(text)
+  if value < 1:
+    raise ValueError("must be a positive integer")
+  return value
+
+
+def parse_prices(text: str | None) -> dict[str, float] | float | None:
+  """``--price-per-chip-hour``: one price, or ``GEN=P`` pairs by generation."""
+  if text is None:
+    return None
+  from date_optax._src.parallel.layout import tpu_generations as tg  # noqa: PLC0415
+
+  if "=" not in text:
+    price = float(text)
+    if not price > 0 or not math.isfinite(price):
+      raise ValueError(f"--price-per-chip-hour must be a positive number, got {text!r}.")
+    return price
+  prices = {}
+  for item in _split(text, "--price-per-chip-hour", str):
+    gen, sep, value = item.partition("=")
+    if not sep:
+      raise ValueError(f"--price-per-chip-hour: {item!r} is not GEN=PRICE.")
+    price = float(value)
+    if not price > 0 or not math.isfinite(price):
+      raise ValueError(f"--price-per-chip-hour: the price of {gen} must be positive, got "
+                       f"{value!r}.")
+    prices[tg.generation(gen).accelerator_prefix] = price
+  return prices
+
+
+def price_of(tpu: Any, prices: dict[str, float] | float | None) -> float:
+  """USD per chip-hour of `tpu`'s generation: the user's, else the public one."""
+  if isinstance(prices, float):
+    return prices
+  if prices and tpu.generation in prices:
+    return prices[tpu.generation]
+  return tpu.facts.price_per_chip_hour
+
+
+def _with_batch(config: Any, example: str, batch: int) -> Any:
+  """`config` at global batch `batch` (a two-stage BERT's second stage scaled alike)."""
+  config = copy.deepcopy(config)
+  old = int(config.batch_size)
+  if example == "bert_lamb" and config.get("two_stage") and batch != old:
+    scaled = config.stage2.batch_size * batch / old
+    if scaled != int(scaled):
+      raise ValueError(f"global batch {batch}: stage 2's batch {config.stage2.batch_size} "
+                       f"x {batch}/{old} is not an integer.")
+    config.stage2.batch_size = int(scaled)
+  config.batch_size = batch
+  return config
+
+
+def candidates(args: argparse.Namespace, config: Any) -> tuple[list[Candidate], list[str]]:
+  """The candidates of the command line, and one line per bad input."""
+  from date_optax._src.parallel.layout import tpu_slice as ts  # noqa: PLC0415
+
+  errors: list[str] = []
+  types, slices, batches = [], [1], [int(config.batch_size)]
+  try:
+    types = _split(args.accelerator_type, "--accelerator-type", str)
+  except ValueError as e:
+    errors.append(str(e))
+  try:
+    slices = _split(args.num_slices, "--num-slices", _positive_int)
+  except ValueError as e:
+    errors.append(str(e))
+  if args.global_batch is not None:
+    try:
+      batches = _split(args.global_batch, "--global-batch", _positive_int)
+    except ValueError as e:
+      errors.append(str(e))
+  out = []
+  for t in types:
+    for s in slices:
+      try:
+        tpu = ts.tpu_slice(t, num_slices=s)
+      except (ValueError, TypeError) as e:
+        line = str(e)
+        if line not in errors:
+          errors.append(line)
+        continue
+      devices = tpu.total_chips * tpu.facts.devices_per_chip
+      for b in batches:
+        if b % devices:
+          errors.append(f"global batch {b} does not split over the {devices} devices of "
+                        f"{tpu.name}: pass a multiple of {devices}.")
+          continue
+        out.append(Candidate(tpu.accelerator_type, s, b, tpu=tpu))
+  return out, errors
+
+
+def _versions() -> dict[str, str]:
+  out = {}
+  for name in _VERSIONED:
+    try:
+      out[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      out[name] = "none"
+  return out
+
+
+def cache_key(example: str, config: Any, cand: Candidate) -> str:
+  """A stable hash of what the compiled programs depend on."""
+  text = json.dumps({"example": example, "config": json.loads(config.to_json()),
+                     "accelerator_type": cand.accelerator_type,
+                     "num_slices": cand.num_slices, "versions": _versions()},
+                    sort_keys=True)
+  return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _default_cache_dir() -> Path:
+  base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+  return Path(base) / "date_optax" / "plan"
+
+
+def _one_line(error: BaseException) -> str:
+  text = str(error).strip().splitlines()
+  return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+
+
+def compile_candidate(cand: Candidate, example: str, config: Any, target: Any,
+                      steps_fn: Any, cache_dir: Path | None) -> None:
+  """Fills `cand.programs` (cached, else compiled) or `cand.error`."""
+  from jax import tree_util  # noqa: PLC0415
+
+  from date_optax._src.parallel.step import compile_report as cr  # noqa: PLC0415
+
+  path = None
+  if cache_dir is not None:
+    path = cache_dir / f"{example}-{cache_key(example, config, cand)}.json"
+    if path.is_file():
+      try:
+        cached = json.loads(path.read_text())
+        cand.programs, cand.error, cand.cached = cached["programs"], cached["error"], True
+        return
+      except (ValueError, KeyError):
+        pass  # a damaged cache entry is compiled again
+  start = time.perf_counter()
+  try:
+    programs = list(target(config, cand.tpu))
+    steps = list(steps_fn(config)) if steps_fn else [None] * len(programs)
+  except Exception as e:  # noqa: BLE001 - reported per candidate, others go on
+    cand.error = _one_line(e)
+    programs, steps = [], []
+  for (name, step, state, batch), n in zip(programs, steps, strict=True):
+    record: dict[str, Any] = {"name": name, "train_steps": n}
+    try:
+      report = cr.compile_report(step, state, batch, tpu=cand.tpu)
+      record.update(cli_compile.jsonable(report))
+    except cr.DoesNotFit as e:
+      rows = int(tree_util.tree_leaves(batch)[0].shape[0])
+      record.update(global_batch=rows, fits=False, error=str(e),
+                    required_bytes=e.required_bytes, hbm_bytes=cand.tpu.hbm_per_device)
+    except Exception as e:  # noqa: BLE001 - reported per candidate, others go on
+      cand.error = f"{name}: {_one_line(e)}"
+      break
+    cand.programs.append(record)
+  cand.compile_seconds = time.perf_counter() - start
+  if path is not None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"programs": cand.programs, "error": cand.error}))
+
+
+def summarize(cand: Candidate, price: float) -> dict[str, Any]:
+  """The candidate's row: fits, step times, steps, time to train, chip-hours, cost."""
+  row: dict[str, Any] = {
+      "candidate": cand.name, "accelerator_type": cand.accelerator_type,
+      "num_slices": cand.num_slices, "global_batch": cand.global_batch,
+      "chips": cand.tpu.total_chips, "price_per_chip_hour": price, "fits": cand.fits,
+      "error": cand.error, "cached": cand.cached,
+      "compile_seconds": round(cand.compile_seconds, 1),
+  }
+  programs = []
+  total = 0.0
+  known = cand.error is None and bool(cand.programs)
+  for p in cand.programs:
+    seconds = p.get("estimated_seconds")
+    steps = p.get("train_steps")
+    programs.append({k: p.get(k) for k in (
+        "name", "fits", "estimated_seconds", "estimate_source", "cost_model_seconds",
+        "roofline_seconds", "roofline_overlap_seconds", "dcn_bytes", "total_bytes",
+        "train_steps", "error")})
+    if seconds is None or steps is None or p.get("fits") is False:
+      known = False
+    else:
+      total += seconds * steps
+  row["programs"] = programs
+  if known:
+    row["time_to_train_hours"] = total / 3600
+    row["chip_hours"] = total / 3600 * cand.tpu.total_chips
+    row["cost_usd"] = row["chip_hours"] * price
+  else:
+    row["time_to_train_hours"] = row["chip_hours"] = row["cost_usd"] = None
+  return row
+
+
+def mark_best(rows: list[dict[str, Any]]) -> None:
+  """Marks the fastest and the cheapest rows that fit and have a time."""
+  done = [r for r in rows if r["fits"] and r["time_to_train_hours"] is not None]
+  for r in rows:
+    r["fastest"] = r["cheapest"] = False
+  if done:
+    min(done, key=lambda r: r["time_to_train_hours"])["fastest"] = True
+    min(done, key=lambda r: r["cost_usd"])["cheapest"] = True
+
+
+def _ms(seconds: float | None) -> str:
+  return "-" if seconds is None else f"{seconds * 1e3:.2f}"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+  """The plan as aligned text lines."""
+  head = ("candidate", "chips", "fits", "step ms", "from", "steps", "hours", "chip-h", "USD",
+          "")
+  lines = [head]
+  for r in rows:
+    first = r["programs"][0] if r["programs"] else {}
+    steps = [p["train_steps"] for p in r["programs"]]
+    step_ms = "+".join(_ms(p["estimated_seconds"]) for p in r["programs"]) or "-"
+    source = first.get("estimate_source") or "-"
+    marks = " ".join(m for m, on in (("FASTEST", r["fastest"]), ("CHEAPEST", r["cheapest"]))
+                     if on)
+    if r["error"]:
+      marks = f"failed: {r['error']}"
+    elif r["fits"] is False:
+      over = [p.get("error") or "" for p in r["programs"] if p.get("fits") is False]
+      marks = over[0] if over else "does not fit"
+    hours = r["time_to_train_hours"]
+    lines.append((
+        r["candidate"], f"{r['chips']:,}",
+        {True: "yes", False: "NO", None: "-"}[r["fits"]], step_ms, source,
+        "+".join("-" if s is None else f"{s:,}" for s in steps) or "-",
+        "-" if hours is None else f"{hours:.2f}",
+        "-" if r["chip_hours"] is None else f"{r['chip_hours']:,.0f}",
+        "-" if r["cost_usd"] is None else f"{r['cost_usd']:,.0f}", marks))
+  widths = [max(len(line[i]) for line in lines) for i in range(len(head) - 1)]
+  return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=False)).rstrip()
+                   + ("  " + line[-1] if line[-1] else "") for line in lines)
+
+
+def plot(rows: list[dict[str, Any]], path: str) -> None:
+  """Time to train against cost, one labelled point per candidate that fits."""
+  import matplotlib  # noqa: PLC0415
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # noqa: PLC0415
+
+  done = [r for r in rows if r["fits"] and r["time_to_train_hours"] is not None]
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for r in done:
+    color = "tab:red" if r["fastest"] or r["cheapest"] else "tab:blue"
+    ax.scatter(r["cost_usd"], r["time_to_train_hours"], color=color)
+    ax.annotate(r["candidate"], (r["cost_usd"], r["time_to_train_hours"]), fontsize=7,
+                xytext=(4, 4), textcoords="offset points")
+  ax.set_xlabel("estimated cost (USD, on-demand)")
+  ax.set_ylabel("estimated time to train (hours)")
+  ax.set_title("date-optax plan: estimates, not measurements", fontsize=10)
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+  """Runs ``date-optax plan``; returns the exit code (2 on bad input)."""
+  cli_compile.quiet_libtpu()
+  from date_optax._src.parallel.layout import tpu_slice as ts  # noqa: PLC0415
+
+  def fail(lines: list[str]) -> int:
+    for line in lines:
+      print(f"date-optax plan: error: {line}", file=sys.stderr)
+    return 2
+
+  if os.getcwd() not in sys.path:
+    sys.path.insert(0, os.getcwd())
+  try:
+    ts.check_libtpu()
+  except ImportError as e:
+    return fail([str(e)])
+  try:
+    config = cli_compile.load_config(args.config, args.example, args.set)
+    prices = parse_prices(args.price_per_chip_hour)
+  except (ValueError, TypeError, KeyError) as e:
+    return fail([str(e)])
+  cands, errors = candidates(args, config)
+  configs = {}
+  for cand in cands:
+    try:
+      configs[cand.global_batch] = _with_batch(config, args.example, cand.global_batch)
+    except ValueError as e:
+      errors.append(str(e))
+  if errors:
+    return fail(errors)
+  try:
+    module = importlib.import_module(f"examples.{args.example}.train")
+  except ImportError as e:
+    return fail([f"the examples are not importable ({e}): run date-optax plan from the "
+                 "repository root (the folder holding examples/)."])
+  target, steps_fn = module.compile_target, getattr(module, "train_steps", None)
+  cache_dir = None if args.no_cache else Path(args.cache_dir or _default_cache_dir())
+  for i, cand in enumerate(cands):
+    print(f"[{i + 1}/{len(cands)}] {cand.name} ...", end="", file=sys.stderr, flush=True)
+    compile_candidate(cand, args.example, configs[cand.global_batch], target, steps_fn,
+                      cache_dir)
+    how = "cached" if cand.cached else f"compiled in {cand.compile_seconds:.0f} s"
+    print(f" {how}{'' if cand.error is None else ' (failed)'}", file=sys.stderr, flush=True)
+  rows = [summarize(c, price_of(c.tpu, prices)) for c in cands]
+  mark_best(rows)
+  if args.plot:
+    plot(rows, args.plot)
+  if args.json:
+    json.dump({"example": args.example, "estimates": (
+        "TPU compiler's cost model or roofline on public specifications; not measured"),
+        "candidates": rows}, sys.stdout, indent=1)
+    print()
+  else:
+    print(f"{args.example}: estimates from the TPU compiler and public chip specifications, "
+          "not measurements on TPU hardware")
+    print(table(rows))
+    if args.plot:
+      print(f"plot: {args.plot}")
+  return 0 if all(r["error"] is None for r in rows) else 1

@@ -1,0 +1,161 @@
+"""``date-optax plan``: candidates compiled for TPU targets, priced, cached."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import date_optax.parallel as dp
+from date_optax._src import cli, cli_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                       reason="libtpu (pip install 'jax[tpu]') is not installed"),
+    pytest.mark.xdist_group("libtpu"),
+]
+SMOKE = "examples/mnist1d_lstm/configs/smoke.py"
+
+
+@pytest.fixture(autouse=True)
+def _repo_root(monkeypatch):
+  monkeypatch.chdir(ROOT)
+
+
+def _plan(capsys, *args):
+  code = cli.main(["plan", "--example", "mnist1d_lstm", "--config", SMOKE, *args])
+  out = capsys.readouterr()
+  return code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+  return tmp_path_factory.mktemp("plan_cache")
+
+
+def test_plan_prices_every_candidate_and_marks_the_best(capsys, cache_dir):
+  code, out, err = _plan(capsys, "--accelerator-type", "v5e-8,v6e-8", "--num-slices", "1,2",
+                         "--global-batch", "64", "--price-per-chip-hour", "v5e=1.5",
+                         "--cache-dir", str(cache_dir), "--json")
+  assert code == 0, err
+  rows = json.loads(out)["candidates"]
+  assert [r["candidate"] for r in rows] == [
+      "v5litepod-8, batch 64", "2 x v5litepod-8, batch 64",
+      "v6e-8, batch 64", "2 x v6e-8, batch 64"]
+  from examples.mnist1d_lstm import train  # noqa: PLC0415
+
+  config = cli_plan.cli_compile.load_config(SMOKE, "mnist1d_lstm", [])
+  config.batch_size = 64
+  steps = train.train_steps(config)
+  for r in rows:
+    assert r["fits"] and r["error"] is None and not r["cached"]
+    (p,) = r["programs"]
+    assert p["train_steps"] == steps[0] and p["estimated_seconds"] > 0
+    seconds = p["estimated_seconds"] * p["train_steps"]
+    price = 1.5 if r["accelerator_type"].startswith("v5litepod") else 2.70
+    np.testing.assert_allclose(r["time_to_train_hours"], seconds / 3600)
+    np.testing.assert_allclose(r["chip_hours"], seconds / 3600 * r["chips"])
+    np.testing.assert_allclose(r["cost_usd"], seconds / 3600 * r["chips"] * price)
+  assert [r["chips"] for r in rows] == [8, 16, 8, 16]
+  fastest = min(rows, key=lambda r: r["time_to_train_hours"])
+  cheapest = min(rows, key=lambda r: r["cost_usd"])
+  assert fastest["fastest"] and sum(r["fastest"] for r in rows) == 1
+  assert cheapest["cheapest"] and sum(r["cheapest"] for r in rows) == 1
+  assert "v5litepod-8, batch 64 ... compiled" in err
+
+  # The second plan over the same candidates reads every compile from the cache.
+  code, out, err = _plan(capsys, "--accelerator-type", "v5e-8,v6e-8", "--num-slices", "1,2",
+                         "--global-batch", "64", "--price-per-chip-hour", "v5e=1.5",
+                         "--cache-dir", str(cache_dir), "--json")
+  again = json.loads(out)["candidates"]
+  assert code == 0 and all(r["cached"] for r in again)
+  assert [r["cost_usd"] for r in again] == [r["cost_usd"] for r in rows]
+
+
+def test_plan_prints_a_table_and_a_plot(capsys, cache_dir, tmp_path):
+  plot = tmp_path / "plan.png"
+  code, out, _ = _plan(capsys, "--accelerator-type", "v5e-8", "--num-slices", "1,2",
+                       "--global-batch", "64", "--cache-dir", str(cache_dir),
+                       "--plot", str(plot))
+  assert code == 0
+  assert "not measurements" in out and "FASTEST" in out and "CHEAPEST" in out
+  assert "2 x v5litepod-8, batch 64" in out
+  assert plot.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("args,lines", [
+    (("--accelerator-type", "v3-48"), ["unknown accelerator_type 'v3-48'"]),
+    (("--accelerator-type", "v3-8,v5e-8", "--num-slices", "2"),
+     ["num_slices=2: TPU v3 slices cannot be joined"]),
+    (("--accelerator-type", "v5e-8", "--global-batch", "100,12"),
+     ["global batch 100 does not split over the 8 devices",
+      "global batch 12 does not split over the 8 devices"]),
+    (("--accelerator-type", "v5e-8", "--num-slices", "0"), ["--num-slices: '0' is not valid"]),
+    (("--accelerator-type", "v5e-8", "--price-per-chip-hour", "-1"),
+     ["--price-per-chip-hour must be a positive number"]),
+    (("--accelerator-type", "v5e-8", "--price-per-chip-hour", "v9=1"),
+     ["unknown TPU generation 'v9'"]),
+])
+def test_plan_names_each_bad_input_in_one_line(capsys, args, lines):
+  code, out, err = _plan(capsys, *args)
+  assert code == 2 and out == ""
+  errors = err.strip().splitlines()
+  assert len(errors) == len(lines), err
+  for line, message in zip(errors, lines, strict=True):
+    assert line.startswith("date-optax plan: error: ") and message in line
+  assert "Traceback" not in err
+
+
+def test_plan_without_libtpu_says_how_to_install_it(capsys, monkeypatch):
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda name, *a: None if name == "libtpu" else real(name, *a))
+  code, _, err = _plan(capsys, "--accelerator-type", "v5e-8")
+  assert code == 2 and "pip install 'jax[tpu]'" in err
+
+
+def test_a_candidate_that_fails_to_compile_does_not_hide_the_others(capsys, cache_dir,
+                                                                     monkeypatch):
+  from examples.mnist1d_lstm import train  # noqa: PLC0415
+
+  real = train.compile_target
+
+  def target(config, tpu):
+    if tpu.generation == "v6e":
+      raise RuntimeError("INTERNAL: a compiler error\nwith a long trace")
+    return real(config, tpu)
+
+  monkeypatch.setattr(train, "compile_target", target)
+  code, out, _ = _plan(capsys, "--accelerator-type", "v6e-8,v5e-8", "--global-batch", "64",
+                       "--cache-dir", str(cache_dir), "--json")
+  assert code == 1
+  failed, ok = json.loads(out)["candidates"]
+  assert failed["error"] == "RuntimeError: INTERNAL: a compiler error" and not failed["fastest"]
+  assert ok["fits"] and ok["cost_usd"] > 0 and ok["fastest"] and ok["cheapest"]
+
+
+def test_compile_command_keeps_finished_programs_when_one_fails(capsys, monkeypatch):
+  from examples.mnist1d_lstm import train  # noqa: PLC0415
+
+  real = train.compile_target
+
+  def target(config, tpu):
+    (name, step, state, batch), = real(config, tpu)
+    broken = step.abstract_batch({"x": batch["x"]})  # no labels: the loss raises
+    return [(name, step, state, batch), ("broken", step, state, broken)]
+
+  monkeypatch.setattr(train, "compile_target", target)
+  code = cli.main(["compile", "--example", "mnist1d_lstm", "--config", SMOKE,
+                   "--accelerator-type", "v5e-8", "--json"])
+  result = json.loads(capsys.readouterr().out)
+  assert code == 1
+  first, broken = result["programs"]
+  assert first["fits"] and first["estimated_seconds"] > 0
+  assert broken["fits"] is None and broken["failed"].startswith("KeyError")
+  assert dp.tpu_slice("v5e-8").num_devices == result["slice"]["num_devices"]
+  assert os.getcwd() == str(ROOT)
