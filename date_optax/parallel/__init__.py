@@ -53,6 +53,7 @@ from date_optax._src.parallel.step.replicated_step import (
     ReplicatedTrainStep,
     make_replicated_train_step,
 )
+from date_optax._src.parallel.step.roofline import Roofline, roofline
 from date_optax._src.parallel.step.sharded_step import ShardedTrainStep, make_sharded_train_step
 from date_optax._src.parallel.step.step_base import TrainStep
 from date_optax._src.parallel.step.step_config import StepConfig
@@ -77,6 +78,7 @@ __all__ = [
     "NonFiniteError",
     "PmapTrainStep",
     "ReplicatedTrainStep",
+    "Roofline",
     "ShardedTrainStep",
     "StepConfig",
     "TrainState",
@@ -109,6 +111,7 @@ __all__ = [
     "psum_all_reduce",
     "restore_iterator",
     "ring_all_reduce",
+    "roofline",
     "sync_gradients",
     "torus_all_reduce",
     "torus_mesh",
