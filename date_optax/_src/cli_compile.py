@@ -5,8 +5,9 @@ example's own step (model, optimizer, builder, gradient sync, batch
 schedule, from its config) is lowered with abstract arguments on a mesh of
 the slice's devices and compiled; per program the command prints memory per
 device against the core's HBM, compile time, the collectives by kind,
-fusions, flops and the compiler's estimate of the step time, throughput and
-FLOP utilisation.
+fusions, flops and the estimated step time (the compiler's cost model, and a
+roofline from the generation's public facts that also prices the network
+between slices), throughput and FLOP utilisation.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
           "Build an example's train step from its config for a Cloud TPU slice and "
           "compile it with the TPU compiler (libtpu, which runs on any machine): "
           "memory per device against the core's HBM, collectives, fusions, flops, "
-          "and the compiler's estimate of step time, throughput and FLOP "
-          "utilisation, per program (a batch schedule or a two-stage run has several)."
+          "and the estimated step time (the compiler's cost model and a roofline), "
+          "throughput and FLOP utilisation, per program (a batch schedule or a "
+          "two-stage run has several)."
       ),
       epilog=(
           "examples (run from the repository root):\n"
@@ -49,7 +51,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
           "A target is a function (config, tpu_slice) -> [(name, step, state, batch)]\n"
           "whose step is a date_optax.parallel train step and state and batch abstract\n"
           "(step.abstract_state, step.abstract_batch). Every time and rate printed is\n"
-          "the compiler's estimate, not a measurement."
+          "an estimate (the compiler's cost model, or a roofline), not a measurement."
       ),
       formatter_class=argparse.RawDescriptionHelpFormatter,
   )
@@ -169,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"{tpu.name}: {tpu.total_chips} chips, {tpu.num_devices} devices "
           f"({tpu.topology}), {tpu.hbm_per_device / 2**30:.0f} GiB HBM and "
           f"{tpu.peak_flops_per_device / 1e12:.1f} bf16 TFLOP/s per device "
-          "(public specifications); times are the compiler's estimates.", flush=True)
+          "(public specifications); times are estimates (the compiler's cost model, "
+          "else a roofline from public facts).", flush=True)
   results = []
   for name, step, state, batch in programs:
     try:
@@ -195,7 +198,8 @@ def run(args: argparse.Namespace) -> int:
   if args.json:
     json.dump({"accelerator_type": tpu.accelerator_type, "num_slices": tpu.num_slices,
                "slice": tpu.as_dict(),
-               "estimates": "compiler cost model (libtpu), not measured",
+               "estimates": "compiler cost model (libtpu) where it answers, else a roofline "
+                            "from public chip facts (estimate_source); not measured",
                "programs": results}, sys.stdout, indent=1)
     print()
   # 1: a program does not fit its devices (each one says by how much), or

@@ -4,8 +4,10 @@
 of its mesh (a TPU slice's from `tpu_slice`, on any machine) and reads the
 compiler's own accounts: bytes per device (`memory_analysis`), flops and the
 cost model's time (`cost_analysis`), and the collectives of the optimized
-HLO. Every time and rate derived here is the compiler's estimate, not a
-measurement.
+HLO. On a TPU slice it adds a roofline (`date_optax.parallel.roofline`)
+from those counts and the generation's public facts, which gives a time on
+every generation and prices the data-center network between slices. Every
+time and rate derived here is an estimate, not a measurement.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import jax
 
 from date_optax._src.parallel.comm import hlo
+from date_optax._src.parallel.step import roofline as rl
 from date_optax._src.types import PyTree
 
 
@@ -39,8 +42,9 @@ class CompileReport:
     temp_bytes: the program's temporaries (activations, gradients) per device.
     flops: floating-point operations per device (cost analysis).
     bytes_accessed: memory traffic per device (cost analysis).
-    estimated_seconds: the cost model's step time (TPU: ``optimal_seconds``),
-      or None where the backend gives none (CPU).
+    estimated_seconds: the best step time there is: `cost_model_seconds`
+      where the compiler's cost model gives one, else `roofline_seconds`;
+      None with neither (a CPU target without a `TpuSlice`).
     collectives: every collective (`date_optax.parallel.collectives`).
     fusions: the program's fusion count.
     loops: ``while`` loops in the program (microbatch accumulation,
@@ -49,8 +53,31 @@ class CompileReport:
       lower bounds.
     hbm_bytes: one device's memory (a `TpuSlice`'s), or None.
     peak_flops: one device's dense bf16 FLOP/s, or None.
+    cost_model_seconds: the TPU cost model's step time (``optimal_seconds``),
+      None where it gives none (some programs on v4, v5e, v6e; the
+      Multislice programs tried here; CPU). It does not price DCN.
+    estimate_source: where `estimated_seconds` comes from: ``"cost_model"``,
+      ``"roofline"`` or ``"none"``.
+    estimate_note: why an estimate is missing or partial (empty when the
+      cost model and the roofline both answer and no DCN is left out).
+    roofline_seconds: the roofline with no overlap: the slower of compute
+      and memory, then every collective (`Roofline.seconds`); None without
+      a `TpuSlice`, as are the roofline fields below.
+    roofline_overlap_seconds: the roofline with full overlap: the largest of
+      compute, memory and the collectives (`Roofline.overlap_seconds`).
+    roofline_compute_seconds: `flops` over the device's peak bf16 FLOP/s.
+    roofline_memory_seconds: `bytes_accessed` over the device's HBM bandwidth.
+    roofline_ici_seconds: the collectives inside a slice (ICI).
+    roofline_dcn_seconds: the collectives across slices (DCN); 0 on one slice.
+    ici_bytes: bytes one device sends on ICI (ring algorithm bytes).
+    dcn_bytes: bytes one device sends on DCN; 0 on one slice.
+    roofline_collectives: each collective as the roofline priced it, the DCN
+      transfers of a Multislice program included (`Roofline.collectives`).
 
   Examples:
+    On CPU devices there is no cost-model time and, without a `TpuSlice`,
+    no roofline; the report says so:
+
     >>> import jax, jax.numpy as jnp, optax
     >>> import date_optax.parallel as dp
     >>> step = dp.make_train_step(lambda p, b: ((b @ p) ** 2).mean(), optax.sgd(0.1),
@@ -64,11 +91,17 @@ class CompileReport:
     True
     >>> report.collective_bytes()["all-reduce"] >= 16 * 4 * 4
     True
+    >>> report.estimated_seconds, report.estimate_source
+    (None, 'none')
+    >>> report.estimate_note
+    'no roofline: no TpuSlice given (pass tpu=); no cost-model time from this backend'
 
   References:
     OpenXLA, "Compiled module memory and cost analysis"
     (``Compiled.memory_analysis``, ``Compiled.cost_analysis``); MaxText,
-    ``train_compile.py`` (compiling for a TPU topology without one).
+    ``train_compile.py`` (compiling for a TPU topology without one);
+    Williams, Waterman and Patterson, "Roofline", CACM 2009; Austin et al.,
+    "How to Scale Your Model", 2025, https://jax-ml.github.io/scaling-book/.
   """
 
   device_kind: str
@@ -87,6 +120,18 @@ class CompileReport:
   loops: int = 0
   hbm_bytes: int | None = None
   peak_flops: float | None = None
+  cost_model_seconds: float | None = None
+  estimate_source: str = "none"
+  estimate_note: str = ""
+  roofline_seconds: float | None = None
+  roofline_overlap_seconds: float | None = None
+  roofline_compute_seconds: float | None = None
+  roofline_memory_seconds: float | None = None
+  roofline_ici_seconds: float | None = None
+  roofline_dcn_seconds: float | None = None
+  ici_bytes: float | None = None
+  dcn_bytes: float | None = None
+  roofline_collectives: tuple[dict, ...] = ()
 
   @property
   def total_bytes(self) -> int:
@@ -126,7 +171,7 @@ class CompileReport:
   @classmethod
   def from_compiled(cls, compiled: Any, *, num_devices: int, global_batch: int,
                     compile_seconds: float, tpu: Any = None,
-                    device_kind: str = "") -> CompileReport:
+                    device_kind: str = "", devices: Any = None) -> CompileReport:
     """The report of any compiled program (`jax.jit(f).lower(...).compile()`).
 
     `compile_report` makes it for a train step; this takes programs of your
@@ -137,22 +182,25 @@ class CompileReport:
       num_devices: devices of its mesh.
       global_batch: the rows it takes (1 where that means nothing).
       compile_seconds: how long its compile took.
-      tpu: the `TpuSlice` it was compiled for (HBM and peak per device), or None.
+      tpu: the `TpuSlice` it was compiled for (HBM, peak and the roofline's
+        facts per device), or None.
       device_kind: the target's name, e.g. ``"TPU v3"``.
+      devices: its devices by partition id (``mesh.devices.flat``); default
+        the mesh of its first input sharding, else the slice's devices.
 
     Returns:
       A `CompileReport`.
     """
     return report_compiled(
         compiled, num_devices=num_devices, global_batch=global_batch,
-        compile_seconds=compile_seconds, device_kind=device_kind,
-        hbm_bytes=None if tpu is None else tpu.hbm_per_device,
-        peak_flops=None if tpu is None else tpu.peak_flops_per_device)
+        compile_seconds=compile_seconds, device_kind=device_kind, tpu=tpu, devices=devices)
 
   def as_dict(self) -> dict[str, Any]:
-    """JSON-ready values, the derived ones (fits, throughput, MFU) included."""
+    """JSON-ready values, the derived ones (fits, throughput, MFU) and every
+    estimate (cost model, roofline and its pieces) included."""
     out = dataclasses.asdict(self)
     out["collectives"] = list(self.collectives)
+    out["roofline_collectives"] = list(self.roofline_collectives)
     out.update(total_bytes=self.total_bytes, fits=self.fits,
                examples_per_second=self.examples_per_second, mfu=self.mfu,
                collective_bytes=self.collective_bytes(),
@@ -173,10 +221,25 @@ class CompileReport:
         f"{gb(self.output_bytes)} - aliased {gb(self.alias_bytes)}",
         f"  flops per device {self.flops:.3e}, bytes accessed {self.bytes_accessed:.3e}",
     ]
+    ms = lambda t: f"{t * 1e3:.4g} ms"  # noqa: E731
     if self.estimated_seconds:
       mfu = "" if self.mfu is None else f", estimated FLOP utilisation {self.mfu:.1%}"
-      lines.append(f"  estimated step time {self.estimated_seconds * 1e3:.2f} ms (compiler's "
-                   f"cost model), {self.examples_per_second:,.0f} examples/s{mfu}")
+      source = {"cost_model": "the compiler's cost model",
+                "roofline": "the roofline, no overlap"}[self.estimate_source]
+      lines.append(f"  estimated step time {ms(self.estimated_seconds)} (from {source}), "
+                   f"{self.examples_per_second:,.0f} examples/s{mfu}")
+    lines.append("  compiler's cost model: " + (
+        "no time for this program" if self.cost_model_seconds is None
+        else ms(self.cost_model_seconds)))
+    if self.roofline_seconds is not None:
+      lines.append(
+          f"  roofline estimate (public chip facts): {ms(self.roofline_seconds)} no overlap, "
+          f"{ms(self.roofline_overlap_seconds)} full overlap; compute "
+          f"{ms(self.roofline_compute_seconds)}, memory {ms(self.roofline_memory_seconds)}, "
+          f"ICI {ms(self.roofline_ici_seconds)} ({self.ici_bytes:,.0f} bytes), DCN "
+          f"{ms(self.roofline_dcn_seconds)} ({self.dcn_bytes:,.0f} bytes)")
+    if self.estimate_note:
+      lines.append(f"  note: {self.estimate_note}")
     if self.loops:
       lines.append(f"  {self.loops} loop(s): the cost analysis counts each loop body once, so "
                    "flops and time are lower bounds")
@@ -236,14 +299,62 @@ def _cost(compiled: Any) -> dict[str, float]:
   return dict(cost or {})
 
 
+def _mesh_devices(compiled: Any) -> list[Any] | None:
+  """The devices by partition id: the mesh of the first input sharding that has one."""
+  for sharding in jax.tree.leaves(compiled.input_shardings):
+    devices = getattr(getattr(sharding, "mesh", None), "devices", None)
+    if devices is not None:
+      return list(devices.flat)
+  return None
+
+
+def _estimates(cost_model: float | None, roof: rl.Roofline | None) -> dict[str, Any]:
+  """The report's estimate fields: the best time, its source, and what is missing."""
+  notes = []
+  if roof is None:
+    notes.append("no roofline: no TpuSlice given (pass tpu=)")
+  if cost_model is None:
+    notes.append("the TPU cost model gives no time for this program" if roof is not None
+                 else "no cost-model time from this backend")
+  elif roof is not None and roof.dcn_bytes:
+    notes.append(f"the cost model leaves out DCN ({roof.dcn_seconds * 1e3:.3f} ms by the "
+                 "roofline)")
+  if cost_model is not None:
+    best, source = cost_model, "cost_model"
+  elif roof is not None:
+    best, source = roof.seconds, "roofline"
+  else:
+    best, source = None, "none"
+  fields: dict[str, Any] = dict(estimated_seconds=best, cost_model_seconds=cost_model,
+                                estimate_source=source, estimate_note="; ".join(notes))
+  if roof is not None:
+    fields.update(
+        roofline_seconds=roof.seconds, roofline_overlap_seconds=roof.overlap_seconds,
+        roofline_compute_seconds=roof.compute_seconds,
+        roofline_memory_seconds=roof.memory_seconds, roofline_ici_seconds=roof.ici_seconds,
+        roofline_dcn_seconds=roof.dcn_seconds, ici_bytes=roof.ici_bytes,
+        dcn_bytes=roof.dcn_bytes, roofline_collectives=roof.collectives)
+  return fields
+
+
 def report_compiled(compiled: Any, *, num_devices: int, global_batch: int,
                     compile_seconds: float, hbm_bytes: int | None = None,
-                    peak_flops: float | None = None, device_kind: str = "") -> CompileReport:
-  """A `CompileReport` of an already compiled program (`jax.stages.Compiled`)."""
+                    peak_flops: float | None = None, device_kind: str = "",
+                    tpu: Any = None, devices: Any = None) -> CompileReport:
+  """A `CompileReport` of an already compiled program (`jax.stages.Compiled`);
+  with `tpu` (a `TpuSlice`) its HBM, peak and roofline fill the report."""
   mem = compiled.memory_analysis()
   cost = _cost(compiled)
   text = compiled.as_text()
   seconds = cost.get("optimal_seconds")
+  flops, accessed = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+  roof = None
+  if tpu is not None:
+    hbm_bytes = tpu.hbm_per_device if hbm_bytes is None else hbm_bytes
+    peak_flops = tpu.peak_flops_per_device if peak_flops is None else peak_flops
+    if devices is None:
+      devices = _mesh_devices(compiled)
+    roof = rl.roofline(text, flops=flops, bytes_accessed=accessed, tpu=tpu, devices=devices)
   return CompileReport(
       device_kind=device_kind,
       num_devices=num_devices,
@@ -253,14 +364,14 @@ def report_compiled(compiled: Any, *, num_devices: int, global_batch: int,
       output_bytes=int(mem.output_size_in_bytes),
       alias_bytes=int(mem.alias_size_in_bytes),
       temp_bytes=int(mem.temp_size_in_bytes),
-      flops=float(cost.get("flops", 0.0)),
-      bytes_accessed=float(cost.get("bytes accessed", 0.0)),
-      estimated_seconds=float(seconds) if seconds and seconds > 0 else None,
+      flops=flops,
+      bytes_accessed=accessed,
       collectives=tuple(hlo.collectives(text)),
       fusions=hlo.fusion_count(text),
       loops=len(re.findall(r"\swhile\(", text)),
       hbm_bytes=hbm_bytes,
       peak_flops=peak_flops,
+      **_estimates(float(seconds) if seconds and seconds > 0 else None, roof),
   )
 
 
@@ -276,8 +387,9 @@ def compile_report(step: Any, state: Any, batch: PyTree, *, tpu: Any = None) -> 
     state: its `TrainState`, concrete or abstract.
     batch: one global batch, concrete or abstract; a batch-scheduled step
       compiles the program of this batch's rows.
-    tpu: the `TpuSlice` the mesh was built from, for its per-device HBM and
-      peak rate (`fits`, `mfu`); None leaves them out.
+    tpu: the `TpuSlice` the mesh was built from, for its per-device HBM,
+      peak rate and the roofline (`fits`, `mfu`, the ``roofline_*`` fields);
+      None leaves them out.
 
   Returns:
     A `CompileReport`.
@@ -299,6 +411,8 @@ def compile_report(step: Any, state: Any, batch: PyTree, *, tpu: Any = None) -> 
     ...                       tpu=v3)
     >>> r.device_kind, r.num_devices, r.fits, r.estimated_seconds > 0
     ('TPU v3', 8, True, True)
+    >>> r.estimate_source, r.roofline_seconds >= r.roofline_overlap_seconds > 0, r.dcn_bytes
+    ('cost_model', True, 0.0)
 
   References:
     MaxText, ``train_compile.py``: compile for a target topology before
@@ -316,4 +430,5 @@ def compile_report(step: Any, state: Any, batch: PyTree, *, tpu: Any = None) -> 
   return CompileReport.from_compiled(
       compiled, num_devices=step.mesh.devices.size, global_batch=rows,
       compile_seconds=seconds, tpu=tpu,
-      device_kind=str(getattr(first, "device_kind", first.platform)))
+      device_kind=str(getattr(first, "device_kind", first.platform)),
+      devices=list(step.mesh.devices.flat))
