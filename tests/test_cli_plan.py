@@ -56,7 +56,12 @@ def test_plan_prices_every_candidate_and_marks_the_best(capsys, cache_dir):
     assert r["fits"] and r["error"] is None and not r["cached"]
     (p,) = r["programs"]
     assert p["train_steps"] == steps[0] and p["estimated_seconds"] > 0
-    seconds = p["estimated_seconds"] * p["train_steps"]
+    assert 0 < p["roofline_overlap_seconds"] <= p["roofline_seconds"]
+    assert (p["dcn_bytes"] > 0) == (r["num_slices"] > 1)
+    # Candidates are compared on the roofline with no overlap, on every target.
+    seconds = p["roofline_seconds"] * p["train_steps"]
+    np.testing.assert_allclose(r["time_to_train_overlap_hours"],
+                               p["roofline_overlap_seconds"] * p["train_steps"] / 3600)
     price = 1.5 if r["accelerator_type"].startswith("v5litepod") else 2.70
     np.testing.assert_allclose(r["time_to_train_hours"], seconds / 3600)
     np.testing.assert_allclose(r["chip_hours"], seconds / 3600 * r["chips"])
@@ -119,7 +124,7 @@ def test_plan_without_libtpu_says_how_to_install_it(capsys, monkeypatch):
   assert code == 2 and "pip install 'jax[tpu]'" in err
 
 
-def test_a_candidate_that_fails_to_compile_does_not_hide_the_others(capsys, cache_dir,
+def test_a_candidate_that_fails_to_compile_does_not_hide_the_others(capsys, tmp_path,
                                                                      monkeypatch):
   from examples.mnist1d_lstm import train  # noqa: PLC0415
 
@@ -132,7 +137,7 @@ def test_a_candidate_that_fails_to_compile_does_not_hide_the_others(capsys, cach
 
   monkeypatch.setattr(train, "compile_target", target)
   code, out, _ = _plan(capsys, "--accelerator-type", "v6e-8,v5e-8", "--global-batch", "64",
-                       "--cache-dir", str(cache_dir), "--json")
+                       "--cache-dir", str(tmp_path), "--json")
   assert code == 1
   failed, ok = json.loads(out)["candidates"]
   assert failed["error"] == "RuntimeError: INTERNAL: a compiler error" and not failed["fastest"]

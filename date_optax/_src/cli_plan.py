@@ -294,8 +294,26 @@ def compile_candidate(cand: Candidate, example: str, config: Any, target: Any,
     path.write_text(json.dumps({"programs": cand.programs, "error": cand.error}))
 
 
+def _sum_time(programs: list[dict[str, Any]], field: str) -> float | None:
+  """Seconds to train by one estimate: each program's steps times its step time."""
+  total = 0.0
+  for p in programs:
+    seconds, steps = p.get(field), p.get("train_steps")
+    if seconds is None or steps is None or p.get("fits") is False:
+      return None
+    total += seconds * steps
+  return total
+
+
 def summarize(cand: Candidate, price: float) -> dict[str, Any]:
-  """The candidate's row: fits, step times, steps, time to train, chip-hours, cost."""
+  """The candidate's row: fits, step times, steps, time to train, chip-hours, cost.
+
+  Candidates are compared on one estimate that every target has: the
+  roofline with no overlap of compute and communication (`roofline_seconds`;
+  the full-overlap time gives the other end, `..._overlap_...`). The TPU
+  cost model's time, where libtpu gives one for every program, is reported
+  beside it; it leaves out the data-center network.
+  """
   row: dict[str, Any] = {
       "candidate": cand.name, "accelerator_type": cand.accelerator_type,
       "num_slices": cand.num_slices, "global_batch": cand.global_batch,
@@ -303,27 +321,19 @@ def summarize(cand: Candidate, price: float) -> dict[str, Any]:
       "error": cand.error, "cached": cand.cached,
       "compile_seconds": round(cand.compile_seconds, 1),
   }
-  programs = []
-  total = 0.0
-  known = cand.error is None and bool(cand.programs)
-  for p in cand.programs:
-    seconds = p.get("estimated_seconds")
-    steps = p.get("train_steps")
-    programs.append({k: p.get(k) for k in (
-        "name", "fits", "estimated_seconds", "estimate_source", "cost_model_seconds",
-        "roofline_seconds", "roofline_overlap_seconds", "dcn_bytes", "total_bytes",
-        "train_steps", "error")})
-    if seconds is None or steps is None or p.get("fits") is False:
-      known = False
-    else:
-      total += seconds * steps
-  row["programs"] = programs
-  if known:
-    row["time_to_train_hours"] = total / 3600
-    row["chip_hours"] = total / 3600 * cand.tpu.total_chips
-    row["cost_usd"] = row["chip_hours"] * price
-  else:
-    row["time_to_train_hours"] = row["chip_hours"] = row["cost_usd"] = None
+  row["programs"] = [{k: p.get(k) for k in (
+      "name", "fits", "estimated_seconds", "estimate_source", "cost_model_seconds",
+      "roofline_seconds", "roofline_overlap_seconds", "roofline_dcn_seconds", "dcn_bytes",
+      "total_bytes", "train_steps", "error")} for p in cand.programs]
+  ok = cand.error is None and bool(cand.programs)
+  times = {name: (_sum_time(cand.programs, field) if ok else None) for name, field in (
+      ("", "roofline_seconds"), ("_overlap", "roofline_overlap_seconds"),
+      ("_cost_model", "cost_model_seconds"))}
+  for suffix, seconds in times.items():
+    hours = None if seconds is None else seconds / 3600
+    row[f"time_to_train{suffix}_hours"] = hours
+    row[f"chip_hours{suffix}"] = None if hours is None else hours * cand.tpu.total_chips
+    row[f"cost{suffix}_usd"] = None if hours is None else hours * cand.tpu.total_chips * price
   return row
 
 
@@ -338,37 +348,52 @@ def mark_best(rows: list[dict[str, Any]]) -> None:
 
 
 def _ms(seconds: float | None) -> str:
-  return "-" if seconds is None else f"{seconds * 1e3:.2f}"
+  return "-" if seconds is None else f"{seconds * 1e3:.3g}"
+
+
+def _duration(hours: float | None) -> str:
+  if hours is None:
+    return "-"
+  seconds = hours * 3600
+  if seconds < 120:
+    return f"{seconds:.3g} s"
+  return f"{seconds / 60:.3g} min" if seconds < 7200 else f"{hours:.3g} h"
+
+
+def _money(usd: float | None) -> str:
+  return "-" if usd is None else (f"{usd:,.0f}" if usd >= 100 else f"{usd:.3g}")
 
 
 def table(rows: list[dict[str, Any]]) -> str:
   """The plan as aligned text lines."""
-  head = ("candidate", "chips", "fits", "step ms", "from", "steps", "hours", "chip-h", "USD",
-          "")
+  head = ("candidate", "chips", "fits", "cost model ms", "roofline ms", "steps",
+          "time to train", "chip-h", "USD", "")
   lines = [head]
   for r in rows:
-    first = r["programs"][0] if r["programs"] else {}
-    steps = [p["train_steps"] for p in r["programs"]]
-    step_ms = "+".join(_ms(p["estimated_seconds"]) for p in r["programs"]) or "-"
-    source = first.get("estimate_source") or "-"
+    progs = r["programs"]
+    join = lambda f: "+".join(f(p) for p in progs) or "-"  # noqa: E731
     marks = " ".join(m for m, on in (("FASTEST", r["fastest"]), ("CHEAPEST", r["cheapest"]))
                      if on)
     if r["error"]:
       marks = f"failed: {r['error']}"
     elif r["fits"] is False:
-      over = [p.get("error") or "" for p in r["programs"] if p.get("fits") is False]
+      over = [p.get("error") or "" for p in progs if p.get("fits") is False]
       marks = over[0] if over else "does not fit"
-    hours = r["time_to_train_hours"]
+    roofline = join(lambda p: f"{_ms(p['roofline_seconds'])} "
+                              f"({_ms(p['roofline_overlap_seconds'])})")
+    chip_h = r["chip_hours"]
     lines.append((
-        r["candidate"], f"{r['chips']:,}",
-        {True: "yes", False: "NO", None: "-"}[r["fits"]], step_ms, source,
-        "+".join("-" if s is None else f"{s:,}" for s in steps) or "-",
-        "-" if hours is None else f"{hours:.2f}",
-        "-" if r["chip_hours"] is None else f"{r['chip_hours']:,.0f}",
-        "-" if r["cost_usd"] is None else f"{r['cost_usd']:,.0f}", marks))
+        r["candidate"], f"{r['chips']:,}", {True: "yes", False: "NO", None: "-"}[r["fits"]],
+        join(lambda p: _ms(p["cost_model_seconds"])), roofline,
+        join(lambda p: "-" if p["train_steps"] is None else f"{p['train_steps']:,}"),
+        _duration(r["time_to_train_hours"]),
+        "-" if chip_h is None else (f"{chip_h:,.0f}" if chip_h >= 100 else f"{chip_h:.3g}"),
+        _money(r["cost_usd"]), marks))
   widths = [max(len(line[i]) for line in lines) for i in range(len(head) - 1)]
-  return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=False)).rstrip()
-                   + ("  " + line[-1] if line[-1] else "") for line in lines)
+  legend = ("roofline ms: no overlap (full overlap); time to train, chip-hours and USD use "
+            "the roofline with no overlap")
+  return "\n".join(["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=False)).rstrip()
+                    + ("  " + line[-1] if line[-1] else "") for line in lines] + [legend])
 
 
 def plot(rows: list[dict[str, Any]], path: str) -> None:
