@@ -295,6 +295,19 @@ def test_run_all_dry_run_is_the_steps_in_order(repo):
   assert kept == lines[:-1]
 
 
+def test_v5e_is_v5litepod():
+  assert dry("create.py", "--accelerator-type=v5e-16") == (
+    dry("create.py", "--accelerator-type=v5litepod-16")
+  )
+  (line,) = dry("create.py", "--accelerator-type=v5e-16")
+  assert line == (
+    "gcloud compute tpus tpu-vm create date-optax-v5litepod-16 " + Q_WHERE
+    + " --accelerator-type=v5litepod-16 --version=v2-alpha-tpuv5-lite"
+  )
+  (line,) = dry("launch.py", "--accelerator-type=v5e-16", GS)
+  assert "configs/v5litepod_16.py" in line
+
+
 # ---------------------------------------------------------------- bad flags
 
 

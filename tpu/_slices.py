@@ -53,6 +53,18 @@ GENERATIONS: dict[str, Generation] = {
   ),
 }
 
+#: Other names of a generation: Cloud TPU calls v5e "v5litepod" in accelerator
+#: types (gcloud takes only that), people call it v5e.
+ALIASES: dict[str, str] = {"v5e": "v5litepod"}
+
+
+def display_name(generation: str) -> str:
+  """"v5e (v5litepod)" for v5litepod, the name itself otherwise."""
+  for alias, name in ALIASES.items():
+    if name == generation:
+      return f"{alias} ({name})"
+  return generation
+
 
 class SliceLayout(NamedTuple):
   accelerator_type: str
@@ -66,17 +78,21 @@ class SliceLayout(NamedTuple):
 def parse_accelerator_type(value: str) -> SliceLayout:
   """Validates an accelerator type such as "v3-32" and returns its layout.
 
+  `v5e-N` is taken as `v5litepod-N`, the name gcloud knows; the layout
+  carries that name.
+
   Raises:
     ValueError: naming the allowed generations and sizes.
   """
   match = re.fullmatch(r"(v[0-9a-z]+)-([0-9]+)", value)
-  generations = ", ".join(GENERATIONS)
-  if not match or match.group(1) not in GENERATIONS:
+  name = ALIASES.get(match.group(1), match.group(1)) if match else ""
+  if name not in GENERATIONS:
+    generations = ", ".join(display_name(g) for g in GENERATIONS)
     raise ValueError(
       f"unknown accelerator type {value!r}; expected <generation>-<size> with "
       f"generation one of {generations} (e.g. v2-32, v3-32, v4-32)"
     )
-  name, size = match.group(1), int(match.group(2))
+  size = int(match.group(2))
   gen = GENERATIONS[name]
   if size not in gen.sizes:
     sizes = ", ".join(f"{name}-{s}" for s in gen.sizes)
@@ -89,7 +105,8 @@ def parse_accelerator_type(value: str) -> SliceLayout:
     hosts = 1
   else:
     hosts = chips // gen.chips_per_host
-  return SliceLayout(value, name, cores, chips, chips * gen.devices_per_chip, hosts)
+  accel = value if name == match.group(1) else f"{name}-{size}"  # v5e-N: v5litepod-N
+  return SliceLayout(accel, name, cores, chips, chips * gen.devices_per_chip, hosts)
 
 
 # --------------------------------------------------------------------------
