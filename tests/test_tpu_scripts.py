@@ -494,28 +494,32 @@ printf '%s\t' "$@" >> "$FAKE_GCLOUD_LOG"; printf '\n' >> "$FAKE_GCLOUD_LOG"
 if [ -n "${FAKE_GCLOUD_FAIL:-}" ] && [[ " $* " == *"$FAKE_GCLOUD_FAIL"* ]]; then
   exit 7
 fi
+# With FAKE_PER_NODE each node (TPU VM) has its own home, $FAKE_HOME/<node>.
+home="$FAKE_HOME"
 case "$4" in
   ssh)
     for a in "$@"; do
       case "$a" in --command=*) cmd="${a#--command=}" ;; esac
     done
-    cd "$FAKE_HOME" || exit 1
+    if [ -n "${FAKE_PER_NODE:-}" ]; then home="$FAKE_HOME/$5"; mkdir -p "$home"; fi
+    cd "$home" || exit 1
     if [[ "$cmd" == *nohup* ]]; then
       # The launch. Keep the worker's shell alive to reap the detached job
       # as soon as it ends (as systemd does on a VM; this sandbox's init is
       # slow to reap orphans, which would keep `tail --pid` waiting).
       rm -f date_optax_train.pid
-      HOME="$FAKE_HOME" bash -c "$cmd; wait" > /dev/null 2>&1 &
+      HOME="$home" bash -c "$cmd; wait" > /dev/null 2>&1 &
       for _ in $(seq 500); do [ -s date_optax_train.pid ] && exit 0; sleep 0.01; done
       exit 1
     fi
-    HOME="$FAKE_HOME" exec bash -c "$cmd" ;;
+    HOME="$home" exec bash -c "$cmd" ;;
   scp)
     words=()
     for a in "${@:5}"; do
       case "$a" in --*) ;; *) words+=("$a") ;; esac
     done
-    dest="$FAKE_HOME/${words[-1]#*:}"
+    if [ -n "${FAKE_PER_NODE:-}" ]; then home="$FAKE_HOME/${words[-1]%%:*}"; fi
+    dest="$home/${words[-1]#*:}"
     cp -R "${words[@]:0:${#words[@]}-1}" "$dest/" ;;
   describe)
     case " $* " in
@@ -640,3 +644,203 @@ def test_run_all_refuses_an_existing_name_and_deletes_nothing(fake_cloud):
   assert res.returncode == 1
   assert "argument --name: date-optax-v3-32 already exists" in res.stderr
   assert _verbs(calls()) == ["tpu-vm describe"]
+
+
+# ---------------------------------------------------------------- Multislice
+
+S2 = ["--accelerator-type=v4-32", "--num-slices=2"]
+NODES = ("date-optax-v4-32-0", "date-optax-v4-32-1")
+SSH = "gcloud compute tpus tpu-vm ssh {} " + Q_WHERE + " --worker={} --command="
+
+
+def test_create_two_slices_is_one_queued_resource_of_two_nodes():
+  expected = [
+    "gcloud compute tpus queued-resources create date-optax-v4-32-qr " + Q_WHERE
+    + " --node-count=2 --node-prefix=date-optax-v4-32 --accelerator-type=v4-32"
+    " --runtime-version=tpu-ubuntu2204-base",
+    "gcloud compute tpus queued-resources describe date-optax-v4-32-qr " + Q_WHERE
+    + " --format='value(state.state)'",
+  ]
+  assert dry("create.py", *S2) == expected
+  assert dry("create.py", *S2, "--queued") == expected  # S > 1 implies --queued
+  lines = dry("create.py", *S2, "--name=exp", "--queued-resource-id=req", "--spot")
+  assert lines[0] == (
+    "gcloud compute tpus queued-resources create req " + Q_WHERE
+    + " --node-count=2 --node-prefix=exp --accelerator-type=v4-32"
+    " --runtime-version=tpu-ubuntu2204-base --spot"
+  )
+  # One slice stays --node-id, with --num-slices=1 spelled out or not.
+  assert dry("create.py", "--accelerator-type=v4-32", "--queued", "--num-slices=1") == (
+    dry("create.py", "--accelerator-type=v4-32", "--queued")
+  )
+
+
+# What every worker of a Multislice run prints after install; double quotes
+# only, and valid Python (a test below runs it).
+CHECK_MULTISLICE = (
+  'import jax, date_optax.parallel as dp; dp.initialize(); d = jax.local_devices()[0];'
+  ' s = getattr(d, "slice_index", "?"); print(f"slice {s}, worker'
+  " {jax.process_index()} of {jax.process_count()}: {jax.local_device_count()} local /"
+  ' {jax.device_count()} global devices, {d.device_kind}")'
+)
+
+
+def test_install_two_slices_runs_every_step_on_every_node(repo):
+  r = str(repo)
+  lines = dry("install.py", *S2, f"--repo-dir={r}")
+  assert len(lines) == 8  # 4 steps x 2 nodes, each step on both nodes
+  for first, second in zip(lines[::2], lines[1::2]):
+    assert NODES[0] in first and NODES[1] not in first
+    assert second == first.replace(NODES[0], NODES[1])
+  assert lines[0] == SSH.format(NODES[0], "all") + "'rm -rf date_optax && mkdir -p date_optax'"
+  assert lines[2] == (
+    f"gcloud compute tpus tpu-vm scp --recurse {r}/pyproject.toml {r}/date_optax"
+    f" {r}/README.md {r}/LICENSE {r}/examples {NODES[0]}:date_optax " + Q_WHERE
+    + " --worker=all"
+  )
+  assert lines[4] == SSH.format(NODES[0], "all") + (
+    "'cd date_optax && python3 -m pip install -U pip"
+    ' && python3 -m pip install -U "jax[tpu]" ".[examples]"\''
+  )
+  command = shlex.split(lines[6])[-1]
+  assert shlex.split(command) == [
+    "--command=cd", "date_optax", "&&", "python3", "-c", CHECK_MULTISLICE
+  ]
+
+
+def test_the_multislice_check_runs_where_there_is_no_cluster():
+  # One process on CPU: dp.initialize() is a no-op and there is no slice.
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+  res = subprocess.run(
+    [sys.executable, "-c", CHECK_MULTISLICE], capture_output=True, text=True,
+    env=env, timeout=120,
+  )  # fmt: skip
+  assert res.returncode == 0, res.stderr
+  assert res.stdout.startswith("slice ?, worker 0 of 1: ")
+
+
+def test_launch_logs_delete_two_slices():
+  launch = dry("launch.py", *S2, "--config=v3_32", GS, "--", "--config.x=1")
+  single = dry("launch.py", "--name=date-optax-v4-32", "--config=v3_32", GS, "--",
+               "--config.x=1")  # fmt: skip
+  assert launch == [
+    single[0].replace("date-optax-v4-32 ", f"{node} ") for node in NODES
+  ]
+  follow = dry("logs.py", *S2)
+  assert len(follow) == 1 and follow[0].startswith(SSH.format(NODES[0], "0"))
+  every = dry("logs.py", *S2, "--worker=all", "--no-follow")
+  assert every == [
+    SSH.format(node, "all") + "'tail -n 200 \"$HOME/date_optax_train.log\"'"
+    for node in NODES
+  ]
+  delete = [
+    "gcloud compute tpus queued-resources delete date-optax-v4-32-qr " + Q_WHERE
+    + " --force --quiet"
+  ]
+  assert dry("delete.py", *S2) == delete
+  assert dry("delete.py", "--name=date-optax-v4-32", "--num-slices=2") == delete
+
+
+def test_run_all_two_slices_is_the_steps_in_order(repo):
+  repo_dir = f"--repo-dir={repo}"
+  lines = dry("run_all.py", *S2, repo_dir, GS, "--config=v3_32")
+  expected = (
+    [
+      "gcloud compute tpus queued-resources describe date-optax-v4-32-qr " + Q_WHERE
+      + " --format='value(name)'"
+    ]
+    + dry("create.py", *S2)
+    + dry("install.py", *S2, repo_dir)
+    + dry("launch.py", *S2, GS, "--config=v3_32")
+    + dry("logs.py", *S2)
+    + dry("delete.py", *S2)
+  )
+  assert lines == expected
+  assert len(lines) == 1 + 2 + 8 + 2 + 1 + 1
+
+
+def test_create_four_v5e_slices():
+  lines = dry("create.py", "--accelerator-type=v5e-256", "--num-slices=4")
+  assert lines[0] == (
+    "gcloud compute tpus queued-resources create date-optax-v5litepod-256-qr "
+    + Q_WHERE + " --node-count=4 --node-prefix=date-optax-v5litepod-256"
+    " --accelerator-type=v5litepod-256 --runtime-version=v2-alpha-tpuv5-lite"
+  )
+
+
+MULTI = "v4, v5p, v5e (v5litepod), v6e"
+
+
+@pytest.mark.parametrize(
+  "script, args, message",
+  [
+    ("create.py", ["--accelerator-type=v3-32", "--num-slices=2"],
+     f"argument --num-slices: v3 slices cannot be joined (Multislice runs on {MULTI});"
+     " use --num-slices=1"),
+    ("create.py", ["--accelerator-type=v2-8", "--num-slices=64"],
+     f"argument --num-slices: v2 slices cannot be joined (Multislice runs on {MULTI})"),
+    ("run_all.py", [V3, GS, "--num-slices=4"], "argument --num-slices: v3 slices"),
+    ("install.py", [V3, "--num-slices=2"], "argument --num-slices: v3 slices"),
+    ("launch.py", [V3, GS, "--num-slices=2"], "argument --num-slices: v3 slices"),
+    ("logs.py", [V3, "--num-slices=2"], "argument --num-slices: v3 slices"),
+    ("delete.py", [V3, "--num-slices=2"], "argument --num-slices: v3 slices"),
+    ("create.py", [*S2[:1], "--num-slices=0"],
+     "argument --num-slices: must be an integer from 1 to 64, got '0'"),
+    ("create.py", [*S2[:1], "--num-slices=65"], "from 1 to 64, got '65'"),
+    ("create.py", [*S2[:1], "--num-slices=two"], "from 1 to 64, got 'two'"),
+    ("create.py", [*S2[:1], "--num-slices=1.5"], "from 1 to 64, got '1.5'"),
+    ("create.py", [*S2, "--preemptible"],
+     "argument --preemptible: not available for queued resources (--num-slices > 1"
+     " is one); use --spot"),
+    ("create.py", [*S2, "--name=" + "n" * 62],
+     "argument --name: the last node would be " + "n" * 62 + "-1, over 63 characters"),
+    ("create.py", ["--accelerator-type=v5e-3"],
+     "argument --accelerator-type: unknown accelerator type 'v5e-3'; v5litepod slices"
+     " are v5litepod-1, v5litepod-4"),
+  ],
+)  # fmt: skip
+def test_multislice_refusals_are_one_line(script, args, message):
+  res = run(script, *WHERE, "--dry-run", *args)
+  assert res.returncode == 2
+  assert res.stdout == ""
+  assert "Traceback" not in res.stderr
+  assert res.stderr.count("\n") == 1, res.stderr
+  assert res.stderr.startswith(f"{script}: error: argument --"), res.stderr
+  assert message in res.stderr
+
+
+@needs_unix_tools
+def test_run_parallel_starts_the_nodes_together(tmp_path, capsys):
+  # Each command waits (5 s at most) for the other's file, as each node's
+  # JAX waits for every slice: one after the other they would fail.
+  load("run_all.py")
+  import _gcloud
+
+  a, b = tmp_path / "a", tmp_path / "b"
+  wait = "touch {}; for _ in $(seq 500); do [ -e {} ] && exit 0; sleep 0.01; done; exit 1"
+  runner = _gcloud.Runner(dry_run=False)
+  argvs = [["bash", "-c", wait.format(a, b)], ["bash", "-c", wait.format(b, a)]]
+  assert runner.run_parallel(argvs) == 0
+  assert capsys.readouterr().err.count("+ bash -c") == 2
+  failing = [["true"], ["bash", "-c", "exit 3"], ["bash", "-c", "exit 4"]]
+  assert runner.run_parallel(failing, check=False) == 3
+  with pytest.raises(_gcloud.StepFailed, match="exit status 3: bash -c 'exit 3'"):
+    runner.run_parallel(failing)
+
+
+@needs_unix_tools
+def test_run_all_two_slices_for_real_with_fake_gcloud(fake_cloud):
+  env, args, calls, home = fake_cloud
+  args = [*args, "--accelerator-type=v4-32", "--num-slices=2", "--config=v3_32"]
+  res = run("run_all.py", *args, env=dict(env, FAKE_PER_NODE="1"))
+  assert res.returncode == 0, res.stderr
+  verbs = _verbs(calls())
+  assert verbs[:3] == [
+    "queued-resources describe", "queued-resources create", "queued-resources describe",
+  ]  # fmt: skip
+  assert sorted(verbs[3:-1]) == ["tpu-vm scp"] * 2 + ["tpu-vm ssh"] * 9
+  assert verbs[-1] == "queued-resources delete"
+  for node in NODES:  # each node got the tree and ran the training
+    assert (home / node / "date_optax" / "date_optax" / "__init__.py").exists()
+    assert (home / node / "date_optax_train.rc").read_text().strip() == "0"
+  assert "config found: True" in res.stdout  # worker 0's log, streamed

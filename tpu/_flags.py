@@ -1,7 +1,7 @@
 """Flags of the Cloud TPU scripts and their validation.
 
 Every check raises argparse.ArgumentTypeError (or calls parser.error), so a
-bad value exits with status 2 and a message that starts with the flag's name.
+bad value exits with status 2 and one line on stderr that names the flag.
 Standard library only (Python >= 3.8): the gcloud scripts must start on any
 machine with the Google Cloud CLI, without JAX.
 """
@@ -13,7 +13,7 @@ import os
 import re
 from collections.abc import Callable, Sequence
 
-from _slices import GENERATIONS, parse_accelerator_type
+from _slices import GENERATIONS, MULTISLICE_GENERATIONS, parse_accelerator_type
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -80,6 +80,23 @@ def _positive_float(value: str) -> float:
   return x
 
 
+#: Cloud TPU Multislice joins at most this many slices in one job here (the
+#: library's `tpu_slice(num_slices=)` takes the same range).
+MAX_SLICES = 64
+
+
+def _num_slices(value: str) -> int:
+  try:
+    n = int(value)
+  except ValueError:
+    n = 0
+  if not 1 <= n <= MAX_SLICES:
+    raise argparse.ArgumentTypeError(
+      f"must be an integer from 1 to {MAX_SLICES}, got {value!r}"
+    )
+  return n
+
+
 def add_slice_flags(p: argparse.ArgumentParser) -> None:
   """Flags that say which slice a step works on (every script has them)."""
   g = p.add_argument_group("slice")
@@ -90,13 +107,24 @@ def add_slice_flags(p: argparse.ArgumentParser) -> None:
   g.add_argument(
     "--accelerator-type",
     type=checked(parse_accelerator_type),
-    help="Slice type: v2-32, v3-32, v4-32, ... (also v5p-N, v5litepod-N, v6e-N). "
-    "Required by create; elsewhere it only supplies the default --name/--config.",
+    help="Slice type: v2-32, v3-32, v4-32, ... (also v5p-N, v5litepod-N or v5e-N, "
+    "v6e-N). Required by create; elsewhere it only supplies the default "
+    "--name/--config and the Multislice check.",
   )
   g.add_argument(
     "--name",
     type=_resource_name,
-    help="TPU VM (node) name; default date-optax-<accelerator type>.",
+    help="TPU VM (node) name; default date-optax-<accelerator type>. With "
+    "--num-slices S > 1 the nodes are NAME-0 .. NAME-(S-1).",
+  )
+  g.add_argument(
+    "--num-slices",
+    type=_num_slices,
+    default=1,
+    metavar="S",
+    help=f"Slices joined by Cloud TPU Multislice (1 to {MAX_SLICES}; v4, v5e, "
+    "v5p, v6e). S > 1 is always a queued resource (implies --queued) with S "
+    "nodes; every step then runs on every node.",
   )
   g.add_argument(
     "--queued",
@@ -268,6 +296,21 @@ def finish_args(
     if layout is None:
       p.error("argument --name: required when --accelerator-type is not given")
     args.name = f"date-optax-{layout.accelerator_type}"
+  if args.num_slices > 1:
+    if layout is not None and not GENERATIONS[layout.generation].multislice:
+      p.error(
+        f"argument --num-slices: {layout.generation} slices cannot be joined "
+        f"(Multislice runs on {MULTISLICE_GENERATIONS}); use --num-slices=1"
+      )
+    last = f"{args.name}-{args.num_slices - 1}"
+    if len(last) > 63:
+      p.error(
+        f"argument --name: the last node would be {last}, over 63 characters; "
+        "pick a shorter --name"
+      )
+    # Multislice exists only as a queued resource (Cloud TPU's "Manage TPU
+    # resources": "When using Multislice, you must use queued resources").
+    args.queued = True
   if args.queued_resource_id is not None and not args.queued:
     p.error("argument --queued-resource-id: only valid with --queued")
   if args.queued and args.queued_resource_id is None:
@@ -276,7 +319,10 @@ def finish_args(
     if args.spot and args.preemptible:
       p.error("argument --preemptible: not allowed with --spot")
     if args.preemptible and args.queued:
-      p.error("argument --preemptible: not available for queued resources; use --spot")
+      why = " (--num-slices > 1 is one)" if args.num_slices > 1 else ""
+      p.error(
+        f"argument --preemptible: not available for queued resources{why}; use --spot"
+      )
     if args.runtime_version is None:
       args.runtime_version = GENERATIONS[layout.generation].runtime
     elif not re.fullmatch(r"[a-z0-9][a-z0-9.-]*", args.runtime_version):
@@ -321,7 +367,17 @@ class _HelpFormatter(
   pass
 
 
+class _Parser(argparse.ArgumentParser):
+  """Refuses bad flags with one line (`prog: error: argument --x: ...`), status 2.
+
+  argparse's default puts the whole usage (eight lines and more) above the
+  one line that says what is wrong; `--help` still prints it.
+  """
+
+  def error(self, message: str):
+    line = message.replace("\n", " ")
+    self.exit(2, f"{self.prog}: error: {line}\n")
+
+
 def make_parser(description: str) -> argparse.ArgumentParser:
-  return argparse.ArgumentParser(
-    description=description, formatter_class=_HelpFormatter
-  )
+  return _Parser(description=description, formatter_class=_HelpFormatter)

@@ -103,6 +103,35 @@ class Runner:
       raise StepFailed(argv, rc)
     return rc
 
+  def run_parallel(self, argvs: Sequence[Sequence[str]], check: bool = True) -> int:
+    """Runs the commands at the same time; the first non-zero exit status, or 0.
+
+    The same step on every node of a Multislice run: the nodes' processes
+    must start together (JAX on each waits for all slices to join), and one
+    node need not wait for another's install. One command runs as `run`
+    does; a dry run prints them in order. With `check`, raises StepFailed
+    for the first command (in order) that failed, once all have ended.
+    """
+    if len(argvs) == 1 or self.dry_run:
+      return max((self.run(argv, check=check) for argv in argvs), default=0)
+    procs = []
+    try:
+      for argv in argvs:
+        print(f"+ {format_argv(argv)}", file=sys.stderr, flush=True)
+        procs.append((argv, subprocess.Popen(list(argv))))
+      codes = [(argv, proc.wait()) for argv, proc in procs]
+    except BaseException:  # Ctrl-C, SIGTERM: no command outlives this one
+      for _, proc in procs:
+        proc.kill()
+        proc.wait()
+      raise
+    for argv, rc in codes:
+      if rc != 0:
+        if check:
+          raise StepFailed(argv, rc)
+        return rc
+    return 0
+
   def probe(self, argv: Sequence[str]) -> int | None:
     """Runs a read-only query quietly; its exit status (None in a dry run)."""
     if self.dry_run:
@@ -132,11 +161,30 @@ def _where(args) -> list[str]:
   return [f"--project={args.project}", f"--zone={args.zone}"]
 
 
-def ssh_argv(args, runner: Runner, command: str, worker: str = "all") -> list[str]:
+def node_names(args) -> list[str]:
+  """The TPU VM nodes: --name, or NAME-0 .. NAME-(S-1) for S slices.
+
+  Cloud TPU names the nodes of a Multislice queued resource <node prefix>-<i>
+  (API field `multisliceParams.nodeIdPrefix`).
+  """
+  if args.num_slices == 1:
+    return [args.name]
+  return [f"{args.name}-{i}" for i in range(args.num_slices)]
+
+
+def ssh_argv(
+  args, runner: Runner, command: str, worker: str = "all", node: str | None = None
+) -> list[str]:
   return runner.gcloud_argv(
-    "compute", "tpus", "tpu-vm", "ssh", args.name, *_where(args),
+    "compute", "tpus", "tpu-vm", "ssh", node or args.name, *_where(args),
     f"--worker={worker}", f"--command={command}",
   )  # fmt: skip
+
+
+def on_every_node(args, runner: Runner, command: str, check: bool = True) -> int:
+  """`command` on every worker of every node, the nodes at once."""
+  argvs = [ssh_argv(args, runner, command, node=n) for n in node_names(args)]
+  return runner.run_parallel(argvs, check=check)
 
 
 # --------------------------------------------------------------------------
@@ -173,9 +221,13 @@ class NameTaken(RuntimeError):
 def create_slice(args, runner: Runner) -> None:
   accel = args.accelerator_type.accelerator_type
   if args.queued:
+    if args.num_slices == 1:
+      nodes = [f"--node-id={args.name}"]
+    else:  # Multislice: S nodes (slices), one request
+      nodes = [f"--node-count={args.num_slices}", f"--node-prefix={args.name}"]
     argv = runner.gcloud_argv(
       "compute", "tpus", "queued-resources", "create", args.queued_resource_id,
-      *_where(args), f"--node-id={args.name}", f"--accelerator-type={accel}",
+      *_where(args), *nodes, f"--accelerator-type={accel}",
       f"--runtime-version={args.runtime_version}",
     )  # fmt: skip
     if args.spot:
@@ -251,12 +303,24 @@ _CHECK = (
   '{jax.devices()[0].device_kind}")'
 )
 
+# With several slices: each worker joins the job as training does
+# (`dp.initialize()`, from the MEGASCALE_* environment the runtime sets) and
+# prints its slice ("?" where a device has no slice_index: not Multislice);
+# every worker must report S times one slice's devices.
+_CHECK_MULTISLICE = (
+  "import jax, date_optax.parallel as dp; dp.initialize(); "
+  'd = jax.local_devices()[0]; s = getattr(d, "slice_index", "?"); '
+  'print(f"slice {s}, worker {jax.process_index()} of '
+  "{jax.process_count()}: {jax.local_device_count()} local / "
+  '{jax.device_count()} global devices, {d.device_kind}")'
+)
+
 
 def install(args, runner: Runner) -> None:
   d = args.remote_dir
   upgrade_pip = _rjoin([args.python, "-m", "pip", "install", "-U", "pip"])
   if args.source == "local":
-    runner.run(ssh_argv(args, runner, f"rm -rf {d} && mkdir -p {d}"))
+    on_every_node(args, runner, f"rm -rf {d} && mkdir -p {d}")
     present = [
       os.path.join(args.repo_dir, f)
       for f in LOCAL_SOURCES_REQUIRED + LOCAL_SOURCES_OPTIONAL
@@ -264,11 +328,14 @@ def install(args, runner: Runner) -> None:
     ]
     if not os.path.isdir(os.path.join(args.repo_dir, "examples")):
       runner.note("warning: no examples/ in --repo-dir; launch will not find it")
-    runner.run(
-      runner.gcloud_argv(
-        "compute", "tpus", "tpu-vm", "scp", "--recurse", *present,
-        f"{args.name}:{d}", *_where(args), "--worker=all",
-      )  # fmt: skip
+    runner.run_parallel(
+      [
+        runner.gcloud_argv(
+          "compute", "tpus", "tpu-vm", "scp", "--recurse", *present,
+          f"{node}:{d}", *_where(args), "--worker=all",
+        )  # fmt: skip
+        for node in node_names(args)
+      ]
     )
     fetch = f"cd {d}"
   else:
@@ -277,11 +344,13 @@ def install(args, runner: Runner) -> None:
       f"git checkout {_rq(args.git_ref)}"
     )
   pip_install = _pip_install_command(args)
-  runner.run(ssh_argv(args, runner, f"{fetch} && {upgrade_pip} && {pip_install}"))
+  on_every_node(args, runner, f"{fetch} && {upgrade_pip} && {pip_install}")
   # A separate command: every worker must start JAX at about the same time,
   # which they do only once all have finished installing.
-  check = shlex.join([args.python, "-c", _CHECK])
-  runner.run(ssh_argv(args, runner, f"cd {d} && {check}"))
+  check = shlex.join(
+    [args.python, "-c", _CHECK if args.num_slices == 1 else _CHECK_MULTISLICE]
+  )
+  on_every_node(args, runner, f"cd {d} && {check}")
 
 
 def launch_command(args, extra: Sequence[str]) -> str:
@@ -305,7 +374,7 @@ def launch_command(args, extra: Sequence[str]) -> str:
 
 
 def launch(args, runner: Runner, extra: Sequence[str] = ()) -> None:
-  runner.run(ssh_argv(args, runner, launch_command(args, extra)))
+  on_every_node(args, runner, launch_command(args, extra))
 
 
 def logs_command(follow: bool) -> str:
@@ -320,9 +389,15 @@ def logs_command(follow: bool) -> str:
 
 
 def stream_logs(args, runner: Runner) -> int:
+  """One worker's log (of the first node: process 0 is worker 0 there), or
+  with --worker=all every worker's of every node, interleaved."""
+  if args.worker == "all":
+    return on_every_node(args, runner, logs_command(args.follow), check=False)
   return runner.run(
-    ssh_argv(args, runner, logs_command(args.follow), worker=args.worker), check=False
-  )
+    ssh_argv(args, runner, logs_command(args.follow), worker=args.worker,
+             node=node_names(args)[0]),
+    check=False,
+  )  # fmt: skip
 
 
 def delete_slice(args, runner: Runner) -> int:

@@ -23,6 +23,8 @@ class Generation(NamedTuple):
       "megacore" device: v4, v5p).
     chips_per_host: chips attached to one TPU VM host in a multi-host slice.
     max_single_host_chips: the largest slice that is a single host.
+    multislice: whether Cloud TPU Multislice can join several slices of
+      this generation over the data-center network (not v2, v3).
   """
 
   runtime: str
@@ -32,15 +34,18 @@ class Generation(NamedTuple):
   devices_per_chip: int
   chips_per_host: int
   max_single_host_chips: int
+  multislice: bool = True
 
 
 _POW2 = lambda lo, hi: tuple(2**i for i in range(lo, hi + 1))  # noqa: E731
 
 GENERATIONS: dict[str, Generation] = {
   "v2": Generation(
-    "tpu-ubuntu2204-base", (8, 32, 128, 256, 512), "cores", 2, 2, 4, 4
+    "tpu-ubuntu2204-base", (8, 32, 128, 256, 512), "cores", 2, 2, 4, 4, False
   ),
-  "v3": Generation("tpu-ubuntu2204-base", (8,) + _POW2(5, 11), "cores", 2, 2, 4, 4),
+  "v3": Generation(
+    "tpu-ubuntu2204-base", (8,) + _POW2(5, 11), "cores", 2, 2, 4, 4, False
+  ),
   "v4": Generation(
     "tpu-ubuntu2204-base", _POW2(3, 10) + (1536, 2048, 4096), "cores", 2, 1, 4, 4
   ),
@@ -64,6 +69,12 @@ def display_name(generation: str) -> str:
     if name == generation:
       return f"{alias} ({name})"
   return generation
+
+
+#: The generations whose slices Multislice can join, for messages.
+MULTISLICE_GENERATIONS = ", ".join(
+  display_name(name) for name, gen in GENERATIONS.items() if gen.multislice
+)
 
 
 class SliceLayout(NamedTuple):

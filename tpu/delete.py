@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Delete the slice (a queued resource together with its TPU VM, with --queued).
+"""Delete the slice (a queued resource together with its TPU VMs, with --queued
+or --num-slices > 1).
 
 Runs without a confirmation prompt (--quiet): check --name first, or look at
 the --dry-run output.
