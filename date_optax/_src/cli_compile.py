@@ -185,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
       if not args.json:
         print(f"\n{name}\nbatch {rows} on {tpu.num_devices} devices {e}", flush=True)
       continue
+    except ValueError as e:  # bad input (a batch that does not split): one line
+      return fail(f"{name}: {e}")
     except Exception as e:  # noqa: BLE001 - reported, and the other programs go on
       lines = str(e).strip().splitlines()
       cause = f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
