@@ -29,7 +29,7 @@ from date_optax._src.batch_schedule import BatchSchedule
 from date_optax._src.parallel import compat
 from date_optax._src.parallel.comm.collectives import acc_dtype
 from date_optax._src.parallel.comm.error_feedback import ErrorFeedbackState
-from date_optax._src.parallel.comm.grad_sync import GradSync, grad_sync_from
+from date_optax._src.parallel.comm.sync_config import GradSync, grad_sync_from
 from date_optax._src.parallel.layout import param_sharding as ps
 from date_optax._src.parallel.step import grad_stats as gs_lib
 from date_optax._src.parallel.step import local_grads as lg

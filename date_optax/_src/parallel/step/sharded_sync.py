@@ -34,7 +34,8 @@ from jax.sharding import PartitionSpec as P
 from date_optax._src.parallel import compat
 from date_optax._src.parallel.comm import update_sharding as us
 from date_optax._src.parallel.comm.error_feedback import ErrorFeedbackState
-from date_optax._src.parallel.comm.grad_sync import GradSync, sync_gradients
+from date_optax._src.parallel.comm.grad_sync import sync_gradients
+from date_optax._src.parallel.comm.sync_config import GradSync
 from date_optax._src.types import PyTree
 
 

@@ -24,7 +24,7 @@ import jax
 import optax
 
 from date_optax._src.batch_schedule import BatchSchedule
-from date_optax._src.parallel.comm.grad_sync import GradSync, grad_sync_from
+from date_optax._src.parallel.comm.sync_config import GradSync, grad_sync_from
 from date_optax._src.parallel.step.replicated_step import (
   ReplicatedTrainStep,
   make_replicated_train_step,
