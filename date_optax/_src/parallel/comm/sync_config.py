@@ -1,10 +1,10 @@
 """The options of a gradient synchronisation, in one frozen config: `GradSync`.
 
 Every data-parallel step reduces its gradients once (`grad_sync.sync_gradients`)
-with the options held here: the algorithm, the torus layout, the payload
-format, APS, the rounding, the scales measured at every hop and error
-feedback. They are validated when the config is built, so the reduction
-itself never checks an option.
+with the options held here: the algorithm, the torus layout, the cross-slice
+algorithm of the hierarchical sync, the payload format, APS, the rounding, the
+scales measured at every hop and error feedback. They are validated when the
+config is built, so the reduction itself never checks an option.
 """
 
 from __future__ import annotations
@@ -18,9 +18,14 @@ import numpy as np
 
 from date_optax._src import validation
 from date_optax._src.parallel.comm import error_feedback as ef
+from date_optax._src.parallel.comm import hierarchical as hi
 from date_optax._src.parallel.comm import low_precision as lp
 from date_optax._src.parallel.comm.collectives import ALGORITHMS
 from date_optax._src.parallel.comm.low_precision import CommFormat
+
+#: The values of `GradSync.algorithm` (the steps' `grad_reduce`): the
+#: all-reduces of `collectives`, and the two-level sync of Multislice.
+SYNC_ALGORITHMS = ALGORITHMS + ("hierarchical",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,8 +42,12 @@ class GradSync:
       over all replicas, `ring_all_reduce`), "torus" (two-phase 2-D torus,
       `torus_all_reduce`) or "two_shot" (1-bit Adam's compressed
       reduce-scatter: one `all_to_all`, a float32 sum at each chunk's owner,
-      one `all_gather`; two roundings per element). The steps' flat keyword
-      is `grad_reduce`.
+      one `all_gather`; two roundings per element) or "hierarchical" (for
+      Cloud TPU Multislice, over two data axes `(slices, in-slice)`: XLA's
+      float32 reduce-scatter inside each slice, each device's 1/N_ici shard
+      reduced across the slices in the payload format by `dcn_algorithm`,
+      XLA's all-gather inside the slice; `hierarchical.hierarchical_reduce`).
+      The steps' flat keyword is `grad_reduce`.
     grid: for "torus" over a single axis (a `pmap` axis, or one data axis of
       a mesh), its `(X, Y)` layout, row-major; None with two data axes (a
       `torus_mesh`). Only with `algorithm="torus"`.
@@ -49,7 +58,8 @@ class GradSync:
     aps: Auto-Precision Scaling of each layer by a power of two before the
       cast. None (with `block_size` and `measured_shift` unset) picks the
       default scaling of a format of at most 8 bits: block scales of 32
-      over "ring", "torus" and "two_shot", APS over "psum"; bfloat16 none.
+      over "ring", "torus", "two_shot" and "hierarchical", APS over "psum";
+      bfloat16 none.
       `aps=True` or `aps=False` given turns the default blocks off. `aps=True`
       needs a low-precision `comm_dtype`.
     rounding: "nearest" or "stochastic" (unbiased; needs a low-precision
@@ -68,13 +78,19 @@ class GradSync:
       time the same place is sent: each replica's contribution (EF-SGD,
       Karimireddy et al. 2019) and, over "ring"/"torus", every hop's partial
       sum and the gather's payload, over "two_shot" the owner's sum (1-bit
-      Adam's server error, 1/N of the gradient), as
+      Adam's server error, 1/N of the gradient), over "hierarchical" those
+      of the cross-slice sum of this device's shard, as
       `sync_gradients(..., residual=)` describes; the steps carry an
       `ErrorFeedbackState` in `TrainState.grad_residual`. Needs a
       low-precision `comm_dtype`.
     residual_dtype: how the residuals are stored, "float32" (default) or
       "bfloat16" (half the memory; the arithmetic stays float32, the
       residual's own rounding to bfloat16 is lost). Only with error feedback.
+    dcn_algorithm: how "hierarchical" reduces each device's shard across
+      the slices: "two_shot" (the default: two roundings per element, two
+      cross-slice collectives) or "ring" (a ring over the S slices, a
+      rounding at each of its hops). Stored resolved ("two_shot" when
+      unset); only with `algorithm="hierarchical"` (None otherwise).
 
   An integer payload ("int8", "int4") with no scaling at all (`aps=False`,
   no `block_size`, no `measured_shift`), rounded to nearest and without
@@ -90,7 +106,9 @@ class GradSync:
       `block_size` outside [1, 65536]; `block_size` or `measured_shift`
       without a low-precision `comm_dtype`, with "psum", or both at once;
       `error_feedback=True` without a low-precision `comm_dtype`; another
-      `residual_dtype`, or one without error feedback.
+      `residual_dtype`, or one without error feedback; `dcn_algorithm` not
+      one of `hierarchical.DCN_ALGORITHMS`, or given without
+      "hierarchical".
     TypeError: `aps` not None or a bool, `block_size` not an integer,
       `measured_shift` or `error_feedback` not a bool.
 
@@ -112,6 +130,9 @@ class GradSync:
     True
     >>> dp.GradSync("two_shot", comm_dtype="int4", error_feedback=True).block_size
     32
+    >>> multi = dp.GradSync("hierarchical", comm_dtype="int8", error_feedback=True)
+    >>> multi.dcn_algorithm, multi.block_size
+    ('two_shot', 32)
 
   References:
     Ying et al., "Image Classification at Supercomputer Scale", 2018; Han,
@@ -122,7 +143,9 @@ class GradSync:
     Microscaling Formats (MX) Specification v1.0", 2023 (block scales);
     Karimireddy et al., "Error Feedback Fixes SignSGD and other Gradient
     Compression Schemes", ICML 2019, https://arxiv.org/abs/1901.09847;
-    Tang et al., "1-bit Adam", ICML 2021, https://arxiv.org/abs/2102.02888.
+    Tang et al., "1-bit Adam", ICML 2021, https://arxiv.org/abs/2102.02888;
+    Google Cloud, "Cloud TPU Multislice overview",
+    https://cloud.google.com/tpu/docs/multislice-introduction.
   """
 
   algorithm: str = "psum"
@@ -134,13 +157,16 @@ class GradSync:
   measured_shift: bool = False
   error_feedback: bool = False
   residual_dtype: Any = "float32"
+  dcn_algorithm: str | None = None
 
   def __post_init__(self) -> None:
-    if not isinstance(self.algorithm, str) or self.algorithm not in ALGORITHMS:
+    if not isinstance(self.algorithm, str) or self.algorithm not in SYNC_ALGORITHMS:
       raise ValueError(
-          f"GradSync.algorithm (the step's grad_reduce) must be one of {ALGORITHMS}, "
+          f"GradSync.algorithm (the step's grad_reduce) must be one of {SYNC_ALGORITHMS}, "
           f"got {self.algorithm!r}."
       )
+    object.__setattr__(self, "dcn_algorithm",
+                       hi.check_dcn_algorithm(self.algorithm, self.dcn_algorithm))
     if self.grid is not None:
       if self.algorithm != "torus":
         raise ValueError(
@@ -212,11 +238,14 @@ class GradSync:
   def check_replicas(
       self, axes: Sequence[Hashable], num_replicas: int, *, grid_name: str = "grid"
   ) -> None:
-    """Refuses a torus that does not fit the replicas' axes.
+    """Refuses a torus or a hierarchical sync that does not fit the replicas' axes.
 
     Without `grid` the torus needs two axes; with one, `X·Y` must equal the
     number of replicas. `grid_name` is the keyword the caller used.
+    "hierarchical" needs two axes, the slices and the devices of one slice.
     """
+    if self.algorithm == "hierarchical":
+      hi.check_axes(axes)
     if self.algorithm != "torus":
       return
     if self.grid is None:
