@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +35,7 @@ from test_two_shot import BLOCK, LR, _block_round, _chunks, _local_grads, _unchu
 import date_optax.parallel as dp
 from date_optax._src.parallel import compat
 from date_optax._src.parallel.layout.distributed import fetch_replicated
+from date_optax.checkpoint import CheckpointManager
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 S, M = 2, 4  # slices, devices per slice
@@ -334,6 +336,50 @@ def test_two_processes_as_two_slices_match_one_process(tmp_path):
                                  atol=1e-6)
     for key, want in here.items():
       np.testing.assert_allclose(got[key], want, rtol=1e-6, atol=1e-7, err_msg=key)
+
+
+# ---------------------------------------------------------------------------
+# Checkpoints: saved on two slices, resumed on one.
+# ---------------------------------------------------------------------------
+
+
+def test_saved_on_two_slices_resumes_on_one_with_fresh_residuals(tmp_path):
+  """The residuals (shards of 1/M per device) are the target's zeros, with a
+  warning naming both replica counts and both slice layouts; the same 8
+  replicas laid out as 4 slices of 2 have other shards and reset too."""
+  before = _int8_step(slice_mesh())
+  state = before.init(_params())
+  for t in range(1, 3):
+    state, _ = before(state, _batch(t))
+  one = _int8_step(slice_mesh(jax.devices()[:4], slices=1))
+  four = _int8_step(slice_mesh(slices=4))
+  with CheckpointManager(tmp_path, async_save=False) as mngr:
+    mngr.save(2, state)
+    target = one.init(_params())
+    with pytest.warns(UserWarning, match=r"saved with 8 replicas and the target has 4: they "
+                                         r"are reset to zeros.* dcn=2 × ici=4 when saved, "
+                                         r"the target over dcn=1 × ici=4"):
+      restored, _ = mngr.restore(target)
+    with pytest.warns(UserWarning, match=r"dcn=2 × ici=4 when saved, the target over "
+                                         r"dcn=4 × ici=2"):
+      relaid, _ = mngr.restore(four.init(_params()))
+    with warnings.catch_warnings():
+      warnings.simplefilter("error")  # the same layout reads them back, silently
+      same, _ = mngr.restore(before.init(_params()))
+  for part in ("worker", "hop"):
+    got, fresh = getattr(restored.grad_residual, part), getattr(target.grad_residual, part)
+    for k in got:
+      assert got[k].shape == fresh[k].shape and got[k].sharding == fresh[k].sharding
+      np.testing.assert_array_equal(np.asarray(got[k]), 0.0)
+      np.testing.assert_array_equal(np.asarray(getattr(relaid.grad_residual, part)[k]), 0.0)
+      np.testing.assert_array_equal(np.asarray(getattr(same.grad_residual, part)[k]),
+                                    np.asarray(getattr(state.grad_residual, part)[k]))
+  assert restored.grad_residual.worker["w"].shape == (4, 128 // M)  # one slice of 4
+  assert relaid.grad_residual.worker["w"].shape == (8, 128 // 2)  # slices of 2
+  for k in ("w", "b"):
+    np.testing.assert_array_equal(np.asarray(restored.params[k]), np.asarray(state.params[k]))
+  resumed, metrics = one(restored, _batch(3))
+  assert not bool(metrics["skipped"]) and np.isfinite(np.asarray(resumed.params["w"])).all()
 
 
 # ---------------------------------------------------------------------------
