@@ -383,7 +383,7 @@ def test_saved_on_two_slices_resumes_on_one_with_fresh_residuals(tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# Refusals.
+# Refusals, and the cost model.
 # ---------------------------------------------------------------------------
 
 
@@ -428,3 +428,44 @@ def test_bad_inputs_are_refused_naming_the_argument():
     jax.jit(compat.shard_map(lambda t, e: dp.sync_gradients(t, AX, sync, residual=e)[0],
                              mesh=mesh, in_specs=(P(AX), P()), out_specs=P(AX)))(
         jnp.ones(64), flat)
+
+
+def test_cost_prices_the_slices_network_apart():
+  """allreduce_cost("hierarchical", (S, N)): a float32 ring over N in the slice at
+  (alpha, beta), the cross-slice algorithm over S on 1/N of the payload at
+  (dcn_alpha, dcn_beta), against numbers worked by hand."""
+  mb, alpha, beta, dcn_alpha, dcn_beta = 1e6, 1e-6, 2e-11, 1e-5, 1 / 3e9
+  kw = dict(alpha=alpha, beta=beta, dcn_alpha=dcn_alpha, dcn_beta=dcn_beta,
+            comm_dtype="int8", block_size=32)
+  cost = dp.allreduce_cost("hierarchical", (2, 4), mb, **kw)
+  # In the slice: 2·3 steps, 2·3/4 of 1 MB. Across: 2 steps, each device's
+  # quarter in int8 with 8/32 bit of scales, 1e6 · 8.25 / 32 / 4 = 64453.125
+  # bytes, of which (2-1)/2, twice.
+  assert (cost.latency_steps, cost.dcn_latency_steps) == (8, 2)
+  np.testing.assert_allclose(cost.bytes_per_link, 1.5e6)
+  np.testing.assert_allclose(cost.dcn_bytes_per_link, 64453.125)
+  np.testing.assert_allclose(cost.seconds, 6e-6 + 3e-5 + 2e-5 + 64453.125 / 3e9)
+  np.testing.assert_allclose(cost.seconds, 7.7484375e-5)
+  four = dp.allreduce_cost("hierarchical", (4, 4), mb, **kw)
+  ring = dp.allreduce_cost("hierarchical", (4, 4), mb, dcn_algorithm="ring", **kw)
+  assert (four.dcn_latency_steps, ring.dcn_latency_steps) == (2, 6)
+  np.testing.assert_allclose(four.dcn_bytes_per_link, 2 * 3 / 4 * 64453.125)
+  np.testing.assert_allclose(ring.seconds - four.seconds, 4 * dcn_alpha)
+  flat = dp.allreduce_cost("two_shot", 8, mb, alpha=dcn_alpha, beta=dcn_beta,
+                           comm_dtype="int8", block_size=32)
+  assert cost.seconds < flat.seconds / 2  # the slow network carries 1/4 of it
+  with pytest.raises(ValueError, match=r"needs dcn_alpha and dcn_beta"):
+    dp.allreduce_cost("hierarchical", (2, 4), mb, alpha=alpha, beta=beta, dcn_alpha=1e-5)
+  with pytest.raises(ValueError, match=r"dcn_alpha and dcn_beta price the cross-slice"):
+    dp.allreduce_cost("ring", 8, mb, alpha=alpha, beta=beta, dcn_alpha=1e-5, dcn_beta=1e-9)
+  with pytest.raises(ValueError, match=r"needs mesh_shape=\(S, N_ici\)"):
+    dp.allreduce_cost("hierarchical", 8, mb, alpha=alpha, beta=beta, dcn_alpha=1e-5,
+                      dcn_beta=1e-9)
+  with pytest.raises(ValueError, match=r"dcn_beta must be"):
+    dp.allreduce_cost("hierarchical", (2, 4), mb, alpha=alpha, beta=beta, dcn_alpha=1e-5,
+                      dcn_beta=-1.0)
+  with pytest.raises(ValueError, match=r"dcn_algorithm must be None or one of"):
+    dp.allreduce_cost("hierarchical", (2, 4), mb, alpha=alpha, beta=beta, dcn_alpha=1e-5,
+                      dcn_beta=1e-9, dcn_algorithm="psum")
+  with pytest.raises(ValueError, match=r"dcn_algorithm='ring' is the cross-slice"):
+    dp.allreduce_cost("two_shot", 8, mb, alpha=alpha, beta=beta, dcn_algorithm="ring")
