@@ -92,7 +92,8 @@ def test_grad_sync_refuses_invalid_combinations_naming_both_options():
   with pytest.raises(ValueError, match=r"grid=\(2, 4\).*algorithm=\"torus\".*'ring'"):
     dp.GradSync("ring", grid=(2, 4))
   with pytest.raises(ValueError, match=r"algorithm \(the step's grad_reduce\) must be one of "
-                                       r"\('psum', 'ring', 'torus', 'two_shot'\), "
+                                       r"\('psum', 'ring', 'torus', 'two_shot', "
+                                       r"'hierarchical'\), "
                                        r"got 'allreduce'"):
     dp.GradSync("allreduce")
   with pytest.raises(ValueError, match=r"grid must be \(X, Y\)"):

@@ -466,6 +466,7 @@ class CheckpointManager:
         "leaves": checks.leaf_specs(rest),
         "fingerprints": _fingerprints(rest),
         "residuals": {"saved": keep, "replicas": ckres.replicas(residuals),
+                      "layout": ckres.layout(residuals),
                       "leaves": checks.leaf_specs(residuals) if keep else [],
                       "fingerprints": _fingerprints(residuals) if keep else []},
         "bytes": ckres.sizes(rest, residuals, keep),

@@ -30,8 +30,9 @@ class CheckpointInfo(NamedTuple):
   copy per replica. Per device is what the device holding the most holds
   (its shards of every leaf, a replicated leaf whole): with error feedback
   the residuals add 1 gradient per device for "psum" and 2 for "ring" and
-  "torus", whatever the replica count N, while the checkpoint's residual
-  bytes grow as N times that. Checkpoints written before sizes were
+  "torus" (`1 + 1/N` for "two_shot", `(1 + 1/S) / M` for "hierarchical"
+  over S slices of M devices), whatever the replica count N, while the
+  checkpoint's residual bytes grow as N times that. Checkpoints written before sizes were
   recorded give None for them.
 
   Attributes:
@@ -160,14 +161,33 @@ MISSING = (
     "without them.")
 
 
+def layout(residuals: Any) -> dict[str, int] | None:
+  """The mesh axes (name: size) the residuals are laid out over, or None.
+
+  Read from the first leaf's sharding (a `NamedSharding`'s mesh; every
+  residual of a step shares one mesh): with it a reset names the slices and
+  devices of both layouts, e.g. `dcn=2 × ici=4` against `dcn=1 × ici=4`.
+  """
+  for x in jax.tree.leaves(residuals):
+    mesh = getattr(getattr(x, "sharding", None), "mesh", None)
+    if mesh is not None and hasattr(mesh, "shape"):
+      return {str(name): int(size) for name, size in mesh.shape.items()}
+  return None
+
+
 def plan(saved: Mapping[str, Any] | None, target: list[Any],
-         include: bool) -> tuple[str, tuple[int, int] | None]:
-  """What a restore does with the residuals, and (N, M) when it resets them.
+         include: bool) -> tuple[str, tuple[Any, ...] | None]:
+  """What a restore does with the residuals, and why it resets them.
 
   "read" them, "zeros" in their place, "none" to do (no residuals in the
   target, or a checkpoint older than format 4 that holds them in the
   state), or "missing" (a target without them for a checkpoint that
-  holds them, unless `include` is False).
+  holds them, unless `include` is False). A reset comes with `(N, M,
+  saved layout, target layout)`: the replica counts, and the mesh axes of
+  each (None where unknown). Residuals are reset when the replica count
+  differs, or when their shapes do ("hierarchical" keeps shards of 1/M of
+  each gradient, M the devices of one slice: the same N over other slices
+  gives other shapes).
   """
   if not saved:
     return "none", None
@@ -176,16 +196,24 @@ def plan(saved: Mapping[str, Any] | None, target: list[Any],
   if not include or not saved.get("saved"):
     return "zeros", None
   n, m = saved.get("replicas"), replicas(target)
-  return ("read", None) if n == m else ("zeros", (n, m))
+  shapes = [list(np.shape(x)) for x in jax.tree.leaves(target)]
+  same = n == m and [list(leaf[1]) for leaf in saved.get("leaves", [])] in ([], shapes)
+  return ("read", None) if same else ("zeros", (n, m, saved.get("layout"), layout(target)))
 
 
-def reset_message(saved: int, target: int) -> str:
-  """The warning of a restore onto another replica count."""
-  return (
+def reset_message(saved: int, target: int, saved_layout: Mapping[str, int] | None = None,
+                  target_layout: Mapping[str, int] | None = None) -> str:
+  """The warning of a restore onto another replica count or layout."""
+  where = lambda axes: " × ".join(f"{k}={v}" for k, v in axes.items())
+  text = (
       f"the checkpoint's error-feedback residuals were saved with {saved} replicas and "
       f"the target has {target}: they are reset to zeros, shaped for the {target} "
       "replicas (ErrorFeedbackState.zeros, as the step's init builds them). What they "
       "held, at most one step's rounding, is dropped; the other leaves restore as saved.")
+  if saved_layout and target_layout and saved_layout != target_layout:
+    text += (f" They were laid out over the mesh axes {where(saved_layout)} when saved, "
+             f"the target over {where(target_layout)}.")
+  return text
 
 
 def zeros(abstract: list[Any]) -> list[Any]:

@@ -18,9 +18,10 @@ from date_optax._src.parallel.comm.collectives import (
 )
 from date_optax._src.parallel.comm.cost_model import AllReduceCost, allreduce_cost
 from date_optax._src.parallel.comm.error_feedback import ErrorFeedbackState
-from date_optax._src.parallel.comm.grad_sync import GradSync, all_reduce, sync_gradients
+from date_optax._src.parallel.comm.grad_sync import all_reduce, sync_gradients
 from date_optax._src.parallel.comm.hlo import collective_permute_rounds, collectives
 from date_optax._src.parallel.comm.low_precision import COMM_DTYPES, ROUNDINGS
+from date_optax._src.parallel.comm.sync_config import GradSync
 from date_optax._src.parallel.comm.update_sharding import (
     bytes_per_device,
     update_shard_axis,

@@ -1,4 +1,4 @@
-"""Alpha-beta cost model of all-reduce algorithms: rings, 2-D tori, two-shot."""
+"""Alpha-beta cost model of all-reduce algorithms: rings, 2-D tori, two-shot, hierarchical."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from date_optax._src import validation
-from date_optax._src.parallel.comm import low_precision
+from date_optax._src.parallel.comm import hierarchical, low_precision
 
-COST_ALGORITHMS = ("ring", "torus", "two_shot")
+COST_ALGORITHMS = ("ring", "torus", "two_shot", "hierarchical")
 
 
 class AllReduceCost(NamedTuple):
@@ -17,14 +17,23 @@ class AllReduceCost(NamedTuple):
 
   Attributes:
     latency_steps: neighbour exchanges on the critical path (each costs
-      `alpha`).
-    bytes_per_link: bytes carried by the busiest link in one direction.
-    seconds: `alpha · latency_steps + beta · bytes_per_link`.
+      `alpha`; for "hierarchical" the in-slice and cross-slice ones).
+    bytes_per_link: bytes carried by the busiest link in one direction (for
+      "hierarchical" the busiest in-slice link).
+    seconds: `alpha · latency_steps + beta · bytes_per_link`; for
+      "hierarchical" the in-slice part at `(alpha, beta)` plus the
+      cross-slice part at `(dcn_alpha, dcn_beta)`.
+    dcn_latency_steps: the cross-slice steps among `latency_steps` (0 but
+      for "hierarchical").
+    dcn_bytes_per_link: bytes each device sends across the slices, in one
+      direction (0 but for "hierarchical").
   """
 
   latency_steps: int
   bytes_per_link: float
   seconds: float
+  dcn_latency_steps: int = 0
+  dcn_bytes_per_link: float = 0.0
 
 
 def _ring(p: int, m: float, per_message: float = 0.0) -> tuple[int, float]:
@@ -48,6 +57,46 @@ def _two_shot(p: int, m: float, per_message: float = 0.0) -> tuple[int, float]:
   return 2, 2 * (p - 1) / p * m + 2 * (p - 1) * per_message
 
 
+def _hierarchical(
+    s: int, m: int, nbytes: float, payload: float, per_message: float, dcn_algorithm: str,
+) -> tuple[tuple[int, float], tuple[int, float]]:
+  """`((steps, bytes) in a slice, (steps, bytes) across slices)`: a float32
+  ring reduce-scatter and all-gather of `nbytes` over the m devices of a
+  slice, and the cross-slice algorithm over the s slices on each device's
+  1/m of the `payload` bytes."""
+  ici = _ring(m, nbytes)
+  if s == 1:
+    return ici, (0, 0.0)
+  cross = _two_shot if dcn_algorithm == "two_shot" else _ring
+  return ici, cross(s, payload / m, per_message)
+
+
+def _check_dcn(algorithm: str, shape: tuple[int, ...], dcn_alpha: Any, dcn_beta: Any,
+               dcn_algorithm: Any) -> str | None:
+  """The cross-slice options: needed by "hierarchical", refused by the others."""
+  dcn_algorithm = hierarchical.check_dcn_algorithm(algorithm, dcn_algorithm)
+  given = [name for name, v in (("dcn_alpha", dcn_alpha), ("dcn_beta", dcn_beta))
+           if v is not None]
+  if algorithm != "hierarchical":
+    if given:
+      raise ValueError(
+          f"{' and '.join(given)} price the cross-slice network of algorithm="
+          f'"hierarchical", got algorithm={algorithm!r}; leave them None.')
+    return None
+  if len(given) != 2:
+    raise ValueError(
+        'algorithm="hierarchical" needs dcn_alpha and dcn_beta (the latency and seconds '
+        "per byte of the network between slices, each >= 0); got dcn_alpha="
+        f"{dcn_alpha!r}, dcn_beta={dcn_beta!r}.")
+  validation.check_nonnegative("dcn_alpha", dcn_alpha)
+  validation.check_nonnegative("dcn_beta", dcn_beta)
+  if len(shape) != 2:
+    raise ValueError(
+        'algorithm="hierarchical" needs mesh_shape=(S, N_ici), the slices and the '
+        f"devices of one slice, got mesh_shape={shape!r}.")
+  return dcn_algorithm
+
+
 def _scale_bits(fmt: Any) -> int:
   """Bits of one scale exponent on the wire: 8, in a 16-bit slot for bfloat16."""
   return max(8, fmt.bits)
@@ -65,6 +114,9 @@ def allreduce_cost(
     measured_shift: bool = False,
     aps: bool = False,
     layers: int | None = None,
+    dcn_alpha: float | None = None,
+    dcn_beta: float | None = None,
+    dcn_algorithm: str | None = None,
 ) -> AllReduceCost:
   """Predicts latency steps, link traffic and time of one all-reduce.
 
@@ -95,6 +147,26 @@ def allreduce_cost(
     `2(P-1)/P · M` bytes, as a ring's does. On a torus without a switch
     the all-to-all's messages would travel several hops; the model does
     not price that routing. The mesh shape is flattened.
+  * "hierarchical": the Multislice sync (`GradSync("hierarchical")`) over
+    `mesh_shape=(S, N)`, S slices of N devices, with two networks: inside a
+    slice `(alpha, beta)`, between slices `(dcn_alpha, dcn_beta)`. A float32
+    ring reduce-scatter and all-gather over the N devices of a slice move
+    the whole buffer, `M` bytes whatever the payload; the cross-slice
+    "two_shot" (or "ring", `dcn_algorithm`) over the S slices moves each
+    device's shard, `m = M / N` bytes of float32, in the payload format
+    (`m_p` below: `m · bits / 32`, with the block scales' bits):
+
+    .. math::
+
+      t = 2(N-1)\alpha + \frac{2(N-1)}{N} M \beta
+          + s_S \alpha_{dcn} + \frac{2(S-1)}{S} m_p \beta_{dcn},
+
+    `s_S = 2` for "two_shot" (`2(S-1)` for "ring", and 0 when S = 1). The
+    measured shift's exponents ride on the cross-slice messages only; the
+    APS `pmax` is priced as one more hierarchical all-reduce of
+    `8 · layers` float32 bytes. `latency_steps` counts both networks'
+    steps, `bytes_per_link` the in-slice link's bytes;
+    `dcn_latency_steps` and `dcn_bytes_per_link` the cross-slice part.
 
   *Payload dtype.* `nbytes` is the size of the buffer in float32, as the
   gradients are stored; with `comm_dtype` the payload that moves is
@@ -118,9 +190,10 @@ def allreduce_cost(
   or the measured shift; the default here (False) keeps the payload alone.
 
   Args:
-    algorithm: "ring", "torus" or "two_shot".
+    algorithm: "ring", "torus", "two_shot" or "hierarchical".
     mesh_shape: number of devices, or the torus shape `(X, Y)` ("torus" needs
-      two dimensions; "ring" flattens any shape).
+      two dimensions; "ring" flattens any shape), or `(S, N)` for
+      "hierarchical": S slices of N devices.
     nbytes: size `M` of the buffer to sum, in bytes.
     alpha: seconds per message (latency), >= 0.
     beta: seconds per byte on one link (1 / bandwidth), >= 0.
@@ -133,9 +206,22 @@ def allreduce_cost(
     aps: price the APS `pmax` (needs a low-precision `comm_dtype` and
       `layers`).
     layers: the number of layers (parameter leaves), >= 1.
+    dcn_alpha: seconds per message between slices, >= 0; "hierarchical"
+      needs it, the others refuse it.
+    dcn_beta: seconds per byte between slices (1 / the data-center
+      network's bandwidth per device), >= 0; as `dcn_alpha`.
+    dcn_algorithm: the cross-slice algorithm of "hierarchical", "two_shot"
+      (None: the default) or "ring"; refused with the others.
 
   Returns:
-    An `AllReduceCost(latency_steps, bytes_per_link, seconds)`.
+    An `AllReduceCost(latency_steps, bytes_per_link, seconds, ...)`.
+
+  Raises:
+    ValueError: an unknown algorithm or format, a mesh dimension below 1,
+      negative sizes or times, "torus" or "hierarchical" without two mesh
+      dimensions, `aps` or `measured_shift` without `layers`, and
+      `dcn_alpha`/`dcn_beta`/`dcn_algorithm` missing with "hierarchical"
+      or given with another algorithm.
 
   Examples:
     >>> import date_optax.parallel as dp
@@ -161,6 +247,15 @@ def allreduce_cost(
     >>> dp.allreduce_cost("two_shot", 256, 1e6, alpha=1e-6, beta=1e-9).latency_steps
     2
 
+    Hierarchical over 2 slices of 4 devices, int8 across the slices at
+    3 GB/s, float32 inside at 50 GB/s: 6 in-slice steps moving 1.5 MB and 2
+    cross-slice steps moving 1/4 of the 1 MB in int8, halved.
+
+    >>> h = dp.allreduce_cost("hierarchical", (2, 4), 1e6, alpha=1e-6, beta=1 / 50e9,
+    ...                       dcn_alpha=1e-5, dcn_beta=1 / 3e9, comm_dtype="int8")
+    >>> h.latency_steps, h.dcn_latency_steps, h.bytes_per_link, h.dcn_bytes_per_link
+    (8, 2, 1500000.0, 62500.0)
+
   References:
     Ying et al., "Image Classification at Supercomputer Scale", 2018,
     https://arxiv.org/abs/1811.06992; Patarasuk and Yuan, "Bandwidth optimal
@@ -171,7 +266,8 @@ def allreduce_cost(
     https://arxiv.org/abs/2003.00119 (low-precision payloads); Tang et al.,
     "1-bit Adam: Communication Efficient Large-Scale Training with Adam's
     Convergence Speed", ICML 2021, https://arxiv.org/abs/2102.02888
-    (two-shot).
+    (two-shot); Google Cloud, "Cloud TPU Multislice overview",
+    https://cloud.google.com/tpu/docs/multislice-introduction (hierarchical).
   """
   validation.check_choice("algorithm", algorithm, COST_ALGORITHMS)
   shape = (mesh_shape,) if isinstance(mesh_shape, int) else tuple(mesh_shape)
@@ -196,6 +292,7 @@ def allreduce_cost(
         "aps=True and measured_shift=True need layers (an integer >= 1): their "
         "cost is per layer."
     )
+  dcn_algorithm = _check_dcn(algorithm, shape, dcn_alpha, dcn_beta, dcn_algorithm)
   bits = 32.0 if fmt is None else float(fmt.bits)
   if block_size is not None:
     bits += _scale_bits(fmt) / block_size
@@ -205,6 +302,14 @@ def allreduce_cost(
     raise ValueError(
         f"the torus algorithm needs mesh_shape=(X, Y), got mesh_shape={mesh_shape!r}."
     )
+  if algorithm == "hierarchical":
+    (steps, per_link), (dcn_steps, dcn_link) = _hierarchical(
+        *shape, float(nbytes), m, per_message, dcn_algorithm)
+    if aps:
+      (a, b), (c, d) = _hierarchical(*shape, 8.0 * layers, 8.0 * layers, 0.0, dcn_algorithm)
+      steps, per_link, dcn_steps, dcn_link = steps + a, per_link + b, dcn_steps + c, dcn_link + d
+    seconds = alpha * steps + beta * per_link + dcn_alpha * dcn_steps + dcn_beta * dcn_link
+    return AllReduceCost(steps + dcn_steps, per_link, seconds, dcn_steps, dcn_link)
   cost = {"ring": lambda *a: _ring(math.prod(shape), *a), "torus": lambda *a: _torus(
       *shape, *a), "two_shot": lambda *a: _two_shot(math.prod(shape), *a)}[algorithm]
   steps, per_link = cost(m, per_message)

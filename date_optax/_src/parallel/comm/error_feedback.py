@@ -23,8 +23,9 @@ from date_optax._src.parallel.comm import low_precision as lp
 from date_optax._src.types import PyTree
 
 #: The algorithms with a second rounding stage to feed back (`hop` not None):
-#: the hops of "ring"/"torus", the owner's rounding of "two_shot".
-HOP_ALGORITHMS = ("ring", "torus", "two_shot")
+#: the hops of "ring"/"torus", the owner's rounding of "two_shot", those of
+#: the cross-slice sum of "hierarchical".
+HOP_ALGORITHMS = ("ring", "torus", "two_shot", "hierarchical")
 #: The dtypes the residuals may be stored in (`GradSync.residual_dtype`).
 RESIDUAL_DTYPES = ("float32", "bfloat16")
 
@@ -99,6 +100,14 @@ class ErrorFeedbackState(NamedTuple):
   of the leaf flattened and zero-padded to a multiple of N, or under
   `shard_update` replica k's shard): `1 + 1/N` gradients per device.
 
+  "hierarchical" over S slices of M devices (`hierarchical_reduce`) sums
+  each slice exactly first and rounds only across the slices, on this
+  device's shard of the slice's sum: `worker` is one flat
+  `(ceil(size / M),)` shard per leaf, `hop` the cross-slice algorithm's
+  on that shard, `(ceil(ceil(size / M) / S),)` for "two_shot" (its server
+  residual) and `(ceil(size / M),)` for "ring": `(1 + 1/S) / M` and
+  `2 / M` gradients per device.
+
   Attributes:
     worker: the residual of this replica's own compressed contribution,
       float32 (or `residual_dtype`), shaped like the gradients.
@@ -118,6 +127,10 @@ class ErrorFeedbackState(NamedTuple):
     >>> two = dp.GradSync("two_shot", comm_dtype="int4", error_feedback=True)
     >>> dp.ErrorFeedbackState.zeros({"w": jnp.ones((2, 3))}, two, chunks=4).hop["w"].shape
     (2,)
+    >>> multi = dp.GradSync("hierarchical", comm_dtype="int8", error_feedback=True)
+    >>> e = dp.ErrorFeedbackState.zeros({"w": jnp.ones((16, 8))}, multi, chunks=8, slices=2)
+    >>> e.worker["w"].shape, e.hop["w"].shape  # 128 / 4 in-slice, then / 2 slices
+    ((32,), (16,))
 
   References:
     Karimireddy et al., "Error Feedback Fixes SignSGD and other Gradient
@@ -135,7 +148,7 @@ class ErrorFeedbackState(NamedTuple):
   @classmethod
   def zeros(
       cls, tree: PyTree, grad_sync: Any, replicas: int | None = None, *,
-      chunks: int | None = None,
+      chunks: int | None = None, slices: int | None = None,
   ) -> ErrorFeedbackState:
     """Fresh residuals for gradients shaped like `tree` under `grad_sync`.
 
@@ -146,31 +159,61 @@ class ErrorFeedbackState(NamedTuple):
       replicas: with a number, every leaf gets a leading replica axis of
         that length (the layout of a step over a mesh).
       chunks: the number N of replicas the reduction runs over (default:
-        `replicas`), an integer >= 1; "two_shot" needs it (its `hop` holds
-        one flat `(ceil(size / N),)` chunk per leaf), the others ignore it.
+        `replicas`), an integer >= 1; "two_shot" and "hierarchical" need it
+        (their residuals hold flat chunks of each leaf), the others ignore it.
+      slices: "hierarchical" only (others ignore it): the number S of
+        slices, the first of its two data axes, an integer >= 1 that
+        divides N; the in-slice axis has `M = N / S` devices.
 
     Returns:
       Zeros of `grad_sync.residual_dtype` (float32 by default): `worker`
-      shaped like `tree`; `hop` shaped like it ("ring", "torus"), one
-      `(ceil(size / N),)` chunk per leaf ("two_shot"), or None ("psum").
+      shaped like `tree` (one `(ceil(size / M),)` shard per leaf for
+      "hierarchical"); `hop` shaped like it ("ring", "torus"), one
+      `(ceil(size / N),)` chunk per leaf ("two_shot"), those of the class
+      docstring ("hierarchical"), or None ("psum").
 
     Raises:
-      ValueError: "two_shot" with neither `chunks` nor `replicas`, or
-        `chunks` below 1.
+      ValueError: "two_shot" or "hierarchical" with neither `chunks` nor
+        `replicas`, "hierarchical" without `slices` or with `slices` that
+        does not divide N, or `chunks` or `slices` below 1.
     """
     lead = () if replicas is None else (replicas,)
     dtype = jnp.dtype(getattr(grad_sync, "residual_dtype", "float32"))
     zeros = lambda shape: jax.tree.map(lambda x: jnp.zeros(lead + shape(x), dtype), tree)
     chunks = replicas if chunks is None else validation.check_int("chunks", chunks, low=1)
+    ceil = lambda x, n: -(-math.prod(jnp.shape(x)) // n)
+    if grad_sync.algorithm == "hierarchical":
+      in_slice = _in_slice(chunks, slices)
+      shard = lambda x: (ceil(x, in_slice),)
+      if grad_sync.dcn_algorithm == "ring":
+        return cls(zeros(shard), zeros(shard))
+      return cls(zeros(shard), zeros(lambda x: (-(-shard(x)[0] // slices),)))
     if grad_sync.algorithm == "two_shot":
       if chunks is None:
         raise ValueError(
             "two_shot's server residual is 1/N of each gradient: pass chunks=N (the "
             "number of replicas) or replicas=N."
         )
-      return cls(zeros(jnp.shape), zeros(lambda x: (-(-math.prod(jnp.shape(x)) // chunks),)))
+      return cls(zeros(jnp.shape), zeros(lambda x: (ceil(x, chunks),)))
     return cls(zeros(jnp.shape), zeros(jnp.shape) if grad_sync.algorithm in HOP_ALGORITHMS
                else None)
+
+
+def _in_slice(chunks: int | None, slices: Any) -> int:
+  """M = N / S, the devices of one slice, for "hierarchical"'s residuals."""
+  if chunks is None or slices is None:
+    raise ValueError(
+        "hierarchical's residuals are shards of 1/M of each gradient, M the devices "
+        "of one slice: pass chunks=N (or replicas=N, all replicas) and slices=S "
+        f"(the slices, the first data axis); got chunks={chunks!r}, slices={slices!r}."
+    )
+  slices = validation.check_int("slices", slices, low=1)
+  if chunks % slices:
+    raise ValueError(
+        f"slices={slices} must divide the number of replicas, chunks={chunks}: the "
+        "hierarchical sync runs over S slices of N / S devices each."
+    )
+  return chunks // slices
 
 
 def compress(x: jax.Array, fmt: Any, sync: Any) -> jax.Array:

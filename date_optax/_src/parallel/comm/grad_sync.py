@@ -1,271 +1,34 @@
-"""Gradient synchronisation: its options in one config, and the one reduction.
+"""Gradient synchronisation: the one reduction of every data-parallel step.
 
 Every data-parallel step combines the replicas' gradients here, exactly once
 (`replica_step.replica_step` calls `sync_gradients`), for an all-reduce mean
 or, with weight-update sharding, a reduce-scatter mean. The options travel as
-one frozen `GradSync`, validated when it is built: the algorithm, the torus
-layout, the payload format, APS, the rounding, the scales measured at every
-hop and error feedback (every rounding's residual, carried in the state).
+one frozen `GradSync` (`sync_config`), validated when it is built: the
+algorithm, the torus layout, the payload format, APS, the rounding, the
+scales measured at every hop and error feedback (every rounding's residual,
+carried in the state).
 
-The algorithms live in `collectives` and `two_shot`, the formats and APS in
-`low_precision`; this module wires them together once.
+The algorithms live in `collectives`, `two_shot` and `hierarchical`, the
+formats and APS in `low_precision`; this module wires them together once.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Hashable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from date_optax._src import validation
 from date_optax._src.parallel import compat
-from date_optax._src.parallel.comm import collectives, low_bit_sum
+from date_optax._src.parallel.comm import collectives, hierarchical, low_bit_sum
 from date_optax._src.parallel.comm import error_feedback as ef
 from date_optax._src.parallel.comm import low_precision as lp
 from date_optax._src.parallel.comm import two_shot as ts
 from date_optax._src.parallel.comm import update_sharding as us
-from date_optax._src.parallel.comm.collectives import ALGORITHMS, acc_dtype
-from date_optax._src.parallel.comm.low_precision import CommFormat
+from date_optax._src.parallel.comm.collectives import acc_dtype
+from date_optax._src.parallel.comm.sync_config import GradSync
 from date_optax._src.types import PyTree
-
-
-@dataclasses.dataclass(frozen=True)
-class GradSync:
-  """How a data-parallel step reduces its gradients over the replicas.
-
-  A frozen, hashable config, validated once here: every option that
-  excludes another is refused when the config is built, with a message that
-  names both. The steps (`make_train_step`, `make_replicated_train_step`,
-  `make_pmap_train_step`) and `sync_gradients` take it as `grad_sync=`.
-
-  Args:
-    algorithm: "psum" (`lax.psum`, XLA picks the schedule), "ring" (one ring
-      over all replicas, `ring_all_reduce`), "torus" (two-phase 2-D torus,
-      `torus_all_reduce`) or "two_shot" (1-bit Adam's compressed
-      reduce-scatter: one `all_to_all`, a float32 sum at each chunk's owner,
-      one `all_gather`; two roundings per element). The steps' flat keyword
-      is `grad_reduce`.
-    grid: for "torus" over a single axis (a `pmap` axis, or one data axis of
-      a mesh), its `(X, Y)` layout, row-major; None with two data axes (a
-      `torus_mesh`). Only with `algorithm="torus"`.
-    comm_dtype: the gradient payload format: None or "float32" (exact,
-      float32 accumulation; stored as None), "bfloat16", "float8_e4m3fn",
-      "float8_e5m2", "int8", "int4" or "float4_e2m1fn" (names or dtypes;
-      stored as the name).
-    aps: Auto-Precision Scaling of each layer by a power of two before the
-      cast. None (with `block_size` and `measured_shift` unset) picks the
-      default scaling of a format of at most 8 bits: block scales of 32
-      over "ring", "torus" and "two_shot", APS over "psum"; bfloat16 none.
-      `aps=True` or `aps=False` given turns the default blocks off. `aps=True`
-      needs a low-precision `comm_dtype`.
-    rounding: "nearest" or "stochastic" (unbiased; needs a low-precision
-      `comm_dtype`). The steps draw the key of step s as
-      `fold_in(fold_in(rng, 0x5352), s)` (`low_precision.rounding_key`).
-    block_size: None (the default above), or the elements per scale of
-      MX-style block scaling, an integer in [1, 65536] (MX uses 32): every
-      message carries one power-of-two scale per block of one layer,
-      measured on what is sent at every hop. Needs a low-precision
-      `comm_dtype` and not "psum"; APS then defaults to off. Stored
-      resolved: `GradSync("ring", comm_dtype="int8").block_size == 32`.
-    measured_shift: one power-of-two scale per layer piece of every
-      message, measured at every hop instead of APS's worst case `N · M`.
-      Needs a low-precision `comm_dtype`, not "psum"; excludes `block_size`.
-    error_feedback: keep the residual of every rounding and add it the next
-      time the same place is sent: each replica's contribution (EF-SGD,
-      Karimireddy et al. 2019) and, over "ring"/"torus", every hop's partial
-      sum and the gather's payload, over "two_shot" the owner's sum (1-bit
-      Adam's server error, 1/N of the gradient), as
-      `sync_gradients(..., residual=)` describes; the steps carry an
-      `ErrorFeedbackState` in `TrainState.grad_residual`. Needs a
-      low-precision `comm_dtype`.
-    residual_dtype: how the residuals are stored, "float32" (default) or
-      "bfloat16" (half the memory; the arithmetic stays float32, the
-      residual's own rounding to bfloat16 is lost). Only with error feedback.
-
-  An integer payload ("int8", "int4") with no scaling at all (`aps=False`,
-  no `block_size`, no `measured_shift`), rounded to nearest and without
-  error feedback, warns: it rounds every share of a gradient below 0.5 to 0.
-
-  Returns:
-    The config (a frozen dataclass; `dataclasses.replace` gives variants).
-
-  Raises:
-    ValueError: an unknown algorithm, format or rounding; `grid` without
-      "torus" or not two positive integers; `aps=True` or
-      `rounding="stochastic"` without a low-precision `comm_dtype`;
-      `block_size` outside [1, 65536]; `block_size` or `measured_shift`
-      without a low-precision `comm_dtype`, with "psum", or both at once;
-      `error_feedback=True` without a low-precision `comm_dtype`; another
-      `residual_dtype`, or one without error feedback.
-    TypeError: `aps` not None or a bool, `block_size` not an integer,
-      `measured_shift` or `error_feedback` not a bool.
-
-  Examples:
-    >>> import date_optax.parallel as dp
-    >>> sync = dp.GradSync("ring", comm_dtype="int8", rounding="stochastic")
-    >>> sync.comm_dtype, sync.block_size, sync.uses_aps
-    ('int8', 32, False)
-    >>> dp.GradSync("psum", comm_dtype="int8").uses_aps
-    True
-    >>> try:
-    ...   dp.GradSync("psum", rounding="stochastic")
-    ... except ValueError as e:
-    ...   print(str(e)[:55])
-    rounding="stochastic" needs a low-precision comm_dtype
-    >>> dp.GradSync("ring", comm_dtype="int8", block_size=32).uses_aps
-    False
-    >>> dp.GradSync("ring", comm_dtype="int4", error_feedback=True).error_feedback
-    True
-    >>> dp.GradSync("two_shot", comm_dtype="int4", error_feedback=True).block_size
-    32
-
-  References:
-    Ying et al., "Image Classification at Supercomputer Scale", 2018; Han,
-    Demmel and You, "Auto-Precision Scaling for Distributed Deep Learning",
-    2020, https://arxiv.org/abs/2003.00119; Gupta et al., "Deep Learning
-    with Limited Numerical Precision", ICML 2015,
-    https://arxiv.org/abs/1502.02551; Open Compute Project, "OCP
-    Microscaling Formats (MX) Specification v1.0", 2023 (block scales);
-    Karimireddy et al., "Error Feedback Fixes SignSGD and other Gradient
-    Compression Schemes", ICML 2019, https://arxiv.org/abs/1901.09847;
-    Tang et al., "1-bit Adam", ICML 2021, https://arxiv.org/abs/2102.02888.
-  """
-
-  algorithm: str = "psum"
-  grid: tuple[int, int] | None = None
-  comm_dtype: Any = None
-  aps: bool | None = None
-  rounding: str = "nearest"
-  block_size: int | None = None
-  measured_shift: bool = False
-  error_feedback: bool = False
-  residual_dtype: Any = "float32"
-
-  def __post_init__(self) -> None:
-    if not isinstance(self.algorithm, str) or self.algorithm not in ALGORITHMS:
-      raise ValueError(
-          f"GradSync.algorithm (the step's grad_reduce) must be one of {ALGORITHMS}, "
-          f"got {self.algorithm!r}."
-      )
-    if self.grid is not None:
-      if self.algorithm != "torus":
-        raise ValueError(
-            f"grid={self.grid!r} is the layout of the torus: it needs "
-            f'algorithm="torus" (grad_reduce="torus"), got algorithm='
-            f"{self.algorithm!r}; pass grid=None."
-        )
-      grid = tuple(self.grid) if isinstance(self.grid, (tuple, list)) else None
-      if grid is None or len(grid) != 2:
-        raise ValueError(f"grid must be (X, Y), two positive integers, got {self.grid!r}.")
-      grid = tuple(validation.check_int(f"grid[{i}]", d, low=1) for i, d in enumerate(grid))
-      object.__setattr__(self, "grid", grid)
-    fmt = lp.comm_format(self.comm_dtype)
-    object.__setattr__(self, "comm_dtype", None if fmt is None else fmt.name)
-    # aps=True without a format or not a bool; block_size/measured_shift out
-    # of range, without a format, with "psum" or both at once.
-    aps, block_size, measured_shift = lp.resolve_scaling(
-        fmt, self.aps, self.block_size, self.measured_shift, self.algorithm
-    )
-    object.__setattr__(self, "block_size", block_size)
-    object.__setattr__(self, "measured_shift", measured_shift)
-    lp.resolve_rounding(fmt, self.rounding)  # unknown, or stochastic without a format
-    error_feedback = validation.check_bool("error_feedback", self.error_feedback)
-    if error_feedback and fmt is None:
-      raise ValueError(
-          "error_feedback=True needs a low-precision comm_dtype: with "
-          f"comm_dtype={self.comm_dtype!r} (float32) the reduction is exact and there "
-          "is no compression residual to feed back; pass comm_dtype (e.g. \"int8\") "
-          "or error_feedback=False."
-      )
-    object.__setattr__(self, "error_feedback", error_feedback)
-    object.__setattr__(self, "residual_dtype", ef.check_residual_dtype(self))
-    if (fmt is not None and fmt.integer and not aps and block_size is None
-        and not measured_shift and self.rounding == "nearest" and not error_feedback):
-      # Legitimate in studies of the unscaled grid (so not refused), but in
-      # training every gradient entry below half a unit (g/N < 0.5: nearly
-      # all of them) is sent as 0 and the step sees grad_norm 0.
-      validation.warn_at_caller(
-          f"GradSync(comm_dtype={fmt.name!r}, aps=False): an integer payload "
-          "without scaling rounds every share of a gradient below 0.5 in "
-          "magnitude (g / replicas) to 0, so training sees (nearly) zero "
-          "gradients. Leave aps unset for the default scaling (block scales "
-          'of 32 over "ring"/"torus", APS over "psum"), or pass aps=True, '
-          'block_size, measured_shift=True, rounding="stochastic" or '
-          "error_feedback=True."
-      )
-
-  @property
-  def format(self) -> CommFormat | None:
-    """The payload's `CommFormat`, or None for the exact float32 path."""
-    return lp.comm_format(self.comm_dtype)
-
-  @property
-  def uses_aps(self) -> bool:
-    """Whether Auto-Precision Scaling is applied (the `aps=None` default resolved)."""
-    return lp.resolve_scaling(
-        self.format, self.aps, self.block_size, self.measured_shift, self.algorithm
-    )[0]
-
-  @property
-  def measures_scales(self) -> bool:
-    """Whether every message carries scales measured on it (blocks or layers)."""
-    return self.block_size is not None or self.measured_shift
-
-  def rounding_key(self, rng: Any, step: jax.Array) -> Any:
-    """The step's stochastic-rounding key, or None for round-to-nearest."""
-    return lp.rounding_key(rng, step) if self.rounding == "stochastic" else None
-
-  def check_replicas(
-      self, axes: Sequence[Hashable], num_replicas: int, *, grid_name: str = "grid"
-  ) -> None:
-    """Refuses a torus that does not fit the replicas' axes.
-
-    Without `grid` the torus needs two axes; with one, `X·Y` must equal the
-    number of replicas. `grid_name` is the keyword the caller used.
-    """
-    if self.algorithm != "torus":
-      return
-    if self.grid is None:
-      if len(tuple(axes)) != 2:
-        raise ValueError(
-            f'grad_reduce="torus" needs two data axes (a torus_mesh), or '
-            f"{grid_name}=(X, Y) for one axis; got data axes {tuple(axes)}."
-        )
-      return
-    if int(np.prod(self.grid)) != num_replicas:
-      raise ValueError(
-          f"{grid_name} {self.grid} must multiply to the number of devices, "
-          f"{num_replicas}."
-      )
-
-
-def grad_sync_from(
-    grad_sync: GradSync | None,
-    *,
-    grad_reduce: Any = "psum",
-    grid: Any = None,
-    comm_dtype: Any = None,
-    aps: Any = None,
-    rounding: Any = "nearest",
-    block_size: Any = None,
-    measured_shift: Any = False,
-    error_feedback: Any = False,
-) -> GradSync:
-  """The builders' `grad_sync=`, or the config their flat keywords spell."""
-  return validation.config_from(grad_sync, GradSync, {
-      "grad_reduce": ("algorithm", grad_reduce, "psum"),
-      "grid": ("grid", grid, None),
-      "comm_dtype": ("comm_dtype", comm_dtype, None),
-      "aps": ("aps", aps, None),
-      "rounding": ("rounding", rounding, "nearest"),
-      "block_size": ("block_size", block_size, None),
-      "measured_shift": ("measured_shift", measured_shift, False),
-      "error_feedback": ("error_feedback", error_feedback, False),
-  })
 
 
 def _check_key(sync: GradSync, key: Any) -> None:
@@ -361,7 +124,10 @@ def _reduce(
   `tree`, float32) every message rounded on a ring/torus hop or in the
   gather carries its residual too (`ErrorFeedbackState`). Returns the sum
   and the new residuals (the others' unchanged; None where not given).
+  "hierarchical" keeps its residuals on this device's shard instead.
   """
+  if sync.algorithm == "hierarchical":
+    return hierarchical.hierarchical_reduce(tree, axes, sync, key, scatter, residual, hop)
   res_leaves = None if residual is None else jax.tree.leaves(residual)
   hop_leaves = None if hop is None else jax.tree.leaves(hop)
   leaves, treedef = jax.tree.flatten(tree)
@@ -450,6 +216,17 @@ def sync_gradients(
   a "two_shot" owner sends, goes as `C(p + f)`, `f' = p + f - C(p + f)`
   kept. With both (float32), the sum over steps of the means plus the
   residuals left is the exact sum: nothing is lost, only delayed.
+
+  *Hierarchical* (`GradSync("hierarchical")`, Cloud TPU Multislice):
+  `axis_name` is two axes, the slices' (crossing the data-center network)
+  then the in-slice one. Each slice reduce-scatters its shares exactly in
+  float32, each device's 1/M shard (M devices per slice) is reduced across
+  the slices in the payload format by `grad_sync.dcn_algorithm`, and the
+  slice all-gathers the shards (`hierarchical.hierarchical_reduce`); with
+  `scatter` the split leaves keep their shards and skip the gather. Its
+  residuals live on the shard: `ErrorFeedbackState.zeros(grads, grad_sync,
+  chunks=N, slices=S)`, one flat `(ceil(size / M),)` worker residual per
+  leaf and the cross-slice algorithm's hop residual.
   `residual` is an `ErrorFeedbackState` (zeros at the start:
   `ErrorFeedbackState.zeros(grads, grad_sync)`); a bare pytree is the worker
   residual alone (the one-stage rule: the hops' roundings are not fed back)
@@ -459,7 +236,7 @@ def sync_gradients(
   Args:
     grads: a pytree of gradients (the local gradient of this replica).
     axis_name: the data axis name, or a tuple of names (two for a torus
-      without `grid`).
+      without `grid`; `(slices, in-slice)` for "hierarchical").
     grad_sync: a `GradSync` (None: `GradSync()`, an exact `lax.psum`).
     key: the PRNG key for `rounding="stochastic"` (the same on every
       replica: the device index is folded in); None otherwise.
@@ -475,7 +252,9 @@ def sync_gradients(
 
   Raises:
     ValueError: a stochastic rounding without a key, or a key without it;
-      error feedback without a `residual`, or a `residual` without it.
+      error feedback without a `residual`, or a `residual` without it;
+      "hierarchical" over other than two axes, or with residuals of
+      another shape.
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -507,10 +286,38 @@ def sync_gradients(
     >>> means, float(e.worker[0]), float(e.hop[0])
     ([0.0, 0.0, 8.0, 0.0, 0.0, 0.0, 8.0, 0.0], 0.0, 0.0)
 
+    Hierarchical over 2 slices of 4 devices (Multislice), int4 across the
+    slices with error feedback: one step's mean is off by up to a grid step,
+    the mean of 8 steps' means by 1/8 of that. The residuals are flat
+    shards, 1/4 of the gradient per device (one copy per device here).
+
+    >>> import numpy as np
+    >>> from jax.sharding import Mesh
+    >>> devices = np.array(jax.devices())
+    >>> two = Mesh(devices.reshape(2 if devices.size % 2 == 0 else 1, -1), ("dcn", "ici"))
+    >>> multi = dp.GradSync("hierarchical", comm_dtype="int4", error_feedback=True)
+    >>> s = jax.jit(jax.shard_map(
+    ...     lambda g, e: dp.sync_gradients(g, ("dcn", "ici"), multi, residual=e),
+    ...     mesh=two, in_specs=P(("dcn", "ici")), out_specs=(P(), P(("dcn", "ici"))),
+    ...     check_vma=False))
+    >>> g = jnp.linspace(-1.0, 1.0, 64)  # every replica's gradient
+    >>> e = dp.ErrorFeedbackState.zeros(g, multi, chunks=two.size, slices=two.shape["dcn"])
+    >>> e.worker.shape == (64 // two.shape["ici"],)
+    True
+    >>> e = jax.tree.map(lambda r: jnp.tile(r, two.size), e)  # one per device
+    >>> total = 0.0
+    >>> for _ in range(8):
+    ...   m, e = s(jnp.tile(g, two.size), e)
+    ...   total = total + m
+    >>> bool(jnp.abs(total / 8 - g).max() < 0.02)
+    True
+
   References:
     Goyal et al., "Accurate, Large Minibatch SGD", 2017; Xu et al.,
     "Automatic Cross-Replica Sharding of Weight Update in Data-Parallel
-    Training", 2020, https://arxiv.org/abs/2004.13336; Han, Demmel and You,
+    Training", 2020, https://arxiv.org/abs/2004.13336; Google Cloud, "Cloud
+    TPU Multislice overview",
+    https://cloud.google.com/tpu/docs/multislice-introduction; Han, Demmel and You,
     "Auto-Precision Scaling for Distributed Deep Learning", 2020; Karimireddy
     et al., "Error Feedback Fixes SignSGD and other Gradient Compression
     Schemes", ICML 2019, https://arxiv.org/abs/1901.09847; Tang et al.,
@@ -608,8 +415,10 @@ def all_reduce(
 
   Args:
     tree: a pytree of arrays.
-    axis_name: an axis name or a tuple of names (two for "torus").
-    algorithm: "psum", "ring", "torus" or "two_shot", as for `GradSync`.
+    axis_name: an axis name or a tuple of names (two for "torus" and
+      "hierarchical").
+    algorithm: "psum", "ring", "torus", "two_shot" or "hierarchical", as
+      for `GradSync` ("hierarchical" crosses the slices by "two_shot").
     grid: for "torus" over a single axis, its `(X, Y)` layout.
     comm_dtype: None or "float32" (exact, float32 accumulation), or one of
       "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8", "int4",

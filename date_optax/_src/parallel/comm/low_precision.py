@@ -369,8 +369,9 @@ def resolve_scaling(
   measured shift APS defaults to off (the scales measured at every hop
   replace the fixed per-layer shift); `aps=True` beside them is allowed.
   With none of the three given, a format of at most 8 bits gets block
-  scales of `DEFAULT_BLOCK_SIZE` over "ring", "torus" or "two_shot" and APS over
-  "psum" (or an unknown algorithm); bfloat16 gets neither.
+  scales of `DEFAULT_BLOCK_SIZE` over "ring", "torus", "two_shot" or
+  "hierarchical" and APS over "psum" (or an unknown algorithm); bfloat16
+  gets neither.
 
   Raises:
     TypeError: `block_size` not an integer, `measured_shift` not a bool.
@@ -412,7 +413,7 @@ def resolve_scaling(
           "to measure), got 'psum'."
       )
   if (aps is None and not scaled and fmt is not None and fmt.bits <= 8
-      and algorithm in ("ring", "torus", "two_shot")):
+      and algorithm in ("ring", "torus", "two_shot", "hierarchical")):
     # The default for 8 bits or fewer over hops that carry scales: MX-style
     # blocks (docs/guide/low_precision_communication.md, "Which default").
     block_size, scaled = DEFAULT_BLOCK_SIZE, True

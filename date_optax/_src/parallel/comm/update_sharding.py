@@ -135,7 +135,12 @@ def all_gather_params(
     params: Any, shape_list: list[tuple[int, ...]], axes: Any, algorithm: str, n: int,
     grid: tuple[int, int] | None = None,
 ) -> Any:
-  """Inverse of the split: every replica gets every parameter in full."""
+  """Inverse of the split: every replica gets every parameter in full.
+
+  "hierarchical" gathers with XLA's all-gather over both data axes: the
+  parameters are float32 and exact, there is no payload to compress.
+  """
+  algorithm = "psum" if algorithm == "hierarchical" else algorithm
   leaves, treedef = jax.tree.flatten(params)
   dims = [update_shard_axis(s, n) for s in shape_list]
   out = list(leaves)

@@ -19,7 +19,7 @@ import optax
 
 from date_optax._src.parallel.comm.collectives import most_square_grid
 from date_optax._src.parallel.comm.error_feedback import ErrorFeedbackState
-from date_optax._src.parallel.comm.grad_sync import GradSync, grad_sync_from
+from date_optax._src.parallel.comm.sync_config import GradSync, grad_sync_from
 from date_optax._src.parallel.step import grad_stats as gs_lib
 from date_optax._src.parallel.step import local_grads as lg
 from date_optax._src.parallel.step import residuals as res_lib

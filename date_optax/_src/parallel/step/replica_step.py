@@ -21,7 +21,8 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from date_optax._src.parallel.comm.grad_sync import GradSync, sync_gradients
+from date_optax._src.parallel.comm.grad_sync import sync_gradients
+from date_optax._src.parallel.comm.sync_config import GradSync
 from date_optax._src.parallel.step import grad_stats as gs_lib
 from date_optax._src.parallel.step import local_grads as lg
 from date_optax._src.parallel.step.step_config import StepConfig

@@ -28,7 +28,7 @@ from date_optax._src import batch_schedule as bs_lib
 from date_optax._src.batch_schedule import BatchSchedule
 from date_optax._src.parallel import compat
 from date_optax._src.parallel.comm import update_sharding as us
-from date_optax._src.parallel.comm.grad_sync import GradSync, grad_sync_from
+from date_optax._src.parallel.comm.sync_config import GradSync, grad_sync_from
 from date_optax._src.parallel.step import grad_stats as gs_lib
 from date_optax._src.parallel.step.replica_step import ReplicaResult, replica_step
 from date_optax._src.parallel.step.step_base import TrainStep, check_step_args

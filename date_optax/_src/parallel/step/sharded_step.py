@@ -29,7 +29,7 @@ from date_optax._src.batch_schedule import BatchSchedule
 from date_optax._src.parallel import compat
 from date_optax._src.parallel.comm.collectives import acc_dtype
 from date_optax._src.parallel.comm.error_feedback import ErrorFeedbackState
-from date_optax._src.parallel.comm.grad_sync import GradSync, grad_sync_from
+from date_optax._src.parallel.comm.sync_config import GradSync, grad_sync_from
 from date_optax._src.parallel.layout import param_sharding as ps
 from date_optax._src.parallel.step import grad_stats as gs_lib
 from date_optax._src.parallel.step import local_grads as lg
@@ -102,24 +102,34 @@ class ShardedTrainStep(TrainStep):
     )
 
   def zero_residuals(self, params: PyTree) -> ErrorFeedbackState:
-    """Fresh residuals; "two_shot"'s server residual is 1/N of each model shard
-    (`sharded_sync.two_shot_hop`)."""
+    """Fresh residuals; flat chunks of each model shard where the algorithm
+    keeps them so (`sharded_sync.residual_sizes`: "two_shot"'s server
+    residual, "hierarchical"'s shards)."""
     state = super().zero_residuals(params)
-    if self.grad_sync.algorithm != "two_shot":
-      return state
     dtype = jnp.dtype(self.grad_sync.residual_dtype)
-    return state._replace(hop=jax.tree.map(
-        lambda p, s: jnp.zeros(self._hop(p, s)[0], dtype), params, self.param_specs(params)))
+    zeros = lambda size: jax.tree.map(
+        lambda p, s: jnp.zeros(self._chunked(p, s, size)[0], dtype), params,
+        self.param_specs(params))
+    return self._per_stage(state, zeros)
 
-  def _hop(self, leaf: Any, spec: P) -> tuple[tuple[int, int], P]:
-    return sharded_sync.two_shot_hop(jnp.shape(leaf), spec, self.mesh, self.data_axes)
+  def _chunked(self, leaf: Any, spec: P, size: Any) -> tuple[tuple[int, int], P]:
+    return sharded_sync.chunked_residual(jnp.shape(leaf), spec, self.mesh, self.data_axes,
+                                         size)
+
+  def _per_stage(self, state: ErrorFeedbackState, make: Any) -> ErrorFeedbackState:
+    """`state` with `make(size)` in each stage that `residual_sizes` chunks."""
+    sizes = sharded_sync.residual_sizes(self.grad_sync, self.mesh, self.data_axes)
+    for stage, size in zip(("worker", "hop"), sizes, strict=True):
+      if size is not None and getattr(state, stage) is not None:
+        state = state._replace(**{stage: make(size)})
+    return state
 
   def _residual_shardings(self, residual: Any, params: PyTree, named: Any) -> Any:
     out = super()._residual_shardings(residual, params, named)
-    if self.grad_sync.algorithm != "two_shot" or not isinstance(out, ErrorFeedbackState):
+    if not isinstance(out, ErrorFeedbackState):
       return out
-    return out._replace(hop=jax.tree.map(
-        lambda p, s: named(self._hop(p, s)[1]), params, self.param_specs(params)))
+    return self._per_stage(out, lambda size: jax.tree.map(
+        lambda p, s: named(self._chunked(p, s, size)[1]), params, self.param_specs(params)))
 
   def param_specs(self, params: PyTree) -> PyTree:
     """The `PartitionSpec` of every parameter, from the declared layout."""

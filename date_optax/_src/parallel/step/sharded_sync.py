@@ -24,7 +24,7 @@ so the optimizer state needs no resharding.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import jax
@@ -34,7 +34,8 @@ from jax.sharding import PartitionSpec as P
 from date_optax._src.parallel import compat
 from date_optax._src.parallel.comm import update_sharding as us
 from date_optax._src.parallel.comm.error_feedback import ErrorFeedbackState
-from date_optax._src.parallel.comm.grad_sync import GradSync, sync_gradients
+from date_optax._src.parallel.comm.grad_sync import sync_gradients
+from date_optax._src.parallel.comm.sync_config import GradSync
 from date_optax._src.types import PyTree
 
 
@@ -43,21 +44,48 @@ def stacked_spec(spec: P, data_axes: tuple[Hashable, ...]) -> P:
   return P(us.axes_entry(data_axes), *spec)
 
 
-def two_shot_hop(
-    shape: tuple[int, ...], spec: P, mesh: jax.sharding.Mesh, data_axes: tuple[Hashable, ...]
-) -> tuple[tuple[int, int], P]:
-  """The stacked "two_shot" server residual of a leaf laid out as `spec`.
+def residual_sizes(
+    grad_sync: GradSync, mesh: jax.sharding.Mesh, data_axes: tuple[Hashable, ...]
+) -> tuple[Callable[[int], int] | None, Callable[[int], int] | None]:
+  """How many residual elements a device keeps of a model shard of `local` ones.
 
-  Each device owns `ceil(local / n)` elements of its model shard (`local`
-  elements, `n` replicas): stacked, `(n, m · ceil(local / n))` laid out as
-  `P(data_axes, model_axes)`, `m` the model shards of the leaf. Returns
-  `(shape, spec)`.
+  `(worker, hop)`, each a function of `local`, or None where the residual is
+  shaped like the parameter: "two_shot"'s server residual is 1/N of the
+  shard, `ceil(local / N)`; "hierarchical" keeps its worker residual on the
+  shard of its slice's sum, `ceil(local / M)` (M the devices of a slice, the
+  second data axis), and the hop residual of its cross-slice algorithm over
+  the S slices, `ceil(ceil(local / M) / S)` ("two_shot") or the same
+  `ceil(local / M)` ("ring").
+  """
+  n = compat.mesh_axis_sizes(mesh, data_axes)
+  ceil = lambda a, b: -(-a // b)
+  if grad_sync.algorithm == "two_shot":
+    return None, lambda local: ceil(local, n)
+  if grad_sync.algorithm == "hierarchical":
+    s = compat.mesh_axis_sizes(mesh, data_axes[:1])
+    shard = lambda local: ceil(local, n // s)
+    if grad_sync.dcn_algorithm == "ring":
+      return shard, shard
+    return shard, lambda local: ceil(shard(local), s)
+  return None, None
+
+
+def chunked_residual(
+    shape: tuple[int, ...], spec: P, mesh: jax.sharding.Mesh,
+    data_axes: tuple[Hashable, ...], size: Callable[[int], int],
+) -> tuple[tuple[int, int], P]:
+  """The stacked flat residual of a leaf laid out as `spec`, `size(local)` per device.
+
+  Each device keeps `size(local)` elements of its model shard (`local`
+  elements): stacked, `(n, m · size(local))` laid out as `P(data_axes,
+  model_axes)`, `m` the model shards of the leaf, `n` the replicas.
+  Returns `(shape, spec)`.
   """
   model = tuple(a for e in spec if e is not None for a in compat.as_tuple(e))
   shards = compat.mesh_axis_sizes(mesh, model) if model else 1
   n = compat.mesh_axis_sizes(mesh, data_axes)
   local = int(np.prod(shape)) // shards
-  return (n, shards * -(-local // n)), P(us.axes_entry(data_axes), *([model] if model else []))
+  return (n, shards * size(local)), P(us.axes_entry(data_axes), *([model] if model else []))
 
 
 def reduce_stacked(
@@ -110,11 +138,15 @@ def reduce_stacked(
   if not feedback:
     res_spec = None
   elif isinstance(residual, ErrorFeedbackState):  # worker and hop residuals
-    hop = None if residual.hop is None else stacked
-    if grad_sync.algorithm == "two_shot":  # the server residual: 1/N of each shard
-      hop = jax.tree.map(lambda r, s: two_shot_hop(r.shape[1:], s, mesh, data_axes)[1],
-                         residual.worker, param_specs, is_leaf=lambda x: isinstance(x, P))
-    res_spec = ErrorFeedbackState(worker=stacked, hop=hop)
+    # Flat chunks of each model shard where the algorithm keeps them so
+    # ("two_shot"'s server residual, "hierarchical"'s shards).
+    chunked = lambda size: jax.tree.map(
+        lambda g, s: chunked_residual(g.shape[1:], s, mesh, data_axes, size)[1], grads,
+        param_specs)
+    worker_size, hop_size = residual_sizes(grad_sync, mesh, data_axes)
+    worker = stacked if worker_size is None else chunked(worker_size)
+    hop = None if residual.hop is None else stacked if hop_size is None else chunked(hop_size)
+    res_spec = ErrorFeedbackState(worker=worker, hop=hop)
   else:  # a bare pytree: the worker residual alone
     res_spec = stacked
   fn = compat.shard_map(

@@ -202,8 +202,10 @@ class TrainStep:
     return tree(residual)
 
   def zero_residuals(self, params: PyTree) -> ErrorFeedbackState:
-    """Fresh residuals, one per replica (`ErrorFeedbackState.zeros`)."""
-    return ErrorFeedbackState.zeros(params, self.grad_sync, self.num_replicas)
+    """Fresh residuals, one per replica (`ErrorFeedbackState.zeros`; the
+    slices of "hierarchical" are its first data axis)."""
+    slices = compat.mesh_axis_sizes(self.mesh, self.data_axes[:1])
+    return ErrorFeedbackState.zeros(params, self.grad_sync, self.num_replicas, slices=slices)
 
   def residual_specs(self, params: PyTree) -> PyTree:
     """The `PartitionSpec` of every error-feedback residual (a leading replica

@@ -24,7 +24,7 @@ import jax
 import optax
 
 from date_optax._src.batch_schedule import BatchSchedule
-from date_optax._src.parallel.comm.grad_sync import GradSync, grad_sync_from
+from date_optax._src.parallel.comm.sync_config import GradSync, grad_sync_from
 from date_optax._src.parallel.step.replicated_step import (
   ReplicatedTrainStep,
   make_replicated_train_step,
@@ -195,7 +195,9 @@ def make_train_step(
       `jax.make_mesh((4, 2), ("data", "model"))`). The step uses its axes as
       auto (GSPMD) axes.
     grad_reduce: the all-reduce algorithm, "psum", "ring" (one ring over all
-      data-parallel devices) or "torus" (needs two data axes).
+      data-parallel devices), "torus" (needs two data axes), "two_shot" or
+      "hierarchical" (Cloud TPU Multislice: `data_axes=("dcn", "ici")`, the
+      slices first; `GradSync` has the list).
     shard_update: split the optimizer state and update over the replicas.
     compute_dtype: e.g. `jnp.bfloat16` to run `loss_fn` on bfloat16 copies of
       the float parameters and batch leaves; the parameters, optimizer state,
@@ -251,7 +253,8 @@ def make_train_step(
       residuals live in `state.grad_residual`, an `ErrorFeedbackState`
       (`worker` and `hop`, float32, each one copy of the parameters per
       replica with a leading replica axis split over the data axes; `hop`
-      is None for "psum", 1/N of it for "two_shot"; bfloat16, whose own
+      is None for "psum", 1/N of it for "two_shot"; "hierarchical" keeps
+      shards of 1/M of each, M the devices of one slice; bfloat16, whose own
       rounding is lost, with `GradSync(residual_dtype="bfloat16")`), are
       checkpointed with the state and kept unchanged by a skipped step; a
       state without them (`grad_residual=None`, e.g. to resume on another
