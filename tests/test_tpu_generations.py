@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -188,3 +190,43 @@ def test_a_step_over_two_slices_reduces_inside_each_and_across_by_dcn():
   assert {c["group_size"] for c in report.collectives if c["kind"] == "all-reduce"} == {4}
   text = step.compile(state, batch).as_text()
   assert '_xla_megascale_transfer_type="ALL_REDUCE"' in text
+
+
+# -- the hierarchical sync on the TPU compiler ---------------------------------
+
+
+def _dcn_payload_types(text):
+  """The element types of what a program sends across slices (DCN transfers)."""
+  sends = [line for line in text.splitlines()
+           if " send(" in line and "_xla_megascale_transfer_type" in line]
+  return {m for line in sends for m in re.findall(r"= \(([a-z0-9]+)\[", line)}
+
+
+@needs_libtpu
+@pytest.mark.xdist_group("libtpu")
+@pytest.mark.parametrize("name,formats", [("v5e-4", ("int8", "int4")), ("v4-8", ("int4",))])
+def test_hierarchical_sync_compresses_only_what_crosses_slices(name, formats):
+  tpu = dp.tpu_slice(name, num_slices=2)
+  f32 = jnp.float32
+  params = {"w1": jax.ShapeDtypeStruct((256, 1024), f32),
+            "w2": jax.ShapeDtypeStruct((1024, 256), f32)}
+  batch = {"x": jax.ShapeDtypeStruct((64, 256), f32), "y": jax.ShapeDtypeStruct((64, 256), f32)}
+  out = {}
+  for fmt in (None, *formats):
+    sync = dp.GradSync("hierarchical", comm_dtype=fmt, error_feedback=fmt is not None)
+    step = dp.make_train_step(_loss, optax.sgd(0.1), tpu.data_mesh(), grad_sync=sync)
+    state, abstract = step.abstract_state(params), step.abstract_batch(batch)
+    report = dp.compile_report(step, state, abstract, tpu=tpu)
+    # Inside the slice every collective is XLA's, in float32.
+    assert {d for c in report.collectives for d in c["dtypes"]} == {"f32"}, fmt
+    out[fmt] = report.dcn_bytes, _dcn_payload_types(step.compile(state, abstract).as_text())
+  f32_bytes, f32_types = out[None]
+  assert f32_types == {"f32"}
+  # Across slices the payload travels in its format: at most 1/3.5 of
+  # float32's bytes for int8 and 1/7 for int4 (two 4-bit values per byte on
+  # v4 and v5e; block scales of 32 included).
+  for fmt, (limit, wire) in {"int8": (1 / 3.5, "s8"), "int4": (1 / 7, "s4")}.items():
+    if fmt in out:
+      dcn_bytes, types = out[fmt]
+      assert wire in types, types
+      assert dcn_bytes <= limit * f32_bytes, (fmt, dcn_bytes, f32_bytes)
