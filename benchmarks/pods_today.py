@@ -1,0 +1,524 @@
+"""What a pod of today costs: ResNet-50 and BERT-large on v4/v5e/v5p/v6e (issue 57, item 6).
+
+Every row is one candidate of ``date-optax plan`` (`date_optax._src.cli_plan`:
+its candidates, compile cache, compile and summary are used as they are),
+run in a subprocess and logged as it finishes. The example's own train step
+is compiled by the TPU compiler (libtpu) on this machine for the target,
+Multislice targets included; nothing runs on a TPU. Every step time, time to
+train and cost here is an estimate (the compiler's cost model where it
+answers, else the roofline of the program's flops, bytes and collectives on
+the generation's public rates), not a measurement.
+
+Rows (in the order they run; a rerun skips the logged ones):
+  r50-32k/4xv5litepod-256/<sync>  ResNet-50 (LARS, 90 epochs) at 32,768 on
+                     4 x v5litepod-256 (1,024 chips, 32 images per chip):
+                     psum, hierarchical float32, hierarchical int8 and int4
+                     with error feedback
+  r50-32k/<slice>/psum  the same at 32,768 on one slice of about 256 chips
+                     of each generation of today, and on 2 x v5litepod-256
+  bert-large/4xv5litepod-256/<sync>  BERT-large, LAMB's two stages (65,536 x
+                     128, then 32,768 x 512), 8 microbatches per replica
+  cal/...            calibration rows: programs where libtpu's cost model
+                     answers, for the roofline beside it
+
+Usage:
+  python benchmarks/pods_today.py                 # every row, resumable
+  python benchmarks/pods_today.py --only r50-32k/ # rows whose name starts so
+  python benchmarks/pods_today.py --report-only   # page and plot from the log
+Outputs: docs/studies/pods_today/pods_today.{jsonl,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _paths  # noqa: E402
+import _runlog  # noqa: E402
+
+ROOT = _paths.ROOT
+#: Ghost BN batches of 32: the 32 images per chip of 4 x v5litepod-256, and the
+#: same statistics on every row so that the rows differ only by their target.
+R50 = ["dataset='fake'", "ghost_batch_size=32"]
+BERT_CONFIG = "examples/bert_lamb/configs/lamb_bert.py:32768"
+#: LAMB's stage 2 (32 x 512 tokens per chip on 1,024 chips) needs
+#: microbatches on 16 GiB chips; 8 keeps 4 sequences of 512 per microbatch.
+BERT_MICROBATCHES = 8
+BERT = ["batch_size=65536", "vocab_size=30522", f"microbatches={BERT_MICROBATCHES}"]
+SYNCS = {
+    "psum": [],
+    "hier-f32": ["grad_sync.algorithm='hierarchical'"],
+    "hier-int8-ef": ["grad_sync.algorithm='hierarchical'", "grad_sync.comm_dtype='int8'",
+                     "grad_sync.error_feedback=True"],
+    "hier-int4-ef": ["grad_sync.algorithm='hierarchical'", "grad_sync.comm_dtype='int4'",
+                     "grad_sync.error_feedback=True"],
+}
+POD = "4xv5litepod-256"
+SINGLE = ["v5litepod-256", "v4-512", "v5p-512", "v6e-256"]
+#: Published wall times (minutes) of the seeds' runs, from benchmarks/tpu_compile.py,
+#: and the estimate that study made for the same system (its log, cost model).
+SEEDS = {"r50-32k/v3-2048": "ResNet-50 at 32K on a TPU-v3 pod (2,048 cores)",
+         "bert-large/v3-2048/mb2": "BERT-large, LAMB, on 1,024 TPU v3 chips"}
+
+
+def _spec(example: str, accelerator: str, slices: int, batch: int, sets: list[str],
+          config: str | None = None) -> dict:
+  return {"example": example, "config": config, "sets": sets,
+          "accelerator_type": accelerator, "num_slices": slices, "global_batch": batch}
+
+
+def rows() -> dict[str, dict]:
+  """Every row, in the order they run."""
+  out = {}
+  for sync, sets in SYNCS.items():
+    out[f"r50-32k/{POD}/{sync}"] = _spec("resnet50_imagenet", "v5litepod-256", 4, 32768,
+                                         R50 + sets)
+  for s in SINGLE:
+    out[f"r50-32k/{s}/psum"] = _spec("resnet50_imagenet", s, 1, 32768, R50)
+  out["r50-32k/2xv5litepod-256/psum"] = _spec("resnet50_imagenet", "v5litepod-256", 2, 32768,
+                                              R50)
+  for sync in ("psum", "hier-int8-ef", "hier-int4-ef"):
+    out[f"bert-large/{POD}/{sync}"] = _spec("bert_lamb", "v5litepod-256", 4, 65536,
+                                            BERT + SYNCS[sync], BERT_CONFIG)
+  # A cheap v3 program, where the cost model is known to answer (128 per core).
+  out["cal/r50/v3-32"] = _spec("resnet50_imagenet", "v3-32", 1, 4096,
+                               ["dataset='fake'", "ghost_batch_size=32"])
+  out["bert-large/v5p-512/psum"] = _spec("bert_lamb", "v5p-512", 1, 65536, BERT, BERT_CONFIG)
+  return out
+
+
+# -- one row, in a subprocess --------------------------------------------------
+
+
+#: What the log keeps of each program (the compile report's fields).
+_KEEP = ("name", "train_steps", "global_batch", "num_devices", "compile_seconds", "fits",
+         "total_bytes", "hbm_bytes", "argument_bytes", "temp_bytes", "flops",
+         "bytes_accessed", "loops", "estimated_seconds", "estimate_source", "estimate_note",
+         "cost_model_seconds", "roofline_seconds", "roofline_overlap_seconds",
+         "roofline_compute_seconds", "roofline_memory_seconds", "roofline_ici_seconds",
+         "roofline_dcn_seconds", "ici_bytes", "dcn_bytes", "collective_counts",
+         "collective_bytes", "error", "required_bytes")
+
+
+def plan_row(name: str, cache_dir: str | None) -> dict:
+  """One row: `date-optax plan`'s candidate, compiled (or cached) and summarized."""
+  from pathlib import Path  # noqa: PLC0415
+
+  from date_optax._src import cli_compile, cli_plan  # noqa: PLC0415
+
+  cli_compile.quiet_libtpu()
+  import importlib  # noqa: PLC0415
+
+  spec = rows()[name]
+  os.chdir(ROOT)
+  sys.path.insert(0, ROOT)
+  config = cli_compile.load_config(spec["config"], spec["example"], spec["sets"])
+  args = argparse.Namespace(accelerator_type=spec["accelerator_type"],
+                            num_slices=str(spec["num_slices"]),
+                            global_batch=str(spec["global_batch"]))
+  cands, errors = cli_plan.candidates(args, config)
+  if errors:
+    return {"error": "; ".join(errors)}
+  cand = cands[0]
+  config = cli_plan._with_batch(config, spec["example"], cand.global_batch)  # noqa: SLF001
+  module = importlib.import_module(f"examples.{spec['example']}.train")
+  cli_plan.compile_candidate(cand, spec["example"], config, module.compile_target,
+                             getattr(module, "train_steps", None),
+                             Path(cache_dir or cli_plan._default_cache_dir()))  # noqa: SLF001
+  summary = cli_plan.summarize(cand, cli_plan.price_of(cand.tpu, None))
+  summary.pop("programs")
+  programs = [{k: p.get(k) for k in _KEEP} for p in cand.programs]
+  return {"spec": spec, "summary": summary, "programs": programs,
+          "microbatches": int(config.get("microbatches", 1) or 1),
+          **({"error": cand.error} if cand.error else {})}
+
+
+# -- the driver -------------------------------------------------------------------
+
+
+def run(names: list[str], log: str, timeout: float, cache_dir: str | None) -> None:
+  done = _runlog.load_runs(log)
+  todo = [n for n in names if n not in done]
+  print(f"{len(todo)} rows to compile ({len(names) - len(todo)} logged)", flush=True)
+  for i, name in enumerate(todo):
+    start = time.perf_counter()
+    print(f"[{i + 1}/{len(todo)}] {name} ...", flush=True)
+    cmd = [sys.executable, os.path.abspath(__file__), "--row", name]
+    if cache_dir:
+      cmd += ["--cache-dir", cache_dir]
+    try:
+      out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                           env={**os.environ, "PYTHONPATH": ROOT})
+      lines = out.stdout.strip().splitlines()
+      result = json.loads(lines[-1]) if out.returncode == 0 and lines else {
+          "error": (out.stderr.strip() or f"exit {out.returncode}")[-1500:]}
+    except subprocess.TimeoutExpired:
+      result = {"error": f"compile exceeded the {timeout:.0f} s limit", "timed_out": True}
+    result["wall_seconds"] = round(time.perf_counter() - start, 1)
+    _runlog.log_run(log, done, name, result)
+    status = "error" if "error" in result else "ok"
+    print(f"    {status} in {result['wall_seconds']} s", flush=True)
+
+
+# -- the page ----------------------------------------------------------------------
+
+
+def times(rec: dict) -> list[tuple[float, float] | None]:
+  """Each program's roofline step time (no overlap, full overlap), seconds.
+
+  XLA's cost analysis counts a loop's body once; a program that loops over k
+  microbatches has its compute and memory terms taken k times (an upper
+  bound: the optimizer's update is in the body's count once, not k times;
+  the gradient sync runs once, after the loop).
+  """
+  k = rec.get("microbatches", 1)
+  out = []
+  for p in rec.get("programs", []):
+    if p.get("roofline_seconds") is None or p.get("fits") is False:
+      out.append(None)
+      continue
+    scale = k if p.get("loops") and k > 1 else 1
+    comp, mem = scale * p["roofline_compute_seconds"], scale * p["roofline_memory_seconds"]
+    comm = p["roofline_ici_seconds"] + p["roofline_dcn_seconds"]
+    out.append((max(comp, mem) + comm, max(comp, mem, comm)))
+  return out
+
+
+def to_train(rec: dict) -> dict | None:
+  """Hours, chip-hours and USD to train by the roofline (no overlap, full overlap)."""
+  s = rec.get("summary") or {}
+  ts = times(rec)
+  if not ts or any(t is None for t in ts) or "error" in rec:
+    return None
+  steps = [p["train_steps"] for p in rec["programs"]]
+  secs = [sum(n * t[i] for n, t in zip(steps, ts, strict=True)) for i in (0, 1)]
+  hours = [x / 3600 for x in secs]
+  return {"hours": hours[0], "hours_overlap": hours[1],
+          "usd": hours[0] * s["chips"] * s["price_per_chip_hour"],
+          "usd_overlap": hours[1] * s["chips"] * s["price_per_chip_hour"],
+          "chip_hours": hours[0] * s["chips"], "steps": steps}
+
+
+def _ok(done: dict, name: str) -> dict | None:
+  rec = done.get(name)
+  return rec if rec and "error" not in rec and rec.get("programs") else None
+
+
+def _ms(x) -> str:
+  return "–" if x is None else f"{x * 1e3:.3g}"
+
+
+def _gib(b) -> str:
+  return "–" if b is None else f"{b / 2**30:.2f}"
+
+
+def _mb(b) -> str:
+  return "–" if b is None else f"{b / 1e6:.3g}"
+
+
+def _dur(hours) -> str:
+  if hours is None:
+    return "–"
+  m = hours * 60
+  return f"{m:.3g} min" if m < 120 else f"{hours:.3g} h"
+
+
+def _compile_s(rec: dict) -> float:
+  """Seconds the row's programs took to compile (lower + compile), summed."""
+  return sum(p.get("compile_seconds") or 0 for p in rec["programs"])
+
+
+def goals(done: dict) -> list[tuple[str, str, str]]:
+  """Each goal of the issue: (goal, met / missed / not run, the numbers)."""
+  out = []
+  pod = _ok(done, f"r50-32k/{POD}/psum")
+  one = _ok(done, "r50-32k/v5litepod-256/psum")
+  failed = done.get(f"r50-32k/{POD}/psum")
+  if pod and one:
+    ratio = _compile_s(pod) / _compile_s(one)
+    out.append(("Multislice compiles for 4 x v5litepod-256; compile time of 4 slices at most "
+                "2x one slice's", "met" if ratio <= 2 else "missed",
+                f"4 slices {_compile_s(pod):.0f} s, 1 slice {_compile_s(one):.0f} s: "
+                f"{ratio:.2f}x (ResNet-50, batch 32,768)"))
+  elif failed and "error" in failed:
+    out.append(("Multislice compiles for 4 x v5litepod-256", "missed",
+                failed["error"].strip().splitlines()[-1][:200]))
+  else:
+    out.append(("Multislice compiles for 4 x v5litepod-256, at most 2x one slice's compile "
+                "time", "not run", ""))
+  for model in ("r50-32k", "bert-large"):
+    f32 = _ok(done, f"{model}/{POD}/hier-f32") or _ok(done, f"{model}/{POD}/psum")
+    for fmt, limit in (("int8", 3.5), ("int4", 7)):
+      rec = _ok(done, f"{model}/{POD}/hier-{fmt}-ef")
+      goal = f"{model}: hierarchical {fmt} sends at most 1/{limit:g} of float32's DCN bytes"
+      if not (f32 and rec):
+        out.append((goal, "not run", ""))
+        continue
+      a = sum(p["dcn_bytes"] or 0 for p in rec["programs"])
+      b = sum(p["dcn_bytes"] or 0 for p in f32["programs"])
+      ref = "hierarchical float32" if _ok(done, f"{model}/{POD}/hier-f32") else "psum"
+      out.append((goal, "met" if b and a <= b / limit else "missed",
+                  f"{_mb(a)} MB against {_mb(b)} MB per device ({ref}): 1/{b / a:.2f}"
+                  if a else "no DCN bytes"))
+  pairs = [(n, p) for n, rec in sorted(done.items()) if _ok(done, n)
+           for p in rec["programs"]
+           if p.get("cost_model_seconds") and p.get("roofline_seconds")]
+  if pairs:
+    ratios = [p["roofline_seconds"] / p["cost_model_seconds"] for _, p in pairs]
+    inside = [r for r in ratios if 0.75 <= r <= 1.25]
+    out.append(("the roofline (no overlap) within ±25 % of the cost model where both exist",
+                "met" if len(inside) == len(ratios) else "missed",
+                ", ".join(f"{n} {p['name'].split(' (')[0]}: {r:.2f}"
+                          for (n, p), r in zip(pairs, ratios, strict=True))))
+  else:
+    out.append(("the roofline within ±25 % of the cost model", "not run",
+                "no program with both"))
+  return out
+
+
+def report(log: str, md: str, png: str | None) -> str:
+  """The page (markdown) and plot from the log; returns the page."""
+  done = _runlog.load_runs(log)
+  lines = [
+      "# What a pod of today costs (issue 57, item 6): the compiler's estimates",
+      "",
+      f"Command: `{_runlog.command('pods_today.py')}`. Each row is one candidate of "
+      "`date-optax plan`: the example's own train step compiled by libtpu on this "
+      f"machine ({platform.machine()}, {os.cpu_count()} CPUs, no TPU) for the target, "
+      "and priced. **Every time, cost and rate on this page is an estimate — the "
+      "roofline of the compiled program on the generation's public rates (or libtpu's "
+      "cost model where named) — not a measurement; nothing here ran on a TPU.** "
+      "Memory is the compiler's per-device account. Roofline: no overlap = max(compute, "
+      "memory) + ICI + DCN; full overlap = the largest of the three. Time to train and "
+      "cost use the no-overlap roofline (full overlap in brackets), the example's "
+      "`train_steps` and the public on-demand price per chip-hour.", "",
+      "| row | chips | fits | GiB/device (HBM) | step ms, no overlap (overlap) | compute ms "
+      "| memory ms | ICI ms | DCN ms | DCN MB/device | compile s | steps | time to train | "
+      "USD |",
+      "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+  ]
+  for name in [n for n in rows() if n in done] + [n for n in done if n not in rows()]:
+    rec = done[name]
+    if "error" in rec and not rec.get("programs"):
+      last = (rec["error"].strip().splitlines() or ["(no message)"])[-1]
+      lines.append(f"| {name} | not done: {last[:180]} (wall {rec.get('wall_seconds')} s) |"
+                   + " |" * 12)
+      continue
+    s, tt = rec["summary"], to_train(rec)
+    k = rec.get("microbatches", 1)
+    for i, (p, t) in enumerate(zip(rec["programs"], times(rec), strict=True)):
+      label = name if len(rec["programs"]) == 1 else f"{name} {p['name'].split(' (')[0]}"
+      looped = " ×k" if p.get("loops") and k > 1 else ""
+      fits = {True: "yes", False: "**no**", None: "–"}[p.get("fits")]
+      mem = _gib(p["total_bytes"] if p.get("fits") is not False else p.get("required_bytes"))
+      step = "–" if t is None else f"{_ms(t[0])} ({_ms(t[1])}){looped}"
+      last = i == len(rec["programs"]) - 1
+      lines.append(
+          f"| {label} | {s['chips']:,} | {fits} | {mem} ({_gib(p.get('hbm_bytes'))}) | "
+          f"{step} | {_ms(p.get('roofline_compute_seconds'))} | "
+          f"{_ms(p.get('roofline_memory_seconds'))} | {_ms(p.get('roofline_ici_seconds'))} | "
+          f"{_ms(p.get('roofline_dcn_seconds'))} | {_mb(p.get('dcn_bytes'))} | "
+          f"{p.get('compile_seconds') or 0:.0f} | {p.get('train_steps') or '–'} | "
+          + (f"{_dur(tt['hours'])} ({_dur(tt['hours_overlap'])}) | "
+             f"{tt['usd']:,.0f} ({tt['usd_overlap']:,.0f}) |" if last and tt else " | |"))
+  lines += ["", "Rows marked ×k loop over k = "
+            f"{BERT_MICROBATCHES} microbatches: XLA's cost analysis counts the loop body "
+            "once, so their compute and memory terms (shown per microbatch) are taken k "
+            "times in the step time (an upper bound; the gradient sync runs once).", ""]
+  # Compression across slices.
+  lines += ["## When compression pays across slices (4 x v5litepod-256)", "",
+            "| model | sync | step ms, no overlap | vs psum | full overlap | vs psum | "
+            "DCN ms | DCN MB/device | DCN bytes vs hierarchical float32 |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+  for model in ("r50-32k", "bert-large"):
+    base = _ok(done, f"{model}/{POD}/psum")
+    f32 = _ok(done, f"{model}/{POD}/hier-f32")
+    for sync in SYNCS:
+      rec = _ok(done, f"{model}/{POD}/{sync}")
+      if not rec:
+        continue
+      t = [x for x in times(rec) if x]
+      tb = [x for x in times(base) if x] if base else []
+      step = [sum(x[i] for x in t) for i in (0, 1)] if t else None
+      bstep = [sum(x[i] for x in tb) for i in (0, 1)] if tb else None
+      dcn = sum(p["dcn_bytes"] or 0 for p in rec["programs"])
+      dcn_s = sum(p["roofline_dcn_seconds"] or 0 for p in rec["programs"])
+      fdcn = sum(p["dcn_bytes"] or 0 for p in f32["programs"]) if f32 else 0
+      rel = lambda i: "–" if not (step and bstep) else f"{step[i] / bstep[i]:.2f}"  # noqa: E731
+      lines.append(
+          f"| {model} | {sync} | {_ms(step and step[0])} | {rel(0)} | {_ms(step and step[1])} "
+          f"| {rel(1)} | {_ms(dcn_s)} | {_mb(dcn)} | "
+          f"{'–' if not (fdcn and dcn) else f'1/{fdcn / dcn:.2f}'} |")
+  lines += ["", "(BERT: both stages' step times summed, ×k as above.)", ""]
+  # Compile time.
+  lines += ["## Compile time on this machine: slices against one slice", "",
+            "| row | devices | compile s (lower + compile) | row wall s | vs 1 slice |",
+            "|---|---:|---:|---:|---:|"]
+  one = _ok(done, "r50-32k/v5litepod-256/psum")
+  for name in ("r50-32k/v5litepod-256/psum", "r50-32k/2xv5litepod-256/psum",
+               *(f"r50-32k/{POD}/{s}" for s in SYNCS)):
+    rec = _ok(done, name)
+    if rec:
+      ratio = "–" if not one else f"{_compile_s(rec) / _compile_s(one):.2f}"
+      lines.append(f"| {name} | {rec['programs'][0]['num_devices']:,} | "
+                   f"{_compile_s(rec):.0f} | {rec.get('wall_seconds')} | {ratio} |")
+  lines += ["", "On a 2-CPU VM shared with other jobs: compile times are this machine's, "
+            "not a TPU host's.", ""]
+  # Calibration.
+  lines += ["## Calibration: the roofline beside libtpu's cost model", "",
+            "Where the cost model gives a time (it gives none for Multislice programs and "
+            "for some v4/v5e/v6e programs), program by program:", "",
+            "| row | program | cost model ms | roofline ms, no overlap | ratio | full overlap "
+            "| ratio | bound |", "|---|---|---:|---:|---:|---:|---:|---|"]
+  for name, rec in done.items():
+    if not _ok(done, name):
+      continue
+    for p in rec["programs"]:
+      cm, r = p.get("cost_model_seconds"), p.get("roofline_seconds")
+      if cm and r:
+        terms = {"compute": p["roofline_compute_seconds"],
+                 "memory": p["roofline_memory_seconds"], "ICI": p["roofline_ici_seconds"],
+                 "DCN": p["roofline_dcn_seconds"]}
+        lines.append(f"| {name} | {p['name']} | {_ms(cm)} | {_ms(r)} | {r / cm:.2f} | "
+                     f"{_ms(p['roofline_overlap_seconds'])} | "
+                     f"{p['roofline_overlap_seconds'] / cm:.2f} | "
+                     f"{max(terms, key=terms.get)} |")
+  lines += ["", "### Estimated time to train beside published runs", "",
+            "| estimate | est. minutes | published run | published minutes | "
+            "estimate / published |", "|---|---:|---|---:|---:|"]
+  lines += _published_lines()
+  for name in ("r50-32k/v4-512/psum", "r50-32k/v5p-512/psum",
+               "r50-32k/v5litepod-256/psum", "r50-32k/v6e-256/psum",
+               f"r50-32k/{POD}/psum", f"bert-large/{POD}/psum"):
+    rec = _ok(done, name)
+    tt = rec and to_train(rec)
+    if tt:
+      lines.append(f"| {name} (roofline) | {tt['hours'] * 60:.3g} | MLPerf Training "
+                   "(ResNet-50 / BERT on TPU v4, v5e, v5p): no round and system found "
+                   "with this study's search | – | – |")
+  lines += ["", "## Goals of the issue", "", "| goal | status | numbers |", "|---|---|---|"]
+  lines += [f"| {g} | {s} | {n} |" for g, s, n in goals(done)]
+  missing = [n for n in rows() if n not in done]
+  failed = [n for n in rows() if n in done and not _ok(done, n)]
+  if missing or failed:
+    lines += ["", "## Not done", ""]
+    lines += [f"- {n}: not run yet" for n in missing]
+    lines += [f"- {n}: {(done[n].get('error') or 'no programs').strip().splitlines()[-1][:200]}"
+              for n in failed]
+  text = "\n".join(lines) + "\n"
+  with open(md, "w") as f:
+    f.write(text)
+  if png:
+    _plot(done, png)
+  return text
+
+
+def _published_lines() -> list[str]:
+  """The seeds' runs: their published minutes beside the tpu_compile study's estimate."""
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  import tpu_compile  # noqa: PLC0415
+
+  log = _paths.study("tpu_compile") + ".jsonl"
+  done = _runlog.load_runs(log) if os.path.exists(log) else {}
+  out = []
+  for name in SEEDS:
+    rec = done.get(name)
+    what, minutes = tpu_compile.PUBLISHED[name]
+    if not rec or "error" in rec or any(p.get("error") for p in rec["programs"]):
+      continue
+    progs = rec["programs"]
+    if name.startswith("r50"):
+      steps = [math.ceil(tpu_compile.R50_EPOCHS * tpu_compile.IMAGENET /
+                         progs[0]["global_batch"])]
+    else:
+      steps = [math.ceil(tpu_compile.BERT_SEQUENCES * 9 // 10 / progs[0]["global_batch"]),
+               math.ceil(tpu_compile.BERT_SEQUENCES // 10 / progs[1]["global_batch"])]
+    scale = tpu_compile.LOOPED.get(name, 1)
+    est = scale * sum(n * p["estimated_seconds"] for n, p in zip(steps, progs)) / 60
+    out.append(f"| tpu_compile {name} (cost model) | {est:.3g} | {what} | {minutes:g} | "
+               f"{est / minutes:.2f} |")
+  return out
+
+
+def _plot(done: dict, png: str) -> None:
+  import matplotlib  # noqa: PLC0415
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # noqa: PLC0415
+
+  fig, axes = plt.subplots(1, 2, figsize=(12, 5))
+  names, parts = [], []
+  for name in rows():
+    rec = _ok(done, name)
+    if not rec or not name.startswith("r50-32k/"):
+      continue
+    p = rec["programs"][0]
+    if p.get("roofline_seconds") is None:
+      continue
+    names.append(name.removeprefix("r50-32k/"))
+    parts.append([max(p["roofline_compute_seconds"], p["roofline_memory_seconds"]) * 1e3,
+                  p["roofline_ici_seconds"] * 1e3, p["roofline_dcn_seconds"] * 1e3])
+  y = list(range(len(names)))
+  left = [0.0] * len(names)
+  for i, (label, color) in enumerate((("max(compute, memory)", "tab:blue"),
+                                      ("ICI", "tab:orange"), ("DCN", "tab:red"))):
+    vals = [q[i] for q in parts]
+    axes[0].barh(y, vals, left=left, color=color, label=label)
+    left = [a + b for a, b in zip(left, vals, strict=True)]
+  axes[0].set_yticks(y, names, fontsize=7)
+  axes[0].invert_yaxis()
+  axes[0].set_xlabel("ResNet-50 at 32,768: roofline step ms, no overlap (estimate)")
+  axes[0].legend(fontsize=7)
+  for name in rows():
+    rec = _ok(done, name)
+    tt = rec and to_train(rec)
+    if not tt:
+      continue
+    axes[1].scatter(tt["usd"], tt["hours"] * 60,
+                    color="tab:green" if name.startswith("bert") else "tab:blue")
+    axes[1].annotate(name, (tt["usd"], tt["hours"] * 60), fontsize=6, xytext=(3, 3),
+                     textcoords="offset points")
+  axes[1].set_xscale("log")
+  axes[1].set_yscale("log")
+  axes[1].set_xlabel("estimated cost, USD on demand (roofline, no overlap)")
+  axes[1].set_ylabel("estimated minutes to train")
+  axes[1].grid(alpha=0.3)
+  fig.suptitle("Pods of today, compiled by libtpu on a CPU: estimates, not measurements",
+               fontsize=10)
+  fig.tight_layout()
+  fig.savefig(png, dpi=120)
+  plt.close(fig)
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--only", default="", help="rows whose name starts with this")
+  parser.add_argument("--report-only", action="store_true")
+  parser.add_argument("--timeout", type=float, default=420.0, help="seconds per row")
+  parser.add_argument("--cache-dir", default=None,
+                      help="date-optax plan's compile cache (default its own)")
+  parser.add_argument("--out", default=None, help="output prefix (default docs/studies/...)")
+  parser.add_argument("--row", help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  if args.row:
+    print(json.dumps(plan_row(args.row, args.cache_dir)))
+    return 0
+  prefix = args.out or _paths.study("pods_today")
+  os.makedirs(os.path.dirname(prefix), exist_ok=True)
+  log = prefix + ".jsonl"
+  if not args.report_only:
+    names = [n for n in rows() if n.startswith(args.only)]
+    run(names, log, args.timeout, args.cache_dir)
+  print(report(log, prefix + ".md", prefix + ".png"))
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
