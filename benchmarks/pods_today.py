@@ -317,7 +317,7 @@ def report(log: str, md: str, png: str | None) -> str:
       label = name if len(rec["programs"]) == 1 else f"{name} {p['name'].split(' (')[0]}"
       looped = " ×k" if p.get("loops") and k > 1 else ""
       fits = {True: "yes", False: "**no**", None: "–"}[p.get("fits")]
-      mem = _gib(p["total_bytes"] if p.get("fits") is not False else p.get("required_bytes"))
+      mem = _gib(p.get("total_bytes") if p.get("fits") is not False else p.get("required_bytes"))
       step = "–" if t is None else f"{_ms(t[0])} ({_ms(t[1])}){looped}"
       last = i == len(rec["programs"]) - 1
       lines.append(

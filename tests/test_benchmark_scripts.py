@@ -396,3 +396,39 @@ def test_run_log_continues_in_shards_read_as_one_log(tmp_path, monkeypatch):
   loaded = _runlog.load_runs(path)
   assert sorted(loaded) == [f"run{i}" for i in range(6)] and loaded == done
   assert loaded["run0"]["accuracy"] == 9.0 and loaded["run5"]["accuracy"] == 5.0
+
+
+def test_pods_today_scales_looped_programs_and_judges_the_goals(tmp_path):
+  """pods_today: a program looping over k microbatches has its compute and
+  memory terms taken k times (the sync once); the goals read the log's
+  compile times, DCN bytes and cost-model ratios."""
+  pods = load_benchmark("pods_today")
+
+  def rec(compile_s, dcn, cost_model=None, loops=0, k=1, steps=100):
+    p = dict(name="train (batch 8)", train_steps=steps, compile_seconds=compile_s, fits=True,
+             num_devices=4, total_bytes=2**30, hbm_bytes=2**34, loops=loops, roofline_compute_seconds=2e-3, roofline_memory_seconds=1e-3,
+             roofline_ici_seconds=1e-3, roofline_dcn_seconds=dcn / 1e9, dcn_bytes=dcn,
+             roofline_seconds=3e-3 + dcn / 1e9, roofline_overlap_seconds=2e-3,
+             cost_model_seconds=cost_model)
+    return dict(summary=dict(chips=4, price_per_chip_hour=2.0), programs=[p], microbatches=k)
+
+  looped = rec(1.0, 0.0, loops=1, k=4, steps=3600)
+  assert pods.times(looped) == [(4 * 2e-3 + 1e-3, 4 * 2e-3)]
+  tt = pods.to_train(looped)
+  assert math.isclose(tt["hours"], 9e-3) and math.isclose(tt["usd"], 9e-3 * 4 * 2.0)
+  pod = f"r50-32k/{pods.POD}"
+  log = tmp_path / "p.jsonl"
+  records = {f"{pod}/psum": rec(150.0, 8e6), "r50-32k/v5litepod-256/psum": rec(100.0, 0.0,
+                                                                               3.5e-3),
+             f"{pod}/hier-f32": rec(150.0, 8e6), f"{pod}/hier-int8-ef": rec(150.0, 2e6),
+             f"{pod}/hier-int4-ef": rec(150.0, 1.6e6)}
+  log.write_text("".join(json.dumps(dict(ident=n, **r)) + "\n" for n, r in records.items()))
+  goals = {g: s for g, s, _ in pods.goals(pods._runlog.load_runs(str(log)))}
+  assert [s for g, s in goals.items() if g.startswith("Multislice")] == ["met"]
+  assert goals["r50-32k: hierarchical int8 sends at most 1/3.5 of float32's DCN bytes"] == "met"
+  # 8 MB / 1.6 MB = 5 < 7.
+  assert goals["r50-32k: hierarchical int4 sends at most 1/7 of float32's DCN bytes"] == "missed"
+  # Roofline 3 ms against the cost model's 3.5 ms: inside ±25 %.
+  assert [s for g, s in goals.items() if g.startswith("the roofline")] == ["met"]
+  md = pods.report(str(log), str(tmp_path / "p.md"), None)
+  assert "| r50-32k | hier-int8-ef |" in md and "not an estimate" not in md
