@@ -236,6 +236,20 @@ def test_torus_all_reduce_is_collective_permutes_along_the_two_axes():
   assert [c["kind"] for c in dp.collectives(text)].count("all-reduce") <= 1  # the loss
 
 
+def test_rounds_are_read_from_async_tpu_collective_permutes():
+  # v5e's program sends with collective-permute-start, whose result is a
+  # tuple with spaces inside its type.
+  mesh = dp.tpu_slice("v5e-4").data_mesh()
+  f = jax.jit(jax.shard_map(lambda x: dp.ring_all_reduce(x, "data"), mesh=mesh,
+                            in_specs=P("data"), out_specs=P("data"), check_vma=False))
+  x = SDS((4 * 1024,), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+  text = f.lower(x).compile().as_text()
+  assert "collective-permute-start" in text
+  rounds = dp.collective_permute_rounds(text)
+  assert [r for r, _ in rounds] == list(range(1, 7))  # 2(P - 1) rounds, one after another
+  assert {pairs for _, pairs in rounds} == {frozenset({(0, 1), (1, 2), (2, 3), (3, 0)})}
+
+
 @pytest.mark.parametrize("comm_dtype,wire", [("int8", "s8"), ("int4", "s4")])
 def test_low_bit_payloads_travel_in_their_type(comm_dtype, wire):
   tpu = dp.tpu_slice("v3-8")

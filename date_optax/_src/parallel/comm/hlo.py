@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 import re
 
-_INSTRUCTION = re.compile(r"\s*(?:ROOT\s+)?%(\S+)\s*=\s*\S+\s+([\w\-]+)\((.*)$")
+# The result type may be a tuple with spaces inside, as a TPU program's
+# `collective-permute-start` is: the op is the first word followed by "(".
+_INSTRUCTION = re.compile(r"\s*(?:ROOT\s+)?%(\S+)\s*=\s*.*?\s([\w\-]+)\((.*)$")
 _COMPUTATION_START = re.compile(r"\n(?=\S.*\{[ \t]*$)", re.MULTILINE)
 
 
