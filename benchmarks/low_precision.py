@@ -47,7 +47,9 @@ residual, shown as "worker (earlier)" and no longer run.
 carries per step (`date_optax.parallel.allreduce_cost` on the step's
 per-device gradient bytes), and writes `low_precision_step_time.md`.
 `--algorithm two_shot` runs the low-bit rows with another reduction
-(`ring`, `torus` or `two_shot`, 1-bit Adam's compressed reduce-scatter) in
+(`ring`, `torus` or `two_shot`, 1-bit Adam's compressed reduce-scatter, or
+`hierarchical`, Multislice's sync over two emulated slices of 4 devices:
+float32 inside each slice, the payload across them) in
 place of the task's own (ring, or the 2x4 torus for cnn_gbn);
 `--algorithm own,two_shot` runs both. float32, the exact reference, always
 runs the task's own. `--extras-only` runs float32 and the `--extras` rows
@@ -138,7 +140,7 @@ EXTRAS = {"block": (False, 32, False), "block_ef": (False, 32, True),
 BLOCK = 32
 ROUNDINGS = ("nearest", "stochastic")
 #: Reductions `--algorithm` may put in place of a task's own ("own").
-ALGORITHMS = ("ring", "torus", "two_shot")
+ALGORITHMS = ("ring", "torus", "two_shot", "hierarchical")
 _BITS = {"float32": 32, "bfloat16": 16}  # the others have at most 8
 
 
@@ -266,7 +268,8 @@ def _bert_fields(fmt: str, aps: bool, rounding: str, block: int | None, ef,
       **{"grad_sync.algorithm": alg or "ring", "grad_sync.comm_dtype": fmt,
          "grad_sync.aps": ("on" if aps else "off") if low else "auto",
          "grad_sync.rounding": rounding,
-         "grad_sync.block_size": block or 0, "grad_sync.error_feedback": bool(ef)})
+         "grad_sync.block_size": block or 0, "grad_sync.error_feedback": bool(ef)},
+      **({"num_slices": 2} if alg == "hierarchical" else {}))
 
 
 def train_bert(fmt: str, aps: bool, rounding: str, block: int | None, ef: bool,
@@ -316,7 +319,10 @@ def _mnist_step(task: str, fmt: str, aps: bool, rounding: str, block: int | None
         logits.astype(jnp.float32), b["y"]).mean()
     return (loss, upd["batch_stats"]) if cnn else loss
 
-  mesh = dp.torus_mesh(2, 4) if cnn else dp.data_mesh()
+  if alg == "hierarchical":  # two emulated slices of 4 devices
+    mesh = dp.multislice_mesh((4,), ("data",), num_slices=2)
+  else:
+    mesh = dp.torus_mesh(2, 4) if cnn else dp.data_mesh()
   step = dp.make_train_step(
       loss_fn, _optimizer(task, cfg, B0 * SCALE), mesh,
       grad_reduce=alg or _own(task),

@@ -230,3 +230,20 @@ def test_hierarchical_sync_compresses_only_what_crosses_slices(name, formats):
       dcn_bytes, types = out[fmt]
       assert wire in types, types
       assert dcn_bytes <= limit * f32_bytes, (fmt, dcn_bytes, f32_bytes)
+
+
+def test_the_examples_put_num_slices_on_a_slice_axis():
+  from examples.bert_lamb import train as bert  # noqa: PLC0415
+  from examples.bert_lamb.configs import default as bert_default  # noqa: PLC0415
+  from examples.resnet50_imagenet import train as resnet  # noqa: PLC0415
+  from examples.resnet50_imagenet.configs import default as resnet_default  # noqa: PLC0415
+
+  config = bert_default.get_config()
+  config.num_slices = 2
+  assert dict(bert.make_mesh(config).shape) == {"slice": 2, "data": 2, "model": 2}
+  config = resnet_default.get_config()
+  assert dict(resnet.make_mesh(config).shape) == {"data": 8}
+  config.num_slices = 2
+  mesh = resnet.make_mesh(config)
+  assert dict(mesh.shape) == {"slice": 2, "data": 4}
+  assert [d.id for d in mesh.devices.flat] == [d.id for d in jax.devices()]

@@ -207,12 +207,18 @@ def make_mesh(config: ml_collections.ConfigDict, tpu: dp.TpuSlice | None = None
 
   When the device count is not a multiple of `model_parallel` the "model"
   axis gets the largest common divisor (1 on a single device). With `tpu`
-  the mesh is over that slice's devices (a compile target).
+  the mesh is over that slice's devices (a compile target; a Multislice
+  target's mesh has a "slice" axis outermost). `config.num_slices` > 1 puts
+  the devices at hand on such a mesh (`dp.multislice_mesh`: by slice index
+  on a Multislice job, consecutive blocks of emulated devices otherwise).
   """
   n = jax.device_count() if tpu is None else tpu.num_devices
-  mp = math.gcd(int(config.model_parallel), n)
+  slices = int(config.get("num_slices", 1)) if tpu is None else tpu.num_slices
+  mp = math.gcd(int(config.model_parallel), n // slices)
   if tpu is not None:
     return tpu.mesh(model=mp)
+  if slices > 1:
+    return dp.multislice_mesh((n // slices // mp, mp), ("data", "model"), num_slices=slices)
   return jax.make_mesh((n // mp, mp), ("data", "model"))
 
 

@@ -124,7 +124,8 @@ def make_train_step(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh):
 
 def make_mesh(config: ml_collections.ConfigDict, tpu: dp.TpuSlice | None = None
               ) -> jax.sharding.Mesh:
-  """Every device on one "data" axis; for the "torus" all-reduce an X x Y mesh.
+  """Every device on one "data" axis; for the "torus" all-reduce an X x Y mesh;
+  over `config.num_slices` > 1 slices a ("slice", "data") mesh.
 
   X is the slice's first torus axis (`tpu`), or on the devices at hand the
   largest divisor of their number up to its square root.
@@ -132,6 +133,9 @@ def make_mesh(config: ml_collections.ConfigDict, tpu: dp.TpuSlice | None = None
   torus = config.grad_sync.algorithm == "torus"
   if tpu is not None:
     return tpu.torus_mesh() if torus else tpu.data_mesh()
+  slices = int(config.get("num_slices", 1))
+  if slices > 1:  # a Multislice job (or emulated slices): a "slice" axis outermost
+    return dp.multislice_mesh((jax.device_count() // slices,), ("data",), num_slices=slices)
   if not torus:
     return dp.data_mesh()
   n = jax.device_count()

@@ -99,6 +99,9 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Parallelism and precision.
   config.model_parallel = 2  # devices on the "model" mesh axis (others: "data")
+  # Slices joined over the data-center network (Cloud TPU Multislice): a
+  # "slice" axis outermost (GradSync "hierarchical" reduces inside each first).
+  config.num_slices = 1
   config.param_sharding = PARAM_SHARDING
   config.shard_update = True
   config.microbatches = 2

@@ -62,6 +62,10 @@ def get_config() -> ml_collections.ConfigDict:
   # (`date_optax.parallel.GradSync`: "psum", "ring", "torus" or "two_shot"; the torus runs
   # on an X x Y mesh of the slice's chip torus; payload "float32" exact, or
   # "bfloat16", "int8", "int4", ...; see examples/bert_lamb/configs/default.py).
+  # Slices joined over the data-center network (Cloud TPU Multislice): the
+  # mesh gets a "slice" axis outermost (GradSync "hierarchical" reduces
+  # inside each slice first).
+  config.num_slices = 1
   config.shard_update = False
   config.grad_sync = ml_collections.ConfigDict(dict(
       algorithm="psum", comm_dtype="float32", aps="auto", rounding="nearest",
