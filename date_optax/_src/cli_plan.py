@@ -371,7 +371,7 @@ def table(rows: list[dict[str, Any]]) -> str:
   lines = [head]
   for r in rows:
     progs = r["programs"]
-    join = lambda f: "+".join(f(p) for p in progs) or "-"  # noqa: E731
+    join = lambda f, progs=progs: "+".join(f(p) for p in progs) or "-"  # noqa: E731
     marks = " ".join(m for m, on in (("FASTEST", r["fastest"]), ("CHEAPEST", r["cheapest"]))
                      if on)
     if r["error"]:
