@@ -164,3 +164,37 @@ def test_compile_command_keeps_finished_programs_when_one_fails(capsys, monkeypa
   assert broken["fits"] is None and broken["failed"].startswith("KeyError")
   assert dp.tpu_slice("v5e-8").num_devices == result["slice"]["num_devices"]
   assert os.getcwd() == str(ROOT)
+
+
+def test_a_growing_batch_takes_its_steps_from_a_study_log(tmp_path):
+  log = tmp_path / "growth.jsonl"
+  run = lambda seed, curve, steps: json.dumps({  # noqa: E731
+      "key": {"task": "lstm", "method": "adaptive", "seed": seed}, "steps": steps,
+      "curve": curve})
+  # Seed 0: 10 steps at B0 = 16, 20 at 32, 5 at 64; seed 1: 30 at B0 then 10 at 64.
+  log.write_text("\n".join([
+      run(0, [{"step": 0, "batch": 16}, {"step": 9, "batch": 16}, {"step": 10, "batch": 32},
+              {"step": 30, "batch": 64}], 35),
+      run(1, [{"step": 0, "batch": 16}, {"step": 30, "batch": 64}], 40),
+      json.dumps({"key": {"task": "lstm", "method": "baseline"}, "steps": 99}),
+  ]) + "\n")
+  # A second shard of the same log is read too.
+  (tmp_path / "growth.2.jsonl").write_text(
+      run(2, [{"step": 0, "batch": 8}, {"step": 4, "batch": 16}], 6) + "\n")
+  steps = cli_plan.growth_steps(str(log), "lstm:adaptive")
+  assert steps == {1.0: (10 + 30 + 4) / 3, 2.0: (20 + 0 + 2) / 3, 4.0: (5 + 10) / 3}
+  programs = [{"global_batch": 256}, {"global_batch": 512}, {"global_batch": 1024},
+              {"global_batch": 2048}]
+  cli_plan.steps_from_growth(programs, 256, steps)
+  assert [p["train_steps"] for p in programs] == [15, 7, 5, 0]
+  with pytest.raises(ValueError, match="holds no run 'lstm:ramp'"):
+    cli_plan.growth_steps(str(log), "lstm:ramp")
+  with pytest.raises(ValueError, match="TASK:METHOD"):
+    cli_plan.growth_steps(str(log), "lstm")
+  with pytest.raises(ValueError, match="is not a file"):
+    cli_plan.growth_steps(str(tmp_path / "none.jsonl"), "lstm:adaptive")
+
+
+def test_growth_log_and_run_go_together(capsys):
+  code, _, err = _plan(capsys, "--accelerator-type", "v5e-8", "--growth-log", "x.jsonl")
+  assert code == 2 and "--growth-log and --growth-run go together" in err

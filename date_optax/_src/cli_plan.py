@@ -58,6 +58,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
           "  date-optax plan --example mnist1d_lstm --accelerator-type v5e-8,v6e-8 \\\n"
           "      --price-per-chip-hour v5e=1.0 --json\n"
           "\n"
+          "A growing batch (a config with batch_schedule) takes its steps per batch from a\n"
+          "study log: --growth-log docs/studies/batch_growth/batch_growth.jsonl\n"
+          "--growth-run mnist1d_lstm_adam:adaptive_t3 (each program's batch / the config's\n"
+          "base_batch_size is matched to the runs' B / B0).\n"
+          "\n"
           "Compiles are cached in --cache-dir by program (example, config, target and\n"
           "the versions of jax, jaxlib, libtpu and date-optax); --no-cache compiles again.\n"
           "Prices are public on-demand prices per chip-hour (see `date_optax.parallel.\n"
@@ -81,6 +86,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
   p.add_argument("--price-per-chip-hour", metavar="P | GEN=P[,GEN=P...]",
                  help="USD per chip-hour: one price for every candidate, or per "
                       "generation (v5e=1.2,v6e=2.7); default the public on-demand prices")
+  p.add_argument("--growth-log", metavar="LOG",
+                 help="a growing batch's steps: a JSON-lines log of runs with their "
+                      "batch curves (benchmarks/batch_growth.py's; its shards LOG.2.jsonl, "
+                      "... are read too)")
+  p.add_argument("--growth-run", metavar="TASK:METHOD",
+                 help="the runs of --growth-log to take (all their seeds, averaged), e.g. "
+                      "mnist1d_lstm_adam:adaptive_t3")
   p.add_argument("--cache-dir", metavar="DIR",
                  help="where compiles are cached (default $XDG_CACHE_HOME/date_optax/plan "
                       "or ~/.cache/date_optax/plan)")
@@ -220,6 +232,63 @@ def candidates(args: argparse.Namespace, config: Any) -> tuple[list[Candidate], 
           continue
         out.append(Candidate(tpu.accelerator_type, s, b, tpu=tpu))
   return out, errors
+
+
+def _log_shards(path: str) -> list[Path]:
+  """`path` and its shards ``stem.2.jsonl``, ``stem.3.jsonl``, ... that exist."""
+  first = Path(path)
+  out, i = [first], 2
+  while (nxt := first.with_name(f"{first.stem}.{i}{first.suffix}")).is_file():
+    out.append(nxt)
+    i += 1
+  return out
+
+
+def growth_steps(log: str, run: str) -> dict[float, float]:
+  """Mean steps a growing run took at each batch ratio k = B / B0, over its seeds.
+
+  Args:
+    log: a JSON-lines log whose records have ``key`` (``task``, ``method``),
+      ``steps`` and ``curve`` (``[{"step", "batch"}, ...]`` keeping every
+      step where the batch changes), as `benchmarks/batch_growth.py` writes.
+    run: ``TASK:METHOD``, the records to take.
+
+  Returns:
+    ``{k: steps}``, B0 the first batch of each run's curve.
+
+  Raises:
+    ValueError: no such file, a malformed `run`, or no record of that run.
+  """
+  task, sep, method = run.partition(":")
+  if not sep or not task or not method:
+    raise ValueError(f"--growth-run takes TASK:METHOD, got {run!r}.")
+  if not Path(log).is_file():
+    raise ValueError(f"--growth-log {log!r} is not a file.")
+  per_seed: list[dict[float, int]] = []
+  for path in _log_shards(log):
+    for line in path.read_text().splitlines():
+      rec = json.loads(line) if line.strip() else {}
+      key = rec.get("key", {})
+      if key.get("task") != task or key.get("method") != method or not rec.get("curve"):
+        continue
+      curve, b0 = rec["curve"], rec["curve"][0]["batch"]
+      steps: dict[float, int] = {}
+      for a, b in zip(curve, [*curve[1:], {"step": rec["steps"]}], strict=True):
+        k = a["batch"] / b0
+        steps[k] = steps.get(k, 0) + b["step"] - a["step"]
+      per_seed.append(steps)
+  if not per_seed:
+    raise ValueError(f"--growth-log {log!r} holds no run {run!r} with a batch curve.")
+  ks = sorted({k for s in per_seed for k in s})
+  return {k: sum(s.get(k, 0) for s in per_seed) / len(per_seed) for k in ks}
+
+
+def steps_from_growth(programs: list[dict[str, Any]], base_batch: int,
+                      steps: dict[float, float]) -> None:
+  """Gives each program of a growing batch the steps a run took at its ratio."""
+  for p in programs:
+    if p.get("global_batch"):
+      p["train_steps"] = round(steps.get(p["global_batch"] / base_batch, 0))
 
 
 def _versions() -> dict[str, str]:
@@ -371,7 +440,13 @@ def table(rows: list[dict[str, Any]]) -> str:
   lines = [head]
   for r in rows:
     progs = r["programs"]
-    join = lambda f, progs=progs: "+".join(f(p) for p in progs) or "-"  # noqa: E731
+    sep = "+"  # one value per program (BERT's two stages)
+    if len(progs) > 2:  # a growing batch: the range of its programs, the steps summed
+      lo = min(progs, key=lambda p: p["roofline_seconds"] or 0)
+      hi = max(progs, key=lambda p: p["roofline_seconds"] or 0)
+      summed = sum(p["train_steps"] or 0 for p in progs)
+      progs, sep = [lo, hi], " to "
+    join = lambda f, progs=progs, sep=sep: sep.join(f(p) for p in progs) or "-"  # noqa: E731
     marks = " ".join(m for m, on in (("FASTEST", r["fastest"]), ("CHEAPEST", r["cheapest"]))
                      if on)
     if r["error"]:
@@ -385,7 +460,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines.append((
         r["candidate"], f"{r['chips']:,}", {True: "yes", False: "NO", None: "-"}[r["fits"]],
         join(lambda p: _ms(p["cost_model_seconds"])), roofline,
-        join(lambda p: "-" if p["train_steps"] is None else f"{p['train_steps']:,}"),
+        (f"{summed:,} in {len(r['programs'])} programs" if len(r["programs"]) > 2 else
+         join(lambda p: "-" if p["train_steps"] is None else f"{p['train_steps']:,}")),
         _duration(r["time_to_train_hours"]),
         "-" if chip_h is None else (f"{chip_h:,.0f}" if chip_h >= 100 else f"{chip_h:.3g}"),
         _money(r["cost_usd"]), marks))
@@ -440,6 +516,16 @@ def run(args: argparse.Namespace) -> int:
     prices = parse_prices(args.price_per_chip_hour)
   except (ValueError, TypeError, KeyError) as e:
     return fail([str(e)])
+  growth = None
+  if (args.growth_log is None) != (args.growth_run is None):
+    return fail(["--growth-log and --growth-run go together."])
+  if args.growth_log is not None:
+    if "base_batch_size" not in config:
+      return fail([f"--growth-log: the {args.example} config has no base_batch_size."])
+    try:
+      growth = growth_steps(args.growth_log, args.growth_run)
+    except (ValueError, KeyError, TypeError) as e:
+      return fail([str(e)])
   cands, errors = candidates(args, config)
   configs = {}
   for cand in cands:
@@ -460,6 +546,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"[{i + 1}/{len(cands)}] {cand.name} ...", end="", file=sys.stderr, flush=True)
     compile_candidate(cand, args.example, configs[cand.global_batch], target, steps_fn,
                       cache_dir)
+    if growth is not None:
+      steps_from_growth(cand.programs, int(config.base_batch_size), growth)
     how = "cached" if cand.cached else f"compiled in {cand.compile_seconds:.0f} s"
     print(f" {how}{'' if cand.error is None else ' (failed)'}", file=sys.stderr, flush=True)
   rows = [summarize(c, price_of(c.tpu, prices)) for c in cands]
