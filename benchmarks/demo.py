@@ -146,6 +146,9 @@ def run(args: argparse.Namespace) -> int:
             f"commas, got {args.seeds!r}", file=sys.stderr)
       return 2
   set_host_device_count(args.devices)
+  # The demo is a CPU job: with jax[tpu] installed (the test extras) JAX
+  # would otherwise probe for a TPU first and libtpu print start-up errors.
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
   if seeds is not None:
     return _run_seeds(args, seeds)
   _run_one(args)
