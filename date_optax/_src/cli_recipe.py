@@ -390,6 +390,12 @@ def plot(recipes, path: str, title: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
   """Runs ``date-optax recipe``."""
+  if "JAX_PLATFORMS" not in os.environ:
+    # Schedules are evaluated on the CPU: with jax[tpu] installed on a host
+    # without a TPU, JAX would probe for one and libtpu print start-up errors.
+    import jax  # noqa: PLC0415
+
+    jax.config.update("jax_platforms", "cpu")
   values = _resolve(args)
   missing = [k for k in _REQUIRED if values.get(k) is None]
   if missing:
