@@ -108,6 +108,25 @@ def test_float32_equals_the_psum_mean(scatter):
                              rtol=1e-5, atol=1e-5)
 
 
+def test_more_than_two_data_axes_keep_all_but_the_first_inside_the_slice():
+  # ("dcn", "data", "model") all carrying replicas (a step without sharding
+  # rules on a Multislice mesh with a model axis): the first crosses slices.
+  axes = ("dcn", "data", "model")
+  mesh = Mesh(np.array(jax.devices()).reshape(S, 2, 2), axes)
+  sync = dp.GradSync("hierarchical", comm_dtype="int8")
+  own = lambda tree: jax.tree.map(lambda x: x[0], tree)  # noqa: E731
+  f = jax.jit(compat.shard_map(
+      lambda t: dp.sync_gradients(own(t), axes, sync), mesh=mesh, in_specs=P(axes),
+      out_specs=P()))
+  sharding = NamedSharding(mesh, P(axes))
+  w = jax.make_array_from_callback(GRADS["w"].shape, sharding, lambda i: GRADS["w"][i])
+  got = np.asarray(f({"w": w})["w"], np.float64)
+  want = GRADS["w"].astype(np.float64).mean(0)
+  # int8 with block scales of 32 across the two slices: within a rounding step.
+  np.testing.assert_allclose(got, want, atol=2 * np.abs(GRADS["w"]).max() / 127)
+  assert not np.allclose(got, want, rtol=0, atol=1e-7)  # it did round
+
+
 # ---------------------------------------------------------------------------
 # int8 and int4 with error feedback over three steps, against NumPy.
 # ---------------------------------------------------------------------------

@@ -83,21 +83,25 @@ def check_dcn_algorithm(algorithm: str, dcn_algorithm: Any) -> str | None:
   return dcn_algorithm
 
 
-def check_axes(axes: Any) -> tuple[Hashable, Hashable]:
-  """`(outer, inner)`: the slices' axis and the in-slice axis.
+def check_axes(axes: Any) -> tuple[Hashable, Any]:
+  """`(outer, inner)`: the slices' axis and the in-slice axis (or axes).
+
+  The first data axis crosses the slices; the others stay inside one: one
+  axis is returned as itself, several as a tuple (their devices in row-major
+  order, as `PartitionSpec` lays them out).
 
   Raises:
-    ValueError: not exactly two axes.
+    ValueError: fewer than two axes.
   """
   axes_t = compat.as_tuple(axes)
-  if len(axes_t) != 2:
+  if len(axes_t) < 2:
     raise ValueError(
         'grad_reduce="hierarchical" needs two data axes (slices, in-slice): the '
-        "first crosses the slices (DCN), the second stays inside one (ICI), as "
+        "first crosses the slices (DCN), the others stay inside one (ICI), as "
         'in Mesh(devices.reshape(S, -1), ("dcn", "ici")) with data_axes=("dcn", '
         f'"ici"); got data axes {axes_t}.'
     )
-  return axes_t[0], axes_t[1]
+  return axes_t[0], axes_t[1] if len(axes_t) == 2 else tuple(axes_t[1:])
 
 
 def _rows(x: jax.Array, d: int | None, s: int, m: int) -> jax.Array:
@@ -282,7 +286,7 @@ def hierarchical_reduce(
     2019, https://arxiv.org/abs/1901.09847.
   """
   outer, inner = check_axes(axes)
-  axes_t = (outer, inner)
+  axes_t = (outer, *compat.as_tuple(inner))
   s, m = compat.axis_size(outer), compat.axis_size(inner)
   leaves, treedef = jax.tree.flatten(tree)
   leaves = [jnp.asarray(x) for x in leaves]
