@@ -606,7 +606,10 @@ def markdown(done: dict, cfg: dict, tasks, elapsed: float, argv) -> str:
         "all-reduce: the task's own reduction (ring; 2x4 torus for cnn_gbn) or the one "
         "`--algorithm` put in its place for the low-bit payload (two_shot: 1-bit Adam's "
         "compressed reduce-scatter, one all-to-all, a float32 sum at the owner and one "
-        "all-gather, two roundings per element); float32 always runs the task's own.", ""]
+        "all-gather, two roundings per element; hierarchical: Multislice's sync over two "
+        "emulated slices of 4 devices (2 x 2 x 2 with the model axis), float32 "
+        "reduce-scatter and all-gather inside each slice, the payload only across the "
+        "slices, by two_shot); float32 always runs the task's own.", ""]
   for task in tasks:
     # The BERT task also reports its held-out MLM loss (lower is better).
     has_loss = any("eval_loss" in r for r in recs if r["task"] == task)
