@@ -118,7 +118,7 @@ def allreduce_cost(
     dcn_beta: float | None = None,
     dcn_algorithm: str | None = None,
 ) -> AllReduceCost:
-  """Predicts latency steps, link traffic and time of one all-reduce.
+  r"""Predicts latency steps, link traffic and time of one all-reduce.
 
   The alpha-beta model: a message of `b` bytes between neighbours costs
   `alpha + beta · b` seconds; rings are unidirectional and every device can
