@@ -25,6 +25,7 @@ Usage:
   python benchmarks/pods_today.py                 # every row, resumable
   python benchmarks/pods_today.py --only r50-32k/ # rows whose name starts so
   python benchmarks/pods_today.py --report-only   # page and plot from the log
+  python benchmarks/pods_today.py --retry --timeout 900  # rows that failed, again
 Outputs: docs/studies/pods_today/pods_today.{jsonl,md,png}.
 """
 
@@ -143,9 +144,10 @@ def plan_row(name: str, cache_dir: str | None) -> dict:
 # -- the driver -------------------------------------------------------------------
 
 
-def run(names: list[str], log: str, timeout: float, cache_dir: str | None) -> None:
+def run(names: list[str], log: str, timeout: float, cache_dir: str | None,
+        retry: bool = False) -> None:
   done = _runlog.load_runs(log)
-  todo = [n for n in names if n not in done]
+  todo = [n for n in names if n not in done or (retry and "error" in done[n])]
   print(f"{len(todo)} rows to compile ({len(names) - len(todo)} logged)", flush=True)
   for i, name in enumerate(todo):
     start = time.perf_counter()
@@ -273,7 +275,10 @@ def goals(done: dict) -> list[tuple[str, str, str]]:
       rec = _ok(done, f"{model}/{POD}/hier-{fmt}-ef")
       goal = f"{model}: hierarchical {fmt} sends at most 1/{limit:g} of float32's DCN bytes"
       if not (f32 and rec):
-        out.append((goal, "not run", ""))
+        errs = [f"{n}: {done[n]['error'].strip().splitlines()[-1][:120]}"
+                for n in (f"{model}/{POD}/hier-{fmt}-ef", f"{model}/{POD}/psum")
+                if n in done and "error" in done[n]]
+        out.append((goal, "not done" if errs else "not run", "; ".join(errs)))
         continue
       a = sum(p["dcn_bytes"] or 0 for p in rec["programs"])
       b = sum(p["dcn_bytes"] or 0 for p in f32["programs"])
@@ -524,6 +529,8 @@ def main(argv=None) -> int:
   parser.add_argument("--cache-dir", default=None,
                       help="date-optax plan's compile cache (default its own)")
   parser.add_argument("--out", default=None, help="output prefix (default docs/studies/...)")
+  parser.add_argument("--retry", action="store_true",
+                      help="run again the rows logged with an error (a compile over --timeout)")
   parser.add_argument("--row", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.row:
@@ -534,7 +541,7 @@ def main(argv=None) -> int:
   log = prefix + ".jsonl"
   if not args.report_only:
     names = [n for n in rows() if n.startswith(args.only)]
-    run(names, log, args.timeout, args.cache_dir)
+    run(names, log, args.timeout, args.cache_dir, args.retry)
   print(report(log, prefix + ".md", prefix + ".png"))
   return 0
 
