@@ -371,7 +371,8 @@ def report(log: str, md: str, png: str | None) -> str:
       dcn_s = sum(p["roofline_dcn_seconds"] or 0 for p in rec["programs"])
       ref = f32 or base  # hierarchical float32, else psum's float32 (marked *)
       fdcn = sum(p["dcn_bytes"] or 0 for p in ref["programs"]) if ref else 0
-      rel = lambda i: "–" if not (step and bstep) else f"{step[i] / bstep[i]:.2f}"  # noqa: E731
+      rel = lambda i, step=step, bstep=bstep: (  # noqa: E731
+          "–" if not (step and bstep) else f"{step[i] / bstep[i]:.2f}")
       lines.append(
           f"| {model} | {sync} | {_ms(step and step[0])} | {rel(0)} | {_ms(step and step[1])} "
           f"| {rel(1)} | {_ms(dcn_s)} | {_mb(dcn)} | "

@@ -406,7 +406,8 @@ def test_pods_today_scales_looped_programs_and_judges_the_goals(tmp_path):
 
   def rec(compile_s, dcn, cost_model=None, loops=0, k=1, steps=100):
     p = dict(name="train (batch 8)", train_steps=steps, compile_seconds=compile_s, fits=True,
-             num_devices=4, total_bytes=2**30, hbm_bytes=2**34, loops=loops, roofline_compute_seconds=2e-3, roofline_memory_seconds=1e-3,
+             num_devices=4, total_bytes=2**30, hbm_bytes=2**34, loops=loops,
+             roofline_compute_seconds=2e-3, roofline_memory_seconds=1e-3,
              roofline_ici_seconds=1e-3, roofline_dcn_seconds=dcn / 1e9, dcn_bytes=dcn,
              roofline_seconds=3e-3 + dcn / 1e9, roofline_overlap_seconds=2e-3,
              cost_model_seconds=cost_model)
