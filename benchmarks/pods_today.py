@@ -1,6 +1,6 @@
 """What a pod of today costs: ResNet-50 and BERT-large on v4/v5e/v5p/v6e (issue 57, item 6).
 
-Every row is one candidate of ``date-optax plan`` (`date_optax._src.cli_plan`:
+Every row is one candidate of ``date-optax plan`` (its ``--json`` output:
 its candidates, compile cache, compile and summary are used as they are),
 run in a subprocess and logged as it finishes. The example's own train step
 is compiled by the TPU compiler (libtpu) on this machine for the target,
@@ -109,36 +109,28 @@ _KEEP = ("name", "train_steps", "global_batch", "num_devices", "compile_seconds"
 
 
 def plan_row(name: str, cache_dir: str | None) -> dict:
-  """One row: `date-optax plan`'s candidate, compiled (or cached) and summarized."""
-  from pathlib import Path  # noqa: PLC0415
-
-  from date_optax._src import cli_compile, cli_plan  # noqa: PLC0415
-
-  cli_compile.quiet_libtpu()
-  import importlib  # noqa: PLC0415
-
+  """One row: `date-optax plan --json` of the row's one candidate (compiled or
+  read from plan's cache), its summary and programs."""
   spec = rows()[name]
-  os.chdir(ROOT)
-  sys.path.insert(0, ROOT)
-  config = cli_compile.load_config(spec["config"], spec["example"], spec["sets"])
-  args = argparse.Namespace(accelerator_type=spec["accelerator_type"],
-                            num_slices=str(spec["num_slices"]),
-                            global_batch=str(spec["global_batch"]))
-  cands, errors = cli_plan.candidates(args, config)
-  if errors:
-    return {"error": "; ".join(errors)}
-  cand = cands[0]
-  config = cli_plan._with_batch(config, spec["example"], cand.global_batch)  # noqa: SLF001
-  module = importlib.import_module(f"examples.{spec['example']}.train")
-  cli_plan.compile_candidate(cand, spec["example"], config, module.compile_target,
-                             getattr(module, "train_steps", None),
-                             Path(cache_dir or cli_plan._default_cache_dir()))  # noqa: SLF001
-  summary = cli_plan.summarize(cand, cli_plan.price_of(cand.tpu, None))
-  summary.pop("programs")
-  programs = [{k: p.get(k) for k in _KEEP} for p in cand.programs]
+  cli = os.path.join(os.path.dirname(sys.executable), "date-optax")
+  cmd = [cli, "plan", "--example", spec["example"], "--accelerator-type",
+         spec["accelerator_type"], "--num-slices", str(spec["num_slices"]),
+         "--global-batch", str(spec["global_batch"]), "--json"]
+  if spec["config"]:
+    cmd += ["--config", spec["config"]]
+  for item in spec["sets"]:
+    cmd += ["--set", item]
+  if cache_dir:
+    cmd += ["--cache-dir", cache_dir]
+  out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+  if out.returncode == 2 or not out.stdout.strip():
+    return {"error": (out.stderr.strip() or f"exit {out.returncode}")[-1500:]}
+  summary = json.loads(out.stdout)["candidates"][0]
+  programs = [{k: p.get(k) for k in _KEEP} for p in summary.pop("programs")]
+  sets = dict(item.split("=", 1) for item in spec["sets"])
   return {"spec": spec, "summary": summary, "programs": programs,
-          "microbatches": int(config.get("microbatches", 1) or 1),
-          **({"error": cand.error} if cand.error else {})}
+          "microbatches": int(sets.get("microbatches", 1)),
+          **({"error": summary["error"]} if summary.get("error") else {})}
 
 
 # -- the driver -------------------------------------------------------------------

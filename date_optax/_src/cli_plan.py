@@ -363,6 +363,10 @@ def compile_candidate(cand: Candidate, example: str, config: Any, target: Any,
     path.write_text(json.dumps({"programs": cand.programs, "error": cand.error}))
 
 
+#: Per-collective lists left out of a plan's rows (`date-optax compile --json` has them).
+_LONG = ("collectives", "roofline_collectives")
+
+
 def _sum_time(programs: list[dict[str, Any]], field: str) -> float | None:
   """Seconds to train by one estimate: each program's steps times its step time."""
   total = 0.0
@@ -390,10 +394,9 @@ def summarize(cand: Candidate, price: float) -> dict[str, Any]:
       "error": cand.error, "cached": cand.cached,
       "compile_seconds": round(cand.compile_seconds, 1),
   }
-  row["programs"] = [{k: p.get(k) for k in (
-      "name", "fits", "estimated_seconds", "estimate_source", "cost_model_seconds",
-      "roofline_seconds", "roofline_overlap_seconds", "roofline_dcn_seconds", "dcn_bytes",
-      "total_bytes", "train_steps", "error")} for p in cand.programs]
+  # Each program's whole compile report but its collectives one by one (the
+  # counts and bytes by kind stay).
+  row["programs"] = [{k: v for k, v in p.items() if k not in _LONG} for p in cand.programs]
   ok = cand.error is None and bool(cand.programs)
   times = {name: (_sum_time(cand.programs, field) if ok else None) for name, field in (
       ("", "roofline_seconds"), ("_overlap", "roofline_overlap_seconds"),
