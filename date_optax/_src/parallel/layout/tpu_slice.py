@@ -26,7 +26,12 @@ import numpy as np
 
 from date_optax._src import validation
 from date_optax._src.parallel.layout import tpu_generations as tg
-from date_optax._src.parallel.layout.mesh import auto_axes_mesh, data_mesh, torus_mesh
+from date_optax._src.parallel.layout.mesh import (
+    _make_mesh,
+    auto_axes_mesh,
+    data_mesh,
+    torus_mesh,
+)
 
 #: The environment of a process that only compiles for TPUs (no TPU used):
 #: libtpu's one-process lock file shared, and no probing for TPU VM metadata.
@@ -199,15 +204,8 @@ def multislice_mesh(
     groups = _by_slice(devices, num_slices)
   else:  # one process, no slice indices (CPU tests): consecutive blocks
     groups = [devices[i * per_slice:(i + 1) * per_slice] for i in range(num_slices)]
-  grids = []
-  for group in groups:
-    try:
-      from jax.experimental import mesh_utils  # noqa: PLC0415
-
-      grids.append(mesh_utils.create_device_mesh(tuple(shape), devices=group,
-                                                 allow_split_physical_axes=True))
-    except (ValueError, NotImplementedError, AssertionError):
-      grids.append(np.asarray(group, dtype=object).reshape(shape))
+  # Each slice in its own physical order (`jax.make_mesh`, as one slice's mesh is).
+  grids = [_make_mesh(tuple(shape), tuple(axis_names), group).devices for group in groups]
   mesh = jax.sharding.Mesh(np.stack(grids), (slice_axis, *axis_names))
   return auto_axes_mesh(mesh)
 
