@@ -135,6 +135,12 @@ def _target(args: argparse.Namespace) -> Any:
   return getattr(importlib.import_module(module), name)
 
 
+def one_line(error: BaseException) -> str:
+  """An error as one line: its type and the first line of its message."""
+  text = str(error).strip().splitlines()
+  return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+
+
 def jsonable(report: Any) -> dict[str, Any]:
   out = report.as_dict()
   for c in out["collectives"]:
@@ -188,8 +194,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:  # bad input (a batch that does not split): one line
       return fail(f"{name}: {e}")
     except Exception as e:  # noqa: BLE001 - reported, and the other programs go on
-      lines = str(e).strip().splitlines()
-      cause = f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
+      cause = one_line(e)
       results.append({"name": name, "fits": None, "failed": cause})
       if not args.json:
         print(f"\n{name}\nfailed to compile: {cause}", flush=True)

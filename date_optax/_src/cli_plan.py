@@ -315,11 +315,6 @@ def _default_cache_dir() -> Path:
   return Path(base) / "date_optax" / "plan"
 
 
-def _one_line(error: BaseException) -> str:
-  text = str(error).strip().splitlines()
-  return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
-
-
 def compile_candidate(cand: Candidate, example: str, config: Any, target: Any,
                       steps_fn: Any, cache_dir: Path | None) -> None:
   """Fills `cand.programs` (cached, else compiled) or `cand.error`."""
@@ -342,7 +337,7 @@ def compile_candidate(cand: Candidate, example: str, config: Any, target: Any,
     programs = list(target(config, cand.tpu))
     steps = list(steps_fn(config)) if steps_fn else [None] * len(programs)
   except Exception as e:  # noqa: BLE001 - reported per candidate, others go on
-    cand.error = _one_line(e)
+    cand.error = cli_compile.one_line(e)
     programs, steps = [], []
   for (name, step, state, batch), n in zip(programs, steps, strict=True):
     record: dict[str, Any] = {"name": name, "train_steps": n}
@@ -354,7 +349,7 @@ def compile_candidate(cand: Candidate, example: str, config: Any, target: Any,
       record.update(global_batch=rows, fits=False, error=str(e),
                     required_bytes=e.required_bytes, hbm_bytes=cand.tpu.hbm_per_device)
     except Exception as e:  # noqa: BLE001 - reported per candidate, others go on
-      cand.error = f"{name}: {_one_line(e)}"
+      cand.error = f"{name}: {cli_compile.one_line(e)}"
       break
     cand.programs.append(record)
   cand.compile_seconds = time.perf_counter() - start
