@@ -144,6 +144,17 @@ def _title_study_page(app, docname, source):
     source[0] = _HEADING.sub(lambda m: "#" * (len(m.group(1)) - shift) + " ", source[0])
 
 
+# A study page named after the commit it measured (`bench_device_h200_27755f6`)
+# is a snapshot that RESULTS.md links to: built, but left out of the navigation
+# (no toctree lists it, and the user pages never name it).
+_COMMIT_PAGE = re.compile(r"_[0-9a-f]{7,40}$")
+
+
+def _orphan_commit_page(app, docname, source):
+  if docname.startswith("studies/") and _COMMIT_PAGE.search(docname):
+    source[0] = "---\norphan: true\n---\n" + source[0]
+
+
 # Sphinx writes an aliased type inside a union as TypeAliasForwardRef('Name').
 _ALIAS_REF = re.compile(r"TypeAliasForwardRef\('([A-Za-z_.]+)'\)")
 
@@ -157,4 +168,5 @@ def setup(app):
   app.connect("autodoc-process-signature", _alias_names)
   app.connect("source-read", _link_outside_docs)
   app.connect("source-read", _title_study_page)
+  app.connect("source-read", _orphan_commit_page)  # after the title: front matter first
   app.connect("autodoc-process-docstring", _escape_bars)
