@@ -153,8 +153,11 @@ class CheckpointManager:
   checkpoint, and saving that step again later works.
 
   Args:
-    directory: where checkpoints live (one sub-directory per step); created if
-      missing. A path that is an existing file is refused.
+    directory: where checkpoints live (one sub-directory per step); created,
+      with its parents, by the first `save` (never by the constructor, a
+      restore or a query). A path that is an existing file, or under one, is
+      refused; a directory this process may not write still restores, and
+      `save` into it raises a `PermissionError` before writing anything.
     max_to_keep: how many of the most recent checkpoints to keep (>= 1), or
       None to keep all.
     save_interval_steps: `save(step, ...)` only writes when `step` is a
@@ -210,9 +213,11 @@ class CheckpointManager:
         # first step it sees, which makes the interval hard to predict).
         save_interval_steps=1,
         enable_async_checkpointing=async_save,
-        # Left-over temporary directories are saves that never completed.
-        cleanup_tmp_directories=True,
-        create=True,
+        # Left-over temporary directories are saves that never completed
+        # (where this process may remove them).
+        cleanup_tmp_directories=checks.writable(self._directory),
+        # Made by the first save: a manager opened to restore creates nothing.
+        create=False,
     )
     self._manager = ocp.CheckpointManager(
         self._directory, options=options, item_names=("state", "residuals", "meta")
@@ -248,6 +253,10 @@ class CheckpointManager:
       include_residuals: False leaves the error-feedback residuals out (the
         checkpoint then does not grow with the replica count); a restore
         gives zeros in their place, which drops one step's rounding.
+
+    Raises:
+      PermissionError: the directory cannot be made, or this process may not
+        write into it (checked before anything is written).
 
     Returns:
       Whether a checkpoint was started: False when the interval skips it,
@@ -298,6 +307,7 @@ class CheckpointManager:
       json.dumps(meta)
     except (TypeError, ValueError) as e:
       raise TypeError(f"metadata must be JSON-serialisable: {e}") from e
+    checks.make_writable(self._directory)
     ocp = self._ocp
     items = {"state": ocp.args.StandardSave(rest), "meta": ocp.args.JsonSave(meta)}
     if keep:
@@ -327,17 +337,24 @@ class CheckpointManager:
     `include_residuals=False`, when this restore passes it, or when the
     checkpoint was saved with another replica count N than the target's M
     (a `UserWarning` names both): the state then resumes on M replicas,
-    having dropped one step's rounding. Checkpoints written before format
-    4 hold the residuals inside the state and restore onto N replicas only.
+    having dropped one step's rounding. They are zeros too, with a
+    `RuntimeWarning`, when their item fails its fingerprint or cannot be
+    read: the rest of the state restores from this step (no fall back to an
+    older one). Checkpoints written before format 4 hold the residuals
+    inside the state and restore onto N replicas only.
 
     Args:
       target: a pytree with the structure of the saved state whose leaves are
         arrays or `jax.ShapeDtypeStruct`s; their shapes, dtypes and shardings
         are those of the restored arrays (orbax reshards when the mesh
         differs from the one that saved). A leaf without a sharding is
-        restored onto the default device. Typed PRNG keys in `target` get
-        typed keys back. Build it with
-        `jax.eval_shape(init_fn, ...)` plus shardings to avoid allocating.
+        restored with the sharding it was saved with, which needs the
+        devices that saved it: on another device count such a target
+        raises `CheckpointMismatchError` naming the leaves. Typed PRNG keys
+        in `target` get typed keys back. A train step's
+        `step.abstract_state(params)` builds a target with shapes, dtypes
+        and shardings without allocating (`jax.eval_shape(step.init,
+        params)` has no shardings).
       step: which checkpoint; defaults to the newest one that is complete.
       include_residuals: False leaves the saved residuals unread and gives
         zeros in their place (one step's rounding dropped).
@@ -347,11 +364,16 @@ class CheckpointManager:
       the metadata mapping given to `save`.
 
     Raises:
-      FileNotFoundError: if there is no checkpoint (or no checkpoint `step`).
+      FileNotFoundError: if there is no checkpoint (or no checkpoint `step`),
+        saying why: the directory does not exist, is a file, is empty or
+        holds no complete checkpoint, or the step is not there. A restore
+        creates, changes and deletes nothing.
       CheckpointMismatchError: (a `ValueError`) if `target` has another
         structure, or a leaf of another shape or dtype, than the saved state
         (checked before reading; no older step is tried); the message names
-        the leaf and the saved and requested shape and dtype.
+        the leaf and the saved and requested shape and dtype. Also when leaves
+        without a sharding were saved on devices this process does not have
+        (the message says what the target needs).
       CorruptCheckpointError: (a `ValueError`) if the requested `step`, or
         with `step=None` every checkpoint, is damaged; the message names the
         step and the cause.
@@ -365,13 +387,11 @@ class CheckpointManager:
       step = validation.check_int("step", step, low=0)
       if step not in self.all_steps():
         raise FileNotFoundError(
-            f"no checkpoint for step {step} in {self._directory}; "
-            f"available: {list(self.all_steps())}."
-        )
+            checks.no_checkpoint(self._directory, step, self.all_steps()) + ".")
       return self._restore_verified(target, step, include_residuals)
     steps = self.all_steps()
     if not steps:
-      raise FileNotFoundError(f"no checkpoint in {self._directory}.")
+      raise FileNotFoundError(checks.no_checkpoint(self._directory) + ".")
     bad: list[tuple[int, Exception]] = []
     for s in reversed(steps):
       try:
@@ -400,7 +420,7 @@ class CheckpointManager:
     error: tuple[str, str] | None = None
     mismatch: CheckpointMismatchError | None = None
     misfit = f"checkpoint step {step} in {self._directory} does not fit the target"
-    reset = None
+    reset = plan = damaged = whole = None
     with _quiet_failed_reads():
       try:
         meta = self._manager.restore(
@@ -436,18 +456,25 @@ class CheckpointManager:
             restored = layer_ratios_lib.repacked_records(restored, packed)
           if legacy:
             restored = bs_lib.upgraded_layout(restored, packed)
-          if saved_res:
-            if plan == "read":
+          if plan == "read":
+            try:
               residuals = self._manager.restore(step, args=ocp.args.Composite(
                   residuals=ocp.args.StandardRestore(res_target))).residuals
               checks.verify(residuals, saved_res["fingerprints"])
-            else:
-              residuals = ckres.zeros(res_target)
-            restored = ckres.merge(whole, restored, residuals)
+            except Exception as e:  # noqa: BLE001 - damaged residuals: zeros below
+              if target_lib.is_topology_error(e):
+                raise
+              damaged = f"{type(e).__name__}: {e}"
+          elif saved_res:
+            residuals = ckres.zeros(res_target)
       except Exception as e:  # noqa: BLE001 - orbax/tensorstore raise many types
         # Keep the cause's text only: its traceback holds orbax's pending
         # reads, which would print their own tracebacks when collected later.
         error = (type(e).__name__, str(e))
+        if target_lib.is_topology_error(e):
+          # The target's fault (a leaf without a sharding), not the files'.
+          bare = target_lib.unsharded(whole)
+          mismatch = CheckpointMismatchError(f"{misfit}: {target_lib.topology_message(bare)}")
     if not _all_processes_agree(error is None and mismatch is None):
       if mismatch is not None:
         raise mismatch
@@ -456,6 +483,16 @@ class CheckpointManager:
           f"checkpoint step {step} in {self._directory} cannot be restored: "
           f"{name}: {text}"
       )
+    if plan == "read" and not _all_processes_agree(damaged is None):
+      # Residuals are what a restore otherwise drops freely (another replica
+      # count, include_residuals=False): damaged ones cost the same one step's
+      # rounding, not a fall back to an older step.
+      residuals = ckres.zeros(res_target)
+      validation.warn_at_caller(
+          f"CheckpointManager.restore: {ckres.damaged_message(step, self._directory, damaged)}",
+          RuntimeWarning)
+    if saved_res and res_target:
+      restored = ckres.merge(whole, restored, residuals)
     if reset is not None:
       validation.warn_at_caller(f"CheckpointManager.restore: {ckres.reset_message(*reset)}")
     try:
@@ -482,8 +519,7 @@ class CheckpointManager:
     steps = self.all_steps()
     step = steps[-1] if step is None and steps else step
     if step is None or validation.check_int("step", step, low=0) not in steps:
-      raise FileNotFoundError(f"no checkpoint {'' if step is None else step} in "
-                              f"{self._directory}; available: {list(steps)}.")
+      raise FileNotFoundError(checks.no_checkpoint(self._directory, step, steps) + ".")
     ocp = self._ocp
     meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
     return ckres.info(step, meta)

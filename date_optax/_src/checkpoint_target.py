@@ -139,3 +139,39 @@ def decode(restored: Any, target: Any, impls: Mapping[str, str]) -> Any:
     return x
 
   return jax.tree_util.tree_map_with_path(dec, restored, target)
+
+
+def unsharded(abstract: Any) -> list[str]:
+  """The paths of the target's array leaves that carry no sharding."""
+  return [jax.tree_util.keystr(path) for path, x in
+          jax.tree_util.tree_flatten_with_path(abstract)[0]
+          if isinstance(x, jax.ShapeDtypeStruct) and x.sharding is None]
+
+
+def is_topology_error(error: BaseException | None) -> bool:
+  """Whether orbax refused to rebuild a saved sharding here.
+
+  A target leaf without a sharding is read with the sharding it was saved
+  with; when that names devices this process does not have (a state saved
+  on 8 devices, restored on 4), orbax raises "Topology mismatch detected".
+  The target, not the checkpoint, is at fault.
+  """
+  seen = 0
+  while error is not None and seen < 16:
+    if "Topology mismatch" in str(error):
+      return True
+    error, seen = error.__cause__ or error.__context__, seen + 1
+  return False
+
+
+def topology_message(paths: list[str]) -> str:
+  """What a target needs when its leaves `paths` have no sharding to restore onto."""
+  named = ", ".join(paths[:3]) + (f", ... ({len(paths)} in all)" if len(paths) > 3 else "")
+  where = f"the target leaves {named} carry" if paths else "the target carries"
+  return (
+      "it was saved on devices this process does not have (another device count or "
+      f"topology), and {where} no sharding to restore onto. Give every array leaf of "
+      "the target a sharding: for a train step, step.abstract_state(params) builds "
+      "such a target without allocating (jax.eval_shape(step.init, params) has none), "
+      "or use jax.ShapeDtypeStruct(shape, dtype, sharding=...) leaves. The checkpoint "
+      "itself is sound.")
