@@ -152,6 +152,21 @@ def test_a_step_that_is_not_there(tmp_path):
   assert snapshot(tmp_path) == before
 
 
+def test_leaves_on_different_devices_restore_where_they_were_saved(tmp_path):
+  """A target leaf without a sharding is read onto the sharding it was saved
+  with; leaves committed to different devices are verified each on its own
+  (a sound checkpoint was reported damaged when one program could not take
+  them all)."""
+  state = {"a": jnp.arange(4.0), "b": jax.device_put(jnp.ones(3), jax.devices()[3])}
+  with CheckpointManager(tmp_path, async_save=False) as mngr:
+    mngr.save(1, state)
+    restored, _ = mngr.restore({"a": jax.ShapeDtypeStruct((4,), jnp.float32),
+                                "b": np.zeros(3, np.float32)})
+  assert restored["b"].devices() == {jax.devices()[3]}
+  np.testing.assert_array_equal(restored["a"], np.arange(4.0))
+  np.testing.assert_array_equal(restored["b"], np.ones(3))
+
+
 # -- Residuals: damaged ones, and older checkpoints that hold them in the state.
 
 
