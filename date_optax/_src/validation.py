@@ -551,7 +551,7 @@ def float_leaves(params: Any, who: str, name: str = "params") -> Any:
       raise TypeError(
           f"{name}{jax.tree_util.keystr(path)}: {_describe_leaf(x)}; {who} needs "
           "floating-point (or complex) leaves: cast it (jnp.asarray(x, jnp.float32)) "
-          "or keep it out of the tree the optimizer updates.")
+          "or keep it out of what the optimizer updates (optax.masked).")
   return treedef.unflatten([_as_array(x) for _, x in leaves])
 
 
