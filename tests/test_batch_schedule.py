@@ -254,8 +254,10 @@ def _run(step, state, steps, start=0):
 
 def test_bad_step_inputs():
   mesh = dp.data_mesh()
+  # Rows first: the rule guarantees a split, the microbatch shape is not fixed.
   with pytest.raises(ValueError, match="max_batch=100 must be a multiple of the 8 data "
-                     "replicas x 2 microbatch rows"):
+                     r"replicas x 2 microbatch rows \(= 16\), the first batch's rows per "
+                     "device and microbatch: .* within max_rows_per_device .* rows first"):
     dp.make_train_step(_loss, optax.sgd(0.1), mesh,
                        batch_schedule=BatchSchedule.ramp(16, 12, 100, max_batch=100))
   with pytest.raises(ValueError, match="grad_stats=True"):

@@ -402,7 +402,7 @@ def test_collectives_read_replica_groups_and_async_pairs():
            for c in dp.collectives(text)]
   assert found == [("all-reduce", 256, 1024, 2, ["f32"]),
                    ("all-gather", 256, 512, 4, ["bf16"]),
-                   ("reduce-scatter", 32, 32 * 4, 4, ["s8"]),
+                   ("reduce-scatter", 32 * 4, 32 * 4, 4, ["s8"]),
                    ("collective-permute", 100, 100, 2, ["s4"])]
   # Without a TPU tile, a 4-bit element counts half a byte.
   assert dp.collectives("%c = s4[100]{0} collective-permute(%w), "
