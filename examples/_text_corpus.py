@@ -227,14 +227,23 @@ def train_bpe(text: str, vocab_size: int) -> str:
   return tok.to_str()
 
 
+@functools.cache
+def _trained_bpe(corpus_sha256: str, vocab_size: int) -> str:
+  """`train_bpe` of the training text, once per process (training is
+  deterministic, so a second workdir gets a copy instead of a retraining)."""
+  del corpus_sha256  # the cache key: the text corpus() returns
+  return train_bpe(corpus()["text"]["train"], vocab_size)
+
+
 def get_vocab(kind: str, *, vocab_size: int = 8192, cache_dir: str | None = None) -> Vocab:
   """The tokenizer of a run: trained (or read from `cache_dir`) for "bpe".
 
   Args:
     kind: "bpe" or "bytes".
     vocab_size: the BPE vocabulary size.
-    cache_dir: where the trained tokenizer is kept (the workdir); None
-      trains it again.
+    cache_dir: where the trained tokenizer is kept (the workdir); None:
+      a temporary directory. A vocabulary not in `cache_dir` is trained
+      once per process and size (deterministic, so later calls copy it).
 
   Returns:
     A `Vocab`.
@@ -250,7 +259,7 @@ def get_vocab(kind: str, *, vocab_size: int = 8192, cache_dir: str | None = None
     with open(path) as f:
       blob = f.read()
   else:
-    blob = train_bpe(data["text"]["train"], vocab_size)
+    blob = _trained_bpe(data["sha256"], vocab_size)
     if path is None:
       import tempfile  # noqa: PLC0415
 
