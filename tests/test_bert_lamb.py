@@ -181,7 +181,7 @@ def test_bpe_masking_takes_whole_tokens_and_resumes(tmp_path):
   assert np.all((got == v.mask_id) | ((got >= v.random_ids[0]) & (got < v.random_ids[1])))
   np.testing.assert_array_equal(b["inputs"][~chosen], b["targets"][~chosen])
   # The windows are consecutive pieces of the tokenized training text.
-  ids = input_pipeline._token_ids(v, "train")
+  ids = input_pipeline.token_ids(v, "train")
   w = b["targets"][0]
   starts = np.flatnonzero(ids[: len(ids) - 32] == w[0])
   assert any(np.array_equal(ids[s : s + 32], w) for s in starts if s % 32 == 0)
@@ -202,7 +202,7 @@ def test_output_bias_starts_at_the_log_unigram_prior(tmp_path):
   vocab = train.get_vocab(config, str(tmp_path))
   params = {"head_bias": jnp.zeros((vocab.size,)), "other": jnp.ones((2,))}
   got = train.init_output_bias(config, params, vocab)
-  ids = input_pipeline._token_ids(vocab, "train")
+  ids = input_pipeline.token_ids(vocab, "train")
   counts = np.zeros(vocab.size)
   np.add.at(counts, ids.astype(np.int64), 1)
   want = np.log((counts + 1) / (len(ids) + vocab.size))

@@ -132,7 +132,9 @@ class BatchSchedule:
   examples, ``B < max_batch``, no growth is pending and the change would
   come at least ``min_steps`` steps after the last one (skipped steps not
   counted): it becomes ``min(factor · B, max_batch)`` from step
-  ``t + 1 + lag``, and the stretch starts again. It never shrinks. An
+  ``t + 1 + lag``, and the stretch starts again at that step: the ``lag``
+  steps still run at ``B`` after the decision never count towards the next
+  growth. It never shrinks. An
   infinite ``B_simple`` (the smoothed ``|G|²`` estimate not yet positive:
   the statistics have not separated the gradient from its noise, as in the
   first steps) grows nothing: measured, growing on it doubled the batch
@@ -387,8 +389,10 @@ class BatchSchedule:
         batch, > 0.
       hold_examples: the examples over which the trigger must hold without
         a break (a skipped step or the guard breaks it) before the batch
-        grows, in ``[0, 2**31 − 1]``; None: ``32 · start``. In examples, so
-        the stretch does not depend on the number of devices.
+        grows, in ``[0, 2**31 − 1]``; None: ``32 · start``. Counted from
+        the step the batch last changed (the ``lag`` steps after a decision,
+        still at the old batch, do not count). In examples, so the stretch
+        does not depend on the number of devices.
       guard_margin: the runaway guard: growth holds while the loss's recent
         average exceeds ``(1 + guard_margin)`` times its long average; >= 0,
         ``math.inf`` turns it off; None: 0.1.
@@ -597,9 +601,14 @@ class BatchSchedule:
     trigger = (jnp.isfinite(critical)  # an unmeasured noise scale never grows it
                & (critical >= jnp.float32(self.threshold) * jnp.float32(batch_size))
                & ~skip & calm)
-    held = jnp.where(trigger, jnp.where(held > MAX_BATCH - b, MAX_BATCH, held + b), 0)
+    # The `lag` steps between a decision and its change still run at the old
+    # batch and test the noise against it: the next stretch starts at the
+    # change, at the new batch.
+    pending = step < state.next_step
+    held = jnp.where(trigger & ~pending,
+                     jnp.where(held > MAX_BATCH - b, MAX_BATCH, held + b), 0)
     effect = step + 1 + self.lag
-    grow = ((step >= state.next_step)
+    grow = (~pending
             & (effect - last_change >= self.min_steps)
             & trigger & (held >= self.hold_examples)
             & (batch_size < self.max_batch))
