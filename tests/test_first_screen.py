@@ -54,7 +54,7 @@ def test_the_probe_would_print_errors_without_the_entry_points_care(tmp_path):
 def test_make_demo_prints_no_libtpu_errors(tmp_path):
   proc = _run(["-m", "benchmarks.demo", "--workdir", str(tmp_path), "--num-train", "32",
                "--num-test", "32", "--epochs", "6", "--base-batch", "8", "--scale", "2",
-               "--devices", "1", "--no-progress"], tmp_path)
+               "--devices", "1", "--warmup-epochs", "0.25", "--no-progress"], tmp_path)
   assert "| method | batch |" in proc.stdout
   assert not [n for n in NOISE if n in proc.stderr], proc.stderr[-2000:]
 
