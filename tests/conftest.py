@@ -24,3 +24,27 @@ from hypothesis import settings  # noqa: E402
 settings.register_profile("ci", max_examples=30, deadline=None, derandomize=True)
 settings.register_profile("dev", max_examples=15, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+# One compilation cache per test run, shared by the run's xdist workers (they
+# inherit the variable from the controller): a test that builds a step again
+# (a new closure, the same program) reads the executable back instead of
+# compiling it again. A fresh directory each run, removed when it ends; a
+# directory given in DATE_OPTAX_TEST_JAX_CACHE is kept; "off" compiles everything.
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+_CACHE_VAR = "DATE_OPTAX_TEST_JAX_CACHE"
+_OWN_CACHE = None
+if _CACHE_VAR not in os.environ:
+  _OWN_CACHE = os.environ[_CACHE_VAR] = tempfile.mkdtemp(prefix="date_optax_jax_cache_")
+if os.environ[_CACHE_VAR] != "off":
+  jax.config.update("jax_compilation_cache_dir", os.environ[_CACHE_VAR])
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def pytest_sessionfinish(session, exitstatus):
+  del exitstatus
+  if _OWN_CACHE and not hasattr(session.config, "workerinput"):
+    shutil.rmtree(_OWN_CACHE, ignore_errors=True)
