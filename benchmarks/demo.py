@@ -160,8 +160,9 @@ def run(args: argparse.Namespace) -> int:
 CPU_NOTE = (
     "\nNote: other CPUs print other last digits. XLA's float32 reductions run "
     "in another order with other vector widths (AVX2, AVX-512), and 30 epochs "
-    "amplify the difference; the README gives the mean and range over 3 seeds "
-    "(python -m benchmarks.demo --seeds 0,1,2) with the CPU it ran on."
+    "amplify the difference; docs/guide/examples.md (\"The demo\") gives the mean "
+    "and range over 3 seeds (python -m benchmarks.demo --seeds 0,1,2) with the CPU "
+    "it ran on."
 )
 
 

@@ -36,6 +36,7 @@ import json
 import math
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -147,13 +148,19 @@ def run(names: list[str], log: str, timeout: float, cache_dir: str | None,
     cmd = [sys.executable, os.path.abspath(__file__), "--row", name]
     if cache_dir:
       cmd += ["--cache-dir", cache_dir]
+    # Its own process group: a row over the limit is stopped with the
+    # `date-optax plan` and compiles it started, not only the row's process.
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": ROOT},
+                            start_new_session=True)
     try:
-      out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                           env={**os.environ, "PYTHONPATH": ROOT})
-      lines = out.stdout.strip().splitlines()
-      result = json.loads(lines[-1]) if out.returncode == 0 and lines else {
-          "error": (out.stderr.strip() or f"exit {out.returncode}")[-1500:]}
+      stdout, stderr = proc.communicate(timeout=timeout)
+      lines = stdout.strip().splitlines()
+      result = json.loads(lines[-1]) if proc.returncode == 0 and lines else {
+          "error": (stderr.strip() or f"exit {proc.returncode}")[-1500:]}
     except subprocess.TimeoutExpired:
+      os.killpg(proc.pid, signal.SIGKILL)
+      proc.communicate()
       result = {"error": f"compile exceeded the {timeout:.0f} s limit", "timed_out": True}
     result["wall_seconds"] = round(time.perf_counter() - start, 1)
     _runlog.log_run(log, done, name, result)

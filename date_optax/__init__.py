@@ -23,13 +23,8 @@ from date_optax._src.lamb import LambState, lamb
 from date_optax._src.lars import BoundedLarsState, LarsState, bounded_lars, lars
 from date_optax._src.layer_ratios import LayerRatios
 from date_optax._src.masks import exclude_bias_and_norm, path_mask
-from date_optax._src.recipe import (
-    Baseline,
-    MultiStageRecipe,
-    Recipe,
-    multi_stage,
-    scale_recipe,
-)
+from date_optax._src.multi_stage import MultiStageRecipe, multi_stage
+from date_optax._src.recipe import Baseline, Recipe, scale_recipe
 from date_optax._src.schedules import (
     linear_scaling,
     roller_coaster,

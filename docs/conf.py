@@ -29,8 +29,9 @@ extensions = [
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
 
-# The pages written by the benchmark scripts (one study's tables each) are
-# built too: RESULTS.md links to them.
+# The pages written by the benchmark scripts (one study's tables each) and
+# the studies' history pages are built too: RESULTS.md and studies/index.md
+# link to them.
 exclude_patterns = ["_build"]
 
 # MyST: `$...$` maths is not used; headings get anchors for `page.md#section` links.
@@ -106,13 +107,17 @@ def _escape_bars(app, what, name, obj, options, lines):
 
 
 # The pages the benchmark scripts write (benchmarks/*.py, into
-# docs/studies/<study>/<name>.md) are table fragments made to be pasted into RESULTS.md: their headings start
-# at level 3, or they have none. Built as pages, they get a level-1 title.
+# docs/studies/<study>/<name>.md) are table fragments, most of them written
+# to be pasted under a section: their headings start at level 3, or they have
+# none. Built as pages, they get a level-1 title.
 _STUDY_PAGES = {
     "batch_growth": "Growing batch study",
     "batch_scaling": "Batch scaling study",
     "bench_device_h200": "Accelerator benchmark on one H200",
     "bench_device_h200_27755f6": "Accelerator benchmark on one H200, after the rewrite",
+    "bench_device_h200_599f3b3": "Accelerator benchmark on one H200, after the ordered LAMB",
+    "bench_device_h200_dd09121": "Accelerator benchmark on one H200, with the host fast path",
+    "bench_device_cpu_41ab8fc": "Accelerator benchmark on 8 emulated CPU devices",
     "demo_seeds": "The demo over three seeds",
     "batch_scaling_quick": "Batch scaling study (quick mode)",
     "bert_scaling": "BERT batch scaling study",
@@ -139,6 +144,17 @@ def _title_study_page(app, docname, source):
     source[0] = _HEADING.sub(lambda m: "#" * (len(m.group(1)) - shift) + " ", source[0])
 
 
+# A study page named after the commit it measured (`bench_device_h200_27755f6`)
+# is a snapshot that RESULTS.md links to: built, but left out of the navigation
+# (no toctree lists it, and the user pages never name it).
+_COMMIT_PAGE = re.compile(r"_[0-9a-f]{7,40}$")
+
+
+def _orphan_commit_page(app, docname, source):
+  if docname.startswith("studies/") and _COMMIT_PAGE.search(docname):
+    source[0] = "---\norphan: true\n---\n" + source[0]
+
+
 # Sphinx writes an aliased type inside a union as TypeAliasForwardRef('Name').
 _ALIAS_REF = re.compile(r"TypeAliasForwardRef\('([A-Za-z_.]+)'\)")
 
@@ -152,4 +168,5 @@ def setup(app):
   app.connect("autodoc-process-signature", _alias_names)
   app.connect("source-read", _link_outside_docs)
   app.connect("source-read", _title_study_page)
+  app.connect("source-read", _orphan_commit_page)  # after the title: front matter first
   app.connect("autodoc-process-docstring", _escape_bars)

@@ -10,6 +10,7 @@ asks for it, `--distributed`.
 
 from __future__ import annotations
 
+import glob
 import importlib
 import os
 from collections.abc import Sequence
@@ -40,11 +41,29 @@ def define_flags(default_config: str, workdir_help: str,
   flags.mark_flags_as_required(["workdir"])
 
 
+def _quiet_libtpu() -> None:
+  """On a host without TPU chips, libtpu's compile-only settings (kept if set).
+
+  With ``jax[tpu]`` installed, JAX probes for a TPU when it starts and
+  libtpu, finding no TPU VM metadata, prints start-up errors before falling
+  back to the GPU or the CPU. On a TPU VM (``/dev/accel*``, ``/dev/vfio``)
+  nothing is set: training there needs the real metadata.
+  """
+  if glob.glob("/dev/accel*") or os.path.isdir("/dev/vfio"):
+    return
+  import date_optax.parallel as dp  # noqa: PLC0415 - JAX has not started yet
+
+  for key, value in dp.TpuSlice.compile_only_env().items():
+    os.environ.setdefault(key, value)
+
+
 def train(argv: Sequence[str], train_module: str, skip_distributed_env: str | None = None
           ) -> None:
   """Runs `train_module.train_and_evaluate(FLAGS.config, FLAGS.workdir)`.
 
-  Before JAX starts: a config with a nonzero `cpu_devices` emulates that many
+  Before JAX starts: on a host without TPU chips libtpu is told not to look
+  for a TPU VM (no start-up errors where ``jax[tpu]`` is installed); a config
+  with a nonzero `cpu_devices` emulates that many
   devices when JAX runs on the CPU (an XLA_FLAGS that already sets a device
   count wins); then `--distributed` (where defined) calls
   `jax.distributed.initialize()`, unless the environment variable
@@ -52,6 +71,7 @@ def train(argv: Sequence[str], train_module: str, skip_distributed_env: str | No
   """
   if len(argv) > 1:
     raise app.UsageError("Too many command-line arguments.")
+  _quiet_libtpu()
   cpu_devices = FLAGS.config.get("cpu_devices")
   xla_flags = os.environ.get("XLA_FLAGS", "")
   if cpu_devices and "device_count" not in xla_flags:

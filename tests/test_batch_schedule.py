@@ -39,7 +39,9 @@ def adaptive_reference(noise_scales, *, start, max_batch, factor, threshold,
   up to hold_examples or more, one change pending at a time, each change
   `lag` steps after the step that decided it and at least `min_steps`
   steps, skipped ones not counted, after the previous change; never above
-  max_batch. A growth starts the stretch again."""
+  max_batch. A growth starts the stretch again at the step the batch
+  changes: the lag steps between a decision and its change, still at the
+  old batch, count towards nothing."""
   n = len(noise_scales)
   losses = np.ones(n) if losses is None else losses
   skipped = np.zeros(n, bool) if skipped is None else skipped
@@ -61,7 +63,7 @@ def adaptive_reference(noise_scales, *, start, max_batch, factor, threshold,
     calm = guard_margin == np.inf or recent - long_ <= guard_margin * abs(long_)
     trigger = (np.isfinite(ns) and calibration * ns >= threshold * batch
                and not skipped[t] and calm)
-    held = held + batch if trigger else 0
+    held = held + batch if trigger and pending is None else 0
     effect = t + 1 + lag
     if (pending is None and batch < max_batch and trigger and held >= hold_examples
         and effect - last_change >= min_steps):
@@ -176,6 +178,25 @@ def test_adaptive_stretch_guard_and_skips_match_reference(seed):
   assert list(np.asarray(state.skipped)) == [0, skipped_examples]
 
 
+def test_stretch_counts_only_steps_at_the_new_batch():
+  # Issue 56: adaptive(8, max 64, hold 32, lag 2, min_steps 3) with the
+  # trigger on at every step. After the decision to grow from 8, two steps
+  # still run at 8; they must not count towards the growth from 16, which
+  # needs 32 examples (two steps) at 16 before it is decided.
+  sched = BatchSchedule.adaptive(8, max_batch=64, hold_examples=32, lag=2, min_steps=3)
+  batches, _ = _simulate_device(sched, np.full(40, 1e9, np.float32))
+  assert batches[-1] == 64
+  for new in (16, 32, 64):
+    first = batches.index(new)
+    decision = first - 1 - sched.lag
+    old = batches[decision]
+    stretch = [b for b in batches[:decision + 1] if b == old]
+    assert sum(stretch) >= 32, (new, batches)
+  # 8 x 4 steps, decided at step 3; 16 from step 6, decided at step 7 (its
+  # second step at 16); 32 from step 10.
+  assert batches[:11] == [8] * 6 + [16] * 4 + [32]
+
+
 def test_guard_holds_growth_while_the_loss_runs_away():
   # The trigger holds at every step (a huge noise scale); the loss climbs
   # over steps 30-45: no growth is decided there, and growth resumes once
@@ -254,8 +275,10 @@ def _run(step, state, steps, start=0):
 
 def test_bad_step_inputs():
   mesh = dp.data_mesh()
+  # Rows first: the rule guarantees a split, the microbatch shape is not fixed.
   with pytest.raises(ValueError, match="max_batch=100 must be a multiple of the 8 data "
-                     "replicas x 2 microbatch rows"):
+                     r"replicas x 2 microbatch rows \(= 16\), the first batch's rows per "
+                     "device and microbatch: .* within max_rows_per_device .* rows first"):
     dp.make_train_step(_loss, optax.sgd(0.1), mesh,
                        batch_schedule=BatchSchedule.ramp(16, 12, 100, max_batch=100))
   with pytest.raises(ValueError, match="grad_stats=True"):

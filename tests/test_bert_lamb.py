@@ -84,11 +84,20 @@ def test_two_stage_recipe_rewarms_from_zero():
   assert float(recipe.schedule(b)) < float(recipe.schedule(b + s2.warmup_steps - 1))
 
 
+def _model_params(config, seed=0):
+  """The model's parameter tree, random values in the shapes of its init (the
+  optimizer checks below need the tree, not an initialised model: no init
+  program is compiled)."""
+  shapes = jax.eval_shape(lambda k: train.create_model(config).init(
+      k, jnp.zeros((1, 8), jnp.int32), train=False)["params"], jax.random.key(0))
+  rng = np.random.default_rng(seed)
+  return jax.tree.map(
+      lambda s: jnp.asarray(0.05 * rng.standard_normal(s.shape), s.dtype), shapes)
+
+
 def test_each_scanned_layer_gets_its_own_trust_ratio():
   config = smoke.get_config()
-  model = train.create_model(config)
-  params = jax.jit(lambda k: model.init(k, jnp.zeros((2, 8), jnp.int32), train=False))(
-      jax.random.key(0))["params"]
+  params = _model_params(config)
   kernel = params["layers"]["mlp_in"]["kernel"]
   assert kernel.shape[0] == config.model.num_layers == 2
   # Make the layers differ by a known factor: layer 1's weights x 5.
@@ -181,7 +190,7 @@ def test_bpe_masking_takes_whole_tokens_and_resumes(tmp_path):
   assert np.all((got == v.mask_id) | ((got >= v.random_ids[0]) & (got < v.random_ids[1])))
   np.testing.assert_array_equal(b["inputs"][~chosen], b["targets"][~chosen])
   # The windows are consecutive pieces of the tokenized training text.
-  ids = input_pipeline._token_ids(v, "train")
+  ids = input_pipeline.token_ids(v, "train")
   w = b["targets"][0]
   starts = np.flatnonzero(ids[: len(ids) - 32] == w[0])
   assert any(np.array_equal(ids[s : s + 32], w) for s in starts if s % 32 == 0)
@@ -202,7 +211,7 @@ def test_output_bias_starts_at_the_log_unigram_prior(tmp_path):
   vocab = train.get_vocab(config, str(tmp_path))
   params = {"head_bias": jnp.zeros((vocab.size,)), "other": jnp.ones((2,))}
   got = train.init_output_bias(config, params, vocab)
-  ids = input_pipeline._token_ids(vocab, "train")
+  ids = input_pipeline.token_ids(vocab, "train")
   counts = np.zeros(vocab.size)
   np.add.at(counts, ids.astype(np.int64), 1)
   want = np.log((counts + 1) / (len(ids) + vocab.size))
@@ -394,8 +403,7 @@ def _updates(tx, params, steps, stats):
 
 def test_bert_gain_optimizers_are_the_lamb_baseline_at_b0_and_scale_by_the_gain():
   config = _scaling_config(2)
-  params = jax.jit(lambda key: train.create_model(config).init(
-      key, jnp.zeros((1, 32), jnp.int32), train=False)["params"])(jax.random.key(0))
+  params = _model_params(config)
   sq_norm, trace_cov = 0.5, 40.0  # B_simple = 80
   stats = date_optax.GradStats(sq_norm=jnp.float32(sq_norm),
                                trace_cov=jnp.float32(trace_cov), batch_size=jnp.float32(2))

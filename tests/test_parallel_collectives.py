@@ -210,6 +210,45 @@ ENTRY %main (p: f32[4]) -> f32[4] {
   assert rounds[1][1] == frozenset({(0, 2), (2, 0)})
 
 
+def test_collectives_size_a_reduce_scatter_by_its_input_and_read_empty_groups():
+  """A reduce-scatter's payload is its input, the result (one device's shard)
+  times the group: elements and bytes alike, as the all-reduce's is the
+  whole array, so `wire_bytes` prices both on one convention.
+  `replica_groups={}` is one group of every device (the header's replicas
+  times partitions; the replicas alone without a channel_id)."""
+  from date_optax._src.parallel.step import roofline  # noqa: PLC0415
+
+  mesh = dp.data_mesh(4)
+  scatter = jax.jit(jax.shard_map(lambda x: lax.psum_scatter(x, "data", tiled=True),
+                                  mesh=mesh, in_specs=P(), out_specs=P("data")))
+  reduce = jax.jit(jax.shard_map(lambda x: lax.psum(x, "data"), mesh=mesh,
+                                 in_specs=P(), out_specs=P()))
+  x = jnp.ones(1024)
+  (rs,) = hlo.collectives(scatter.lower(x).compile().as_text())
+  (ar,) = hlo.collectives(reduce.lower(x).compile().as_text())
+  assert (rs["kind"], rs["elements"], rs["bytes"], rs["group_size"]) == (
+      "reduce-scatter", 1024, 4096, 4)
+  assert (ar["kind"], ar["elements"], ar["bytes"], ar["group_size"]) == (
+      "all-reduce", 1024, 4096, 4)
+  # Per device on a ring: the reduce-scatter half of the all-reduce.
+  assert roofline.wire_bytes("reduce-scatter", rs["bytes"], 4) == 3 / 4 * 4096
+  assert roofline.wire_bytes("all-reduce", ar["bytes"], 4) == 2 * 3 / 4 * 4096
+  text = "\n".join([
+      "HloModule m, is_scheduled=true, num_partitions=8",
+      "%rs = f32[128]{0} reduce-scatter(%x), channel_id=1, replica_groups={}, "
+      "use_global_device_ids=true, dimensions={0}, to_apply=%add",
+      "%ar = f32[1024]{0} all-reduce(%x), channel_id=2, replica_groups={}, to_apply=%add",
+      "%cr = f32[1024]{0} all-reduce(%x), replica_groups={}, to_apply=%add",
+  ])
+  found = [(c["elements"], c["bytes"], c["group_size"]) for c in hlo.collectives(text)]
+  assert found == [(1024, 4096, 8), (1024, 4096, 8), (1024, 4096, 1)]
+  two = text.replace("num_partitions=8", "replica_count=2, num_partitions=4")
+  assert [c["group_size"] for c in hlo.collectives(two)] == [8, 8, 2]
+  # Without the header the group is unknown: the shard is all that is known.
+  headless = text.split("\n", 1)[1]
+  assert [(c["bytes"], c["group_size"]) for c in hlo.collectives(headless)][0] == (512, None)
+
+
 def _pairs(perm) -> frozenset:
   return frozenset((int(a), int(b)) for a, b in perm)
 

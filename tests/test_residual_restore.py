@@ -71,6 +71,13 @@ def make_step(n, algorithm="ring", **kw):
                             comm_dtype="int8", error_feedback=True, **kw)
 
 
+def placed_zeros(step):
+  """Zeros laid out as `step.init(zero_params())` lays its state out (its
+  `abstract_state`), placed without compiling init."""
+  return jax.tree.map(lambda a: jax.device_put(np.zeros(a.shape, a.dtype), a.sharding),
+                      step.abstract_state(zero_params()))
+
+
 def run(step, state, first, last):
   for s in range(first, last):
     state, _ = step(state, batch(s))
@@ -101,7 +108,8 @@ def rounding_bound(n):
 
 def test_checkpoint_bytes_do_not_grow_with_replicas_per_device(tmp_path):
   """Residual bytes: N x (1 gradient for psum, 2 for ring/torus) in the
-  checkpoint, 1 or 2 per device whatever N; half in bfloat16; 0 left out."""
+  checkpoint, 1 or 2 per device whatever N, 1 + 1/N for two_shot; half in
+  bfloat16; 0 left out."""
   grad = (32 * 16 + 3) * 4  # one float32 gradient
   rest = grad + 3 * 4  # parameters and the three int32 counters (SGD keeps no state)
   measured = {}
@@ -121,6 +129,16 @@ def test_checkpoint_bytes_do_not_grow_with_replicas_per_device(tmp_path):
       assert left_out[:5] == (2, rest, 0, rest, 0) and not left_out.residuals_saved
       assert os.path.isdir(tmp_path / f"{algorithm}{n}" / "1" / "residuals")
       assert not os.path.exists(tmp_path / f"{algorithm}{n}" / "2" / "residuals")
+  # two_shot: a worker residual (1 gradient) and a server residual of
+  # ceil(size / N) elements per leaf, 1/N of the gradient: 1 + 1/N per device.
+  for n in (8, 4):
+    server = sum(-(-x.size // n) for x in jax.tree.leaves(zero_params())) * 4
+    with CheckpointManager(tmp_path / f"two_shot{n}", async_save=False) as mngr:
+      mngr.save(1, placed_zeros(make_step(n, "two_shot")))
+      info = mngr.info(1)
+    assert info.residual_per_device_bytes == grad + server  # 2,320 at N = 8, 2,576 at 4
+    assert info.residual_bytes == n * (grad + server)
+    assert info.per_device_bytes == rest + grad + server
   half = dp.make_train_step(loss_fn, optax.sgd(1.0), dp.data_mesh(), grad_sync=dp.GradSync(
       "ring", comm_dtype="int8", error_feedback=True, residual_dtype="bfloat16")).init(
           zero_params())
@@ -225,7 +243,7 @@ def test_residuals_left_out_and_unread(tmp_path):
     assert bare.grad_residual is None
     with pytest.raises(TypeError, match="include_residuals must be"):
       mngr.save(3, state, include_residuals=1)
-    with pytest.raises(FileNotFoundError, match="no checkpoint 7"):
+    with pytest.raises(FileNotFoundError, match="no checkpoint for step 7"):
       mngr.info(7)
 
 
@@ -251,6 +269,102 @@ def test_a_state_without_residuals_starts_from_zeros(kind, algorithm):
   if kind == "jit":
     with pytest.raises(ValueError, match=r"lower and compile need state.grad_residual"):
       step.lower(fresh.replace(grad_residual=None), batch(0))
+
+
+# Run in a process of 4 devices: the checkpoint of `test_a_target_without_
+# shardings_on_fewer_devices` (saved on 8) restored with the targets a user
+# builds there.
+RESTORE_ON_FOUR = """
+import os, sys, warnings
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+os.environ["JAX_PLATFORMS"] = "cpu"
+sys.path[:0] = [{tests!r}, {root!r}]
+import jax
+import test_residual_restore as t
+from date_optax.checkpoint import CheckpointManager, CheckpointMismatchError
+assert jax.device_count() == 4
+step = t.make_step(4)
+with CheckpointManager({ckpt!r}, async_save=False) as mngr:
+  for which in (None, 2):
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      try:
+        mngr.restore(jax.eval_shape(step.init, t.zero_params()), step=which)
+        print("RESTORED")
+      except CheckpointMismatchError as e:
+        print("MISMATCH", e)
+    print("WARNINGS", [str(w.message)[:60] for w in caught])
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    state, _ = mngr.restore(step.abstract_state(t.zero_params()))
+  print("ABSTRACT", int(state.step), state.params["w"].sharding.mesh.shape["data"])
+"""
+
+
+def _saved_on_eight(path):
+  """Steps 1 and 2 of an 8-replica step's state; step 2 holds `state.step == 1`."""
+  state = placed_zeros(make_step(8))
+  with CheckpointManager(path, async_save=False) as mngr:
+    mngr.save(1, state)
+    mngr.save(2, state.replace(step=jnp.ones_like(state.step)))
+
+
+def _assert_says_what_the_target_needs(message):
+  assert "checkpoint step 2" in message and "does not fit the target" in message, message
+  assert "no sharding to restore onto" in message and "step.abstract_state(params)" in message
+  assert ".params['w']" in message and "The checkpoint itself is sound" in message
+
+
+def test_a_target_without_shardings_for_devices_not_here_is_a_misfit_not_corruption(tmp_path):
+  """The saved shardings name devices this process does not have (their ids
+  moved past its 8, as a checkpoint of another host's devices would): a
+  target without shardings (`jax.eval_shape(step.init, params)`) is a
+  CheckpointMismatchError that says what the target needs, for the latest
+  step and by name, with no older step tried; one with shardings restores."""
+  import json  # noqa: PLC0415
+
+  _saved_on_eight(tmp_path)
+  for path in tmp_path.glob("*/state/_sharding"):
+    text = json.loads(path.read_text())
+    for key, value in text.items():
+      spec = json.loads(value)
+      spec["device_mesh"]["mesh"] = [{"id": d["id"] + 8} for d in spec["device_mesh"]["mesh"]]
+      text[key] = json.dumps(spec)
+    path.write_text(json.dumps(text))
+  step = make_step(8)
+  with CheckpointManager(tmp_path, async_save=False) as mngr:
+    for which in (None, 2):
+      with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(CheckpointMismatchError) as error:
+          mngr.restore(jax.eval_shape(step.init, zero_params()), step=which)
+      _assert_says_what_the_target_needs(str(error.value))
+      assert not caught, [str(w.message) for w in caught]  # no step skipped as damaged
+    state, _ = mngr.restore(step.abstract_state(zero_params()))
+  assert int(state.step) == 1 and state.params["w"].sharding.mesh.shape["data"] == 8
+
+
+@pytest.mark.slow
+def test_a_target_without_shardings_on_fewer_devices_is_a_misfit_not_corruption(tmp_path):
+  """Saved on 8 devices with error feedback, restored in a process of 4 onto
+  `jax.eval_shape(step.init, params)` (no shardings): as above, and
+  `step.abstract_state(params)` restores there with the residuals reset."""
+  import subprocess  # noqa: PLC0415
+
+  _saved_on_eight(tmp_path / "ckpt")
+  code = RESTORE_ON_FOUR.format(tests=HERE, root=os.path.dirname(HERE),
+                                ckpt=str(tmp_path / "ckpt"))
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=240, cwd=HERE)
+  assert out.returncode == 0, out.stderr[-3000:]
+  lines = out.stdout.splitlines()
+  mismatches = [x for x in lines if x.startswith("MISMATCH")]
+  assert len(mismatches) == 2, out.stdout
+  for line in mismatches:
+    _assert_says_what_the_target_needs(line)
+  # Neither a damaged-checkpoint warning nor a fall back to step 1.
+  assert lines.count("WARNINGS []") == 2, out.stdout
+  assert "ABSTRACT 1 4" in lines, out.stdout  # step 2 holds state.step == 1
 
 
 def _worker_args(tmp_path):

@@ -5,6 +5,8 @@ gradients of the replicas are reduced in a `shard_map` island over "data",
 each device its own model shard, in the payload format of `GradSync`.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -44,13 +46,28 @@ def _batch(seed):
           "y": rng.normal(size=(N * ROWS, 4)).astype(np.float32)}
 
 
-def _step(opt=None, sharded=True, **kw):
+OPTIMIZERS = {"sgd": lambda: optax.sgd(LR), "lamb": lambda: date_optax.lamb(1e-2)}
+
+
+def _build(opt="sgd", sharded=True, **kw):
   kw.setdefault("step_config", dp.StepConfig(donate=False))
   if sharded:
-    return dp.make_sharded_train_step(_loss, opt or optax.sgd(LR), _mesh(),
-                                      param_sharding=RULES, **kw)
-  return dp.make_replicated_train_step(_loss, opt or optax.sgd(LR), _mesh(),
-                                       data_axes=("data",), **kw)
+    return dp.make_sharded_train_step(_loss, OPTIMIZERS[opt](), _mesh(), param_sharding=RULES,
+                                      **kw)
+  return dp.make_replicated_train_step(_loss, OPTIMIZERS[opt](), _mesh(), data_axes=("data",),
+                                       **kw)
+
+
+def _step(opt="sgd", sharded=True, shard_update=False, grad_sync=None):
+  """One step per configuration for the module (built with donate=False, so
+  a step is a pure function): the tests that use the same step share its
+  compiles."""
+  return _one_step(opt, sharded, shard_update, grad_sync)
+
+
+@functools.cache
+def _one_step(opt, sharded, shard_update, grad_sync):
+  return _build(opt, sharded, shard_update=shard_update, grad_sync=grad_sync)
 
 
 def _host(tree):
@@ -119,11 +136,10 @@ def test_sharded_step_equals_the_replicated_step_with_the_same_grad_sync(shard_u
   """bfloat16 over "psum" rounds each element alone, whatever the layout:
   the two layouts agree to float32 rounding over several lamb steps."""
   sync = dp.GradSync("psum", comm_dtype="bfloat16")
-  opt = date_optax.lamb(1e-2)
-  sharded = _step(opt, grad_sync=sync, shard_update=shard_update)
-  replicated = _step(opt, sharded=False, grad_sync=sync, shard_update=shard_update)
+  sharded = _step("lamb", grad_sync=sync, shard_update=shard_update)
+  replicated = _step("lamb", sharded=False, grad_sync=sync, shard_update=shard_update)
   a, b = sharded.init(_params()), replicated.init(_params())
-  exact = _step(opt, shard_update=shard_update)
+  exact = _step("lamb", shard_update=shard_update)
   c = exact.init(_params())
   for t in range(3):
     a, ma = sharded(a, _batch(t))
@@ -158,16 +174,15 @@ def test_lamb_trust_ratios_of_a_model_sharded_layer_match_the_replicated_layout(
   """The norms of a layer split over "model" are summed over its shards by
   GSPMD outside the island: the same ratios as the replicated layout with
   the same reduction, and close to the exact ones with an int8 payload."""
-  opt = date_optax.lamb(1e-2)
   batch = _batch(0)
-  exact = _step(opt, sharded=False)
+  exact = _step("lamb", sharded=False)
   _, me = exact(exact.init(_params()), batch)
   for sync, to_exact in ((dp.GradSync("psum", comm_dtype="bfloat16"), 1e-2),
                          (dp.GradSync("ring"), 1e-5),  # float32 ring in the island
                          (dp.GradSync("ring", comm_dtype="int8"), 1e-2)):
-    sharded = _step(opt, grad_sync=sync, shard_update=True)
+    sharded = _step("lamb", grad_sync=sync, shard_update=True)
     _, ms = sharded(sharded.init(_params()), batch)
-    replicated = _step(opt, sharded=False, grad_sync=sync)
+    replicated = _step("lamb", sharded=False, grad_sync=sync)
     _, mr = replicated(replicated.init(_params()), batch)
     rs, rr, re_ = (m["trust_ratios"].unpack() for m in (ms, mr, me))
     for k in ("w1", "b1", "w2"):
@@ -278,12 +293,12 @@ def test_make_train_step_routes_the_payload_to_the_sharded_builder_and_refuses_m
   plain = dp.make_train_step(_loss, optax.sgd(LR), _mesh(), param_sharding=RULES)
   assert plain.grad_reduce == "psum" and not plain.explicit_sync
   with pytest.raises(ValueError, match=r'grad_reduce="torus" needs two data axes'):
-    _step(grad_sync=dp.GradSync("torus", comm_dtype="int8"))
+    _build(grad_sync=dp.GradSync("torus", comm_dtype="int8"))
   with pytest.raises(ValueError, match=r"grid \(2, 3\) must multiply to the number of "
                                        r"devices, 4"):
-    _step(grad_sync=dp.GradSync("torus", grid=(2, 3), comm_dtype="int8"))
+    _build(grad_sync=dp.GradSync("torus", grid=(2, 3), comm_dtype="int8"))
   with pytest.raises(TypeError, match="grad_sync must be a date_optax.parallel.GradSync"):
-    _step(grad_sync={"comm_dtype": "int8"})
+    _build(grad_sync={"comm_dtype": "int8"})
   with pytest.raises(ValueError, match=r"state.grad_residual holds error-feedback"):
     state = step.init(_params())
     plain(state, _batch(0))

@@ -402,7 +402,7 @@ def test_collectives_read_replica_groups_and_async_pairs():
            for c in dp.collectives(text)]
   assert found == [("all-reduce", 256, 1024, 2, ["f32"]),
                    ("all-gather", 256, 512, 4, ["bf16"]),
-                   ("reduce-scatter", 32, 32 * 4, 4, ["s8"]),
+                   ("reduce-scatter", 32 * 4, 32 * 4, 4, ["s8"]),
                    ("collective-permute", 100, 100, 2, ["s4"])]
   # Without a TPU tile, a 4-bit element counts half a byte.
   assert dp.collectives("%c = s4[100]{0} collective-permute(%w), "
@@ -434,8 +434,12 @@ def test_study_rows_and_time_to_train(tmp_path, monkeypatch):
       "r50-32k/v2-512": {"programs": [_program(32768, 512, 0.1)]},
       "bert-large/v3-2048": {"programs": [_program(65536, 2048, 0.2),
                                           _program(32768, 2048, 0.3)]},
-      "update/resnet50/momentum": {"programs": [_program(1, 1, 0.002)], "leaves": 10},
-      "update/resnet50/lars": {"programs": [_program(1, 1, 0.003)], "leaves": 10},
+      "step-update/resnet50/momentum": {
+          "programs": [_program(1, 1, 0.002, bytes_per_param=20.5, floor_bytes_per_param=20)],
+          "leaves": 10},
+      "step-update/resnet50/lars": {
+          "programs": [_program(1, 1, 0.003, bytes_per_param=28.25, floor_bytes_per_param=28)],
+          "leaves": 10},
   }
   log.write_text("".join(json.dumps({"ident": k, **v}) + "\n" for k, v in runs.items()))
   tpu_compile.report(str(log), str(tmp_path / "t.md"), None)
@@ -448,7 +452,8 @@ def test_study_rows_and_time_to_train(tmp_path, monkeypatch):
   steps = (math.ceil(512e6 * 9 / 10 / 65536), math.ceil(512e6 / 10 / 32768))
   bert = (steps[0] * 0.2 + steps[1] * 0.3) / 60
   assert f"| bert-large/v3-2048 | {steps[0]} + {steps[1]} | 0.2000 / 0.3000 | {bert:.2f} |" in text
-  assert "| resnet50 | lars | 3.000 | 1.50 | 10 | 1.00 |" in text
+  # LARS over momentum: 3 / 2 ms; floors 7 / 5 passes; fusions 10 over 10 leaves.
+  assert "| resnet50 | lars | 3.000 | 1.50 | 28.25 | 28 | 1.40 | 1.00 |" in text
 
 
 def test_a_program_that_does_not_fit_says_by_how_much():

@@ -236,6 +236,10 @@ def test_nothing_is_lost_only_delayed(mesh_kind, options):
     tol = 1e-5 if "residual_dtype" not in options else 2e-3
     np.testing.assert_allclose(gap, held, rtol=0, atol=tol * np.abs(exact[k]).max())
   assert np.abs(np.asarray(state.grad_residual.hop["w"], np.float32)).max() > 0
+  # b (3,) over 8 owners: owners 3 to 7 hold only pad positions, which stay zero.
+  hop_b = np.asarray(state.grad_residual.hop["b"], np.float32)
+  assert hop_b.shape == (8, 1) and np.abs(hop_b[:3]).max() > 0
+  np.testing.assert_array_equal(hop_b[3:], 0.0)
 
 
 def test_constant_gradient_int4_ends_within_2_percent_of_float32():

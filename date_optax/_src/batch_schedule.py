@@ -93,10 +93,12 @@ class BatchSchedule:
 
   Build it with :meth:`fixed`, :meth:`ramp`, :meth:`doubling` or
   :meth:`adaptive` and give it
-  to ``date_optax.parallel.make_train_step(..., batch_schedule=...)``. The
-  step keeps the per-replica microbatch shape of the first batch and runs
-  ``B / (replicas · microbatch)`` accumulated microbatches at batch ``B``:
-  one compiled program per distinct batch size.
+  to ``date_optax.parallel.make_train_step(..., batch_schedule=...)``. At
+  batch ``B`` the step gives each device ``B / replicas`` rows and runs them
+  in as few accumulated microbatches as ``max_rows_per_device`` allows (at
+  least the step's ``microbatches``: rows first, so a larger batch makes
+  each device's microbatch larger before it adds microbatches): one
+  compiled program per distinct batch size.
 
   **Ramp** (Megatron-LM's ``rampup_batch_size = [start, increment,
   ramp_examples]``): with ``m = (max_batch − start)/increment`` increments
@@ -130,7 +132,9 @@ class BatchSchedule:
   examples, ``B < max_batch``, no growth is pending and the change would
   come at least ``min_steps`` steps after the last one (skipped steps not
   counted): it becomes ``min(factor · B, max_batch)`` from step
-  ``t + 1 + lag``, and the stretch starts again. It never shrinks. An
+  ``t + 1 + lag``, and the stretch starts again at that step: the ``lag``
+  steps still run at ``B`` after the decision never count towards the next
+  growth. It never shrinks. An
   infinite ``B_simple`` (the smoothed ``|G|²`` estimate not yet positive:
   the statistics have not separated the gradient from its noise, as in the
   first steps) grows nothing: measured, growing on it doubled the batch
@@ -141,7 +145,10 @@ class BatchSchedule:
   Args:
     kind: one of :data:`KINDS`; use the constructors instead.
     start: the first global batch (every batch is a multiple of
-      ``replicas × microbatch rows``, checked when the step is built).
+      ``replicas × r`` rows, ``r`` the rows of one microbatch of the first
+      batch on one device, checked when the step is built: each device's
+      rows then split into whole microbatches within
+      ``max_rows_per_device``).
     max_batch: the largest global batch.
     increment: the ramp's increment (``ramp`` only).
     ramp_examples: examples over which the ramp reaches `max_batch`
@@ -382,8 +389,10 @@ class BatchSchedule:
         batch, > 0.
       hold_examples: the examples over which the trigger must hold without
         a break (a skipped step or the guard breaks it) before the batch
-        grows, in ``[0, 2**31 − 1]``; None: ``32 · start``. In examples, so
-        the stretch does not depend on the number of devices.
+        grows, in ``[0, 2**31 − 1]``; None: ``32 · start``. Counted from
+        the step the batch last changed (the ``lag`` steps after a decision,
+        still at the old batch, do not count). In examples, so the stretch
+        does not depend on the number of devices.
       guard_margin: the runaway guard: growth holds while the loss's recent
         average exceeds ``(1 + guard_margin)`` times its long average; >= 0,
         ``math.inf`` turns it off; None: 0.1.
@@ -453,14 +462,18 @@ class BatchSchedule:
     return self.start + self.increment * min(m, examples * m // self.ramp_examples)
 
   def check_unit(self, unit: int, replicas: int, microbatch: int) -> None:
-    """Every batch must split into `unit` = replicas × microbatch rows."""
+    """Every batch must be a multiple of `unit` = replicas × `microbatch`,
+    the rows of one microbatch of the first batch on one device."""
     for name, value in (("start", self.start), ("max_batch", self.max_batch),
                         ("increment", self.increment)):
       if value % unit:
         raise ValueError(
             f"batch_schedule's {name}={value} must be a multiple of the "
-            f"{replicas} data replicas x {microbatch} microbatch rows (= {unit}): "
-            "the step grows the batch by whole microbatches of a fixed shape."
+            f"{replicas} data replicas x {microbatch} microbatch rows (= {unit}), "
+            "the first batch's rows per device and microbatch: then each device's rows "
+            "of every batch split into whole microbatches within max_rows_per_device "
+            f"(microbatches of {microbatch} rows always do; the step takes the fewest "
+            "that fit, rows first)."
         )
 
   def check_run(self, total_examples: int) -> None:
@@ -588,9 +601,14 @@ class BatchSchedule:
     trigger = (jnp.isfinite(critical)  # an unmeasured noise scale never grows it
                & (critical >= jnp.float32(self.threshold) * jnp.float32(batch_size))
                & ~skip & calm)
-    held = jnp.where(trigger, jnp.where(held > MAX_BATCH - b, MAX_BATCH, held + b), 0)
+    # The `lag` steps between a decision and its change still run at the old
+    # batch and test the noise against it: the next stretch starts at the
+    # change, at the new batch.
+    pending = step < state.next_step
+    held = jnp.where(trigger & ~pending,
+                     jnp.where(held > MAX_BATCH - b, MAX_BATCH, held + b), 0)
     effect = step + 1 + self.lag
-    grow = ((step >= state.next_step)
+    grow = (~pending
             & (effect - last_change >= self.min_steps)
             & trigger & (held >= self.hold_examples)
             & (batch_size < self.max_batch))
@@ -632,7 +650,7 @@ def check_for_step(
     raise ValueError(
         f"batch_schedule's start={schedule.start} must split over the {replicas} "
         f"data replicas x {microbatches} microbatches (= {replicas * microbatches}): "
-        "its microbatch is the fixed shape every batch is made of."
+        "the first batch runs in the step's microbatches, the fewest any batch uses."
     )
   rows = schedule.start // (replicas * microbatches)
   schedule.check_unit(replicas * rows, replicas, rows)

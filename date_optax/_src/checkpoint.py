@@ -36,8 +36,13 @@ import numpy as np
 from date_optax._src import batch_schedule as bs_lib
 from date_optax._src import checkpoint_checks as checks
 from date_optax._src import checkpoint_residuals as ckres
+from date_optax._src import checkpoint_target as target_lib
 from date_optax._src import layer_ratios as layer_ratios_lib
 from date_optax._src import validation
+from date_optax._src.checkpoint_errors import (  # noqa: F401 - re-exported
+    CheckpointMismatchError,
+    CorruptCheckpointError,
+)
 from date_optax._src.checkpoint_fingerprints import fingerprints as _fingerprints
 
 # Format 2 adds per-leaf fingerprints to the metadata; format-1 checkpoints
@@ -47,69 +52,6 @@ from date_optax._src.checkpoint_fingerprints import fingerprints as _fingerprint
 # error-feedback residuals as an item of their own (checkpoint_residuals.py)
 # and records the sizes; older ones hold them in the state.
 _FORMAT = 4
-
-
-class CorruptCheckpointError(ValueError):
-  """A checkpoint that cannot be restored: damaged files or a misfit target.
-
-  Raised by :meth:`CheckpointManager.restore` when the files of a step are
-  missing, truncated or unreadable, when a leaf read back differs from the
-  fingerprint recorded at save time, or when the target does not fit the
-  saved state. The message names the step and the cause. It is a
-  `ValueError`, so code that caught orbax's errors keeps working.
-
-  Args:
-    message: what failed, naming the step and the cause.
-
-  Examples:
-    >>> from date_optax.checkpoint import CorruptCheckpointError
-    >>> issubclass(CorruptCheckpointError, ValueError)
-    True
-
-  References:
-    Preemption-safe checkpointing as in orbax-checkpoint's
-    `CheckpointManager` (Google) and the big_vision training loops.
-  """
-
-  def __init__(self, message: str):
-    super().__init__(message)
-
-
-class CheckpointMismatchError(ValueError):
-  """A restore target whose structure, shapes or dtypes differ from the saved state.
-
-  Raised by :meth:`CheckpointManager.restore` before any array is read, when
-  the target has a leaf the checkpoint lacks (or lacks one it has), or a
-  leaf of another shape or dtype. Nothing is wrong with the files, so no
-  other checkpoint is tried: the same target would not fit them either. The
-  message names the step, the leaf path and the saved and requested shape
-  and dtype. It is a `ValueError` but not a :class:`CorruptCheckpointError`.
-  Checkpoints written before this check (format 2 or older) report a misfit
-  target as :class:`CorruptCheckpointError`.
-
-  Args:
-    message: what differs, naming the step and the leaf.
-
-  Examples:
-    >>> import tempfile
-    >>> import jax.numpy as jnp
-    >>> from date_optax.checkpoint import CheckpointManager, CheckpointMismatchError
-    >>> with CheckpointManager(tempfile.mkdtemp(), async_save=False) as mngr:
-    ...   _ = mngr.save(1, {'w': jnp.ones((2, 3))})
-    ...   try:
-    ...     mngr.restore({'w': jnp.ones((3, 3))})
-    ...   except CheckpointMismatchError as e:
-    ...     print(str(e).split(': ', 1)[1].replace('; ', ';\\n'))
-    leaf ['w'] was saved with shape (2, 3) and dtype float32;
-    the target asks for shape (3, 3) and dtype float32.
-
-  References:
-    orbax-checkpoint, `StandardRestore` (Google), which restores onto the
-    shapes, dtypes and shardings of a target tree.
-  """
-
-  def __init__(self, message: str):
-    super().__init__(message)
 
 
 def _ocp():
@@ -152,7 +94,7 @@ def tree_checksum(tree: Any) -> str:
   References:
     NIST FIPS 180-4, "Secure Hash Standard" (SHA-256).
   """
-  encoded, _ = _encode(tree)
+  encoded, _ = target_lib.encode(tree)
   leaves = jax.tree.leaves(encoded)
   h = hashlib.sha256()
   for leaf, (s1, s2) in zip(leaves, _fingerprints(encoded), strict=True):
@@ -168,126 +110,6 @@ def _all_processes_agree(ok: bool) -> bool:
 
   flags = multihost_utils.process_allgather(np.asarray([int(ok)], np.int32))
   return bool(np.all(flags))
-
-
-def _is_key(x: Any) -> bool:
-  dtype = getattr(x, "dtype", None)
-  return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
-
-
-def _encode(state: Any) -> tuple[Any, dict[str, str]]:
-  """Replaces typed keys by their raw data; returns the key impl by path."""
-  impls: dict[str, str] = {}
-
-  def enc(path, x):
-    if _is_key(x):
-      impls[jax.tree_util.keystr(path)] = str(jax.random.key_impl(x))
-      return jax.random.key_data(x)
-    return x
-
-  return jax.tree_util.tree_map_with_path(enc, state), impls
-
-
-def _check_fits(abstract: Any, saved: list[list[Any]]) -> None:
-  """Raises CheckpointMismatchError when `abstract` differs from `saved` leaves."""
-  flat = jax.tree_util.tree_flatten_with_path(abstract)[0]
-  got = {jax.tree_util.keystr(p): x for p, x in flat}
-  want = {path: (tuple(shape), dtype) for path, shape, dtype in saved}
-  missing = [p for p in want if p not in got]
-  extra = [p for p in got if p not in want]
-  if missing or extra:
-    parts = []
-    if missing:
-      parts.append(f"the checkpoint has leaves the target lacks: {', '.join(missing[:5])}"
-                   + (", ..." if len(missing) > 5 else ""))
-    if extra:
-      parts.append(f"the target has leaves the checkpoint lacks: {', '.join(extra[:5])}"
-                   + (", ..." if len(extra) > 5 else ""))
-    raise CheckpointMismatchError(f"{'; '.join(parts)}.")
-  for path, x in got.items():
-    shape, dtype = want[path]
-    t_shape, t_dtype = tuple(np.shape(x)), checks.dtype_name(x)
-    if (shape, dtype) != (t_shape, t_dtype):
-      raise CheckpointMismatchError(
-          f"leaf {path} was saved with shape {shape} and dtype {dtype}; "
-          f"the target asks for shape {t_shape} and dtype {t_dtype}."
-      )
-
-
-def _fitting_layout(abstract: Any, check: Any) -> tuple[Any, bool, int]:
-  """`abstract`, or the first older layout of it that passes `check`.
-
-  Older checkpoints hold one trust-ratio array per parameter leaf where a
-  `LayerRatios` record now holds one vector (`unpacked_records`), or a
-  batch schedule's examples as an int32 scalar before the two-word count
-  or without the adaptive rule's stretch and guard
-  (`batch_schedule.legacy_layout`, by generation), or both. `check(target)`
-  raises when a target does not fit; when no layout fits, the error for
-  `abstract` itself is raised. Returns the target, whether records are unpacked and the batch
-  schedules' older generation (0: today's).
-  """
-  try:
-    check(abstract)
-    return abstract, False, 0
-  except ValueError as first:
-    error = first
-  gens = bs_lib.LEGACY_GENERATIONS if bs_lib.has_state(abstract) else ()
-  for unpacked, legacy in [(True, 0)] + [(u, g) for g in gens for u in (False, True)]:
-    target = layer_ratios_lib.unpacked_records(abstract) if unpacked else abstract
-    target = bs_lib.legacy_layout(target, legacy) if legacy else target
-    try:
-      check(target)
-    except ValueError:
-      continue
-    return target, unpacked, legacy
-  raise error
-
-
-def _abstract_target(target: Any, impls: Mapping[str, str]) -> Any:
-  """The restore target orbax sees: shapes, dtypes and shardings, keys raw."""
-
-  def abstract(path, x):
-    name = jax.tree_util.keystr(path)
-    if _is_key(x):
-      if name not in impls:
-        raise CheckpointMismatchError(
-            f"target leaf {name} is a typed PRNG key but the checkpoint stored "
-            "a plain array there."
-        )
-      # Key data has the key's shape plus a trailing implementation axis; the
-      # key's sharding (replicated or a NamedSharding spec) applies unchanged.
-      raw = jax.eval_shape(
-          jax.random.key_data, jax.ShapeDtypeStruct(x.shape, x.dtype)
-      )
-      return jax.ShapeDtypeStruct(
-          raw.shape, raw.dtype, sharding=getattr(x, "sharding", None)
-      )
-    if isinstance(x, (jax.Array, jax.ShapeDtypeStruct)):
-      return jax.ShapeDtypeStruct(
-          x.shape, x.dtype, sharding=getattr(x, "sharding", None)
-      )
-    if isinstance(x, np.ndarray):
-      return jax.ShapeDtypeStruct(x.shape, x.dtype)
-    return x
-
-  return jax.tree_util.tree_map_with_path(abstract, target)
-
-
-def _decode(restored: Any, target: Any, impls: Mapping[str, str]) -> Any:
-  def dec(path, x, t):
-    if _is_key(t):
-      name = jax.tree_util.keystr(path)
-      impl = impls[name]
-      expected = str(jax.random.key_impl(t)) if isinstance(t, jax.Array) else impl
-      if impl != expected:
-        raise CheckpointMismatchError(
-            f"PRNG key {name} was saved with implementation {impl!r}, the "
-            f"target uses {expected!r}."
-        )
-      return jax.random.wrap_key_data(x, impl=impl)
-    return x
-
-  return jax.tree_util.tree_map_with_path(dec, restored, target)
 
 
 @contextlib.contextmanager
@@ -331,8 +153,11 @@ class CheckpointManager:
   checkpoint, and saving that step again later works.
 
   Args:
-    directory: where checkpoints live (one sub-directory per step); created if
-      missing. A path that is an existing file is refused.
+    directory: where checkpoints live (one sub-directory per step); created,
+      with its parents, by the first `save` (never by the constructor, a
+      restore or a query). A path that is an existing file, or under one, is
+      refused; a directory this process may not write still restores, and
+      `save` into it raises a `PermissionError` before writing anything.
     max_to_keep: how many of the most recent checkpoints to keep (>= 1), or
       None to keep all.
     save_interval_steps: `save(step, ...)` only writes when `step` is a
@@ -388,9 +213,11 @@ class CheckpointManager:
         # first step it sees, which makes the interval hard to predict).
         save_interval_steps=1,
         enable_async_checkpointing=async_save,
-        # Left-over temporary directories are saves that never completed.
-        cleanup_tmp_directories=True,
-        create=True,
+        # Left-over temporary directories are saves that never completed
+        # (where this process may remove them).
+        cleanup_tmp_directories=checks.writable(self._directory),
+        # Made by the first save: a manager opened to restore creates nothing.
+        create=False,
     )
     self._manager = ocp.CheckpointManager(
         self._directory, options=options, item_names=("state", "residuals", "meta")
@@ -427,6 +254,10 @@ class CheckpointManager:
         checkpoint then does not grow with the replica count); a restore
         gives zeros in their place, which drops one step's rounding.
 
+    Raises:
+      PermissionError: the directory cannot be made, or this process may not
+        write into it (checked before anything is written).
+
     Returns:
       Whether a checkpoint was started: False when the interval skips it,
       and, with a warning, when checkpoint `step` exists already (it is
@@ -455,7 +286,7 @@ class CheckpointManager:
           f"checkpoint, step {max(steps)}, in {self._directory}; nothing was "
           "saved (save returns False). Pass force=True to save it anyway.")
       return False
-    encoded, impls = _encode(state)
+    encoded, impls = target_lib.encode(state)
     checks.check_saveable(encoded)
     rest, residuals = ckres.split(encoded)
     keep = bool(residuals) and include_residuals
@@ -476,6 +307,7 @@ class CheckpointManager:
       json.dumps(meta)
     except (TypeError, ValueError) as e:
       raise TypeError(f"metadata must be JSON-serialisable: {e}") from e
+    checks.make_writable(self._directory)
     ocp = self._ocp
     items = {"state": ocp.args.StandardSave(rest), "meta": ocp.args.JsonSave(meta)}
     if keep:
@@ -505,17 +337,24 @@ class CheckpointManager:
     `include_residuals=False`, when this restore passes it, or when the
     checkpoint was saved with another replica count N than the target's M
     (a `UserWarning` names both): the state then resumes on M replicas,
-    having dropped one step's rounding. Checkpoints written before format
-    4 hold the residuals inside the state and restore onto N replicas only.
+    having dropped one step's rounding. They are zeros too, with a
+    `RuntimeWarning`, when their item fails its fingerprint or cannot be
+    read: the rest of the state restores from this step (no fall back to an
+    older one). Checkpoints written before format 4 hold the residuals
+    inside the state and restore onto N replicas only.
 
     Args:
       target: a pytree with the structure of the saved state whose leaves are
         arrays or `jax.ShapeDtypeStruct`s; their shapes, dtypes and shardings
         are those of the restored arrays (orbax reshards when the mesh
         differs from the one that saved). A leaf without a sharding is
-        restored onto the default device. Typed PRNG keys in `target` get
-        typed keys back. Build it with
-        `jax.eval_shape(init_fn, ...)` plus shardings to avoid allocating.
+        restored with the sharding it was saved with, which needs the
+        devices that saved it: on another device count such a target
+        raises `CheckpointMismatchError` naming the leaves. Typed PRNG keys
+        in `target` get typed keys back. A train step's
+        `step.abstract_state(params)` builds a target with shapes, dtypes
+        and shardings without allocating (`jax.eval_shape(step.init,
+        params)` has no shardings).
       step: which checkpoint; defaults to the newest one that is complete.
       include_residuals: False leaves the saved residuals unread and gives
         zeros in their place (one step's rounding dropped).
@@ -525,11 +364,16 @@ class CheckpointManager:
       the metadata mapping given to `save`.
 
     Raises:
-      FileNotFoundError: if there is no checkpoint (or no checkpoint `step`).
+      FileNotFoundError: if there is no checkpoint (or no checkpoint `step`),
+        saying why: the directory does not exist, is a file, is empty or
+        holds no complete checkpoint, or the step is not there. A restore
+        creates, changes and deletes nothing.
       CheckpointMismatchError: (a `ValueError`) if `target` has another
         structure, or a leaf of another shape or dtype, than the saved state
         (checked before reading; no older step is tried); the message names
-        the leaf and the saved and requested shape and dtype.
+        the leaf and the saved and requested shape and dtype. Also when leaves
+        without a sharding were saved on devices this process does not have
+        (the message says what the target needs).
       CorruptCheckpointError: (a `ValueError`) if the requested `step`, or
         with `step=None` every checkpoint, is damaged; the message names the
         step and the cause.
@@ -543,13 +387,11 @@ class CheckpointManager:
       step = validation.check_int("step", step, low=0)
       if step not in self.all_steps():
         raise FileNotFoundError(
-            f"no checkpoint for step {step} in {self._directory}; "
-            f"available: {list(self.all_steps())}."
-        )
+            checks.no_checkpoint(self._directory, step, self.all_steps()) + ".")
       return self._restore_verified(target, step, include_residuals)
     steps = self.all_steps()
     if not steps:
-      raise FileNotFoundError(f"no checkpoint in {self._directory}.")
+      raise FileNotFoundError(checks.no_checkpoint(self._directory) + ".")
     bad: list[tuple[int, Exception]] = []
     for s in reversed(steps):
       try:
@@ -578,7 +420,7 @@ class CheckpointManager:
     error: tuple[str, str] | None = None
     mismatch: CheckpointMismatchError | None = None
     misfit = f"checkpoint step {step} in {self._directory} does not fit the target"
-    reset = None
+    reset = plan = damaged = whole = None
     with _quiet_failed_reads():
       try:
         meta = self._manager.restore(
@@ -587,7 +429,7 @@ class CheckpointManager:
         if not isinstance(meta, Mapping):
           raise ValueError("its metadata is unreadable")
         impls = meta.get("prng_keys", {})
-        whole = _abstract_target(target, impls)
+        whole = target_lib.abstract_target(target, impls)
         saved_res = meta.get("residuals")  # None: residuals in the state (format < 4)
         packed, res_target = ckres.split(whole) if saved_res else (whole, [])
         plan, reset = ckres.plan(saved_res, res_target, include_residuals)
@@ -598,10 +440,10 @@ class CheckpointManager:
           if meta.get("leaves") is not None:
             # Before orbax reads anything: a misfit target is named here, and
             # no read is left failing in orbax's background threads.
-            abstract, unpacked, legacy = _fitting_layout(
-                abstract, lambda a: _check_fits(a, meta["leaves"]))
+            abstract, unpacked, legacy = target_lib.fitting_layout(
+                abstract, lambda a: target_lib.check_fits(a, meta["leaves"]))
           if plan == "read":
-            _check_fits(res_target, saved_res["leaves"])
+            target_lib.check_fits(res_target, saved_res["leaves"])
         except CheckpointMismatchError as e:
           mismatch = CheckpointMismatchError(f"{misfit}: {e}")
         if mismatch is None:
@@ -614,18 +456,25 @@ class CheckpointManager:
             restored = layer_ratios_lib.repacked_records(restored, packed)
           if legacy:
             restored = bs_lib.upgraded_layout(restored, packed)
-          if saved_res:
-            if plan == "read":
+          if plan == "read":
+            try:
               residuals = self._manager.restore(step, args=ocp.args.Composite(
                   residuals=ocp.args.StandardRestore(res_target))).residuals
               checks.verify(residuals, saved_res["fingerprints"])
-            else:
-              residuals = ckres.zeros(res_target)
-            restored = ckres.merge(whole, restored, residuals)
+            except Exception as e:  # noqa: BLE001 - damaged residuals: zeros below
+              if target_lib.is_topology_error(e):
+                raise
+              damaged = f"{type(e).__name__}: {e}"
+          elif saved_res:
+            residuals = ckres.zeros(res_target)
       except Exception as e:  # noqa: BLE001 - orbax/tensorstore raise many types
         # Keep the cause's text only: its traceback holds orbax's pending
         # reads, which would print their own tracebacks when collected later.
         error = (type(e).__name__, str(e))
+        if target_lib.is_topology_error(e):
+          # The target's fault (a leaf without a sharding), not the files'.
+          bare = target_lib.unsharded(whole)
+          mismatch = CheckpointMismatchError(f"{misfit}: {target_lib.topology_message(bare)}")
     if not _all_processes_agree(error is None and mismatch is None):
       if mismatch is not None:
         raise mismatch
@@ -634,10 +483,20 @@ class CheckpointManager:
           f"checkpoint step {step} in {self._directory} cannot be restored: "
           f"{name}: {text}"
       )
+    if plan == "read" and not _all_processes_agree(damaged is None):
+      # Residuals are what a restore otherwise drops freely (another replica
+      # count, include_residuals=False): damaged ones cost the same one step's
+      # rounding, not a fall back to an older step.
+      residuals = ckres.zeros(res_target)
+      validation.warn_at_caller(
+          f"CheckpointManager.restore: {ckres.damaged_message(step, self._directory, damaged)}",
+          RuntimeWarning)
+    if saved_res and res_target:
+      restored = ckres.merge(whole, restored, residuals)
     if reset is not None:
       validation.warn_at_caller(f"CheckpointManager.restore: {ckres.reset_message(*reset)}")
     try:
-      return _decode(restored, target, impls), dict(meta.get("metadata", {}))
+      return target_lib.decode(restored, target, impls), dict(meta.get("metadata", {}))
     except CheckpointMismatchError as e:
       raise CheckpointMismatchError(f"{misfit}: {e}") from None
 
@@ -660,8 +519,7 @@ class CheckpointManager:
     steps = self.all_steps()
     step = steps[-1] if step is None and steps else step
     if step is None or validation.check_int("step", step, low=0) not in steps:
-      raise FileNotFoundError(f"no checkpoint {'' if step is None else step} in "
-                              f"{self._directory}; available: {list(steps)}.")
+      raise FileNotFoundError(checks.no_checkpoint(self._directory, step, steps) + ".")
     ocp = self._ocp
     meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
     return ckres.info(step, meta)

@@ -1,8 +1,9 @@
 """Host-side checks of what a checkpoint saves and restores onto, before any I/O.
 
 Every leaf to save is an array or a number, every restore-target leaf
-describes an array, and the directory is not a file; each failure names the
-leaf path (or the path) before anything is written or read. `leaf_specs` is
+describes an array, the directory is not a file, and a save may write
+there; each failure names the leaf path (or the path) before anything is
+written or read, and a restore that finds nothing says why. `leaf_specs` is
 the `[path, shape, dtype]` record a checkpoint's metadata keeps.
 """
 
@@ -75,6 +76,50 @@ def check_directory(path: str) -> None:
     raise ValueError(
         f"directory must be a directory for the checkpoints, but {path} {what}."
     )
+
+
+def writable(path: str) -> bool:
+  """Whether this process may create and remove entries in directory `path`."""
+  return os.access(path, os.W_OK | os.X_OK)
+
+
+def make_writable(path: str) -> None:
+  """`path` made (with its parents) if missing, before a save writes into it;
+  a PermissionError names it when this process may not write there."""
+  try:
+    os.makedirs(path, exist_ok=True)
+  except PermissionError as e:
+    raise PermissionError(
+        f"cannot save: the checkpoint directory {path} cannot be made ({e.strerror}); "
+        "nothing was written.") from None
+  if not writable(path):
+    raise PermissionError(
+        f"cannot save: the checkpoint directory {path} is not writable by this "
+        "process; nothing was written (a read-only directory still restores).")
+
+
+def no_checkpoint(path: str, step: int | None = None, steps: tuple[int, ...] = ()) -> str:
+  """Why `path` has no checkpoint (`step`) to read, in one sentence.
+
+  Names a directory that does not exist or is a file, an empty one, one
+  that holds no complete checkpoint (listing what it holds), and a step that
+  is not there (a file of its name, or a directory that was never completed).
+  """
+  what = f"no checkpoint{'' if step is None else f' for step {step}'} in {path}"
+  if not os.path.exists(path):
+    return f"{what}: the directory does not exist"
+  if not os.path.isdir(path):
+    return f"{what}: it is a file, not a directory"
+  if step is not None and steps:
+    where = os.path.join(path, str(step))
+    why = (f" ({where} is a file, not a checkpoint)" if os.path.isfile(where) else
+           f" ({where} is not a complete checkpoint)" if os.path.isdir(where) else "")
+    return f"{what}{why}; available: {list(steps)}"
+  entries = sorted(os.listdir(path))
+  if not entries:
+    return f"{what}: the directory is empty"
+  return (f"{what}: it holds no complete checkpoint, only "
+          f"{', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''}")
 
 
 def verify(restored: Any, expected: list | None) -> None:

@@ -54,9 +54,20 @@ def _fingerprints_jit(leaves: list[jax.Array]) -> jax.Array:
 
 
 def fingerprints(tree: Any) -> list[list[int]]:
-  """Per-leaf fingerprints of an encoded (raw-key) state, as JSON ints."""
+  """Per-leaf fingerprints of an encoded (raw-key) state, as JSON ints.
+
+  One program per set of devices the leaves live on (usually one): leaves
+  committed to different devices (a restore onto the shardings they were
+  saved with) cannot be arguments of one program.
+  """
   leaves = [x if isinstance(x, jax.Array) else np.asarray(x) for x in jax.tree.leaves(tree)]
-  out = _fingerprints_jit(leaves)
-  # The result is replicated: any local copy holds all of it (multi-host too).
-  local = np.asarray(out.addressable_shards[0].data)
-  return local.astype(np.int64).tolist()
+  groups: dict[Any, list[int]] = {}
+  for i, x in enumerate(leaves):
+    devices = frozenset(x.sharding.device_set) if isinstance(x, jax.Array) else None
+    groups.setdefault(devices, []).append(i)
+  out = np.zeros((len(leaves), 2), np.int64)
+  for idx in groups.values():
+    sums = _fingerprints_jit([leaves[i] for i in idx])
+    # The result is replicated: any local copy holds all of it (multi-host too).
+    out[idx] = np.asarray(sums.addressable_shards[0].data)
+  return out.tolist()

@@ -28,12 +28,14 @@ class CheckpointInfo(NamedTuple):
   `save`. Sizes are array bytes (orbax may compress them on disk), counting
   every leaf once: a replicated parameter is one copy, the residuals one
   copy per replica. Per device is what the device holding the most holds
-  (its shards of every leaf, a replicated leaf whole): with error feedback
-  the residuals add 1 gradient per device for "psum" and 2 for "ring" and
-  "torus" (`1 + 1/N` for "two_shot", `(1 + 1/S) / M` for "hierarchical"
-  over S slices of M devices), whatever the replica count N, while the
-  checkpoint's residual bytes grow as N times that. Checkpoints written before sizes were
-  recorded give None for them.
+  (its shards of every leaf, a replicated leaf whole). With error feedback
+  over N replicas the residuals add, per device, 1 gradient for "psum" and 2
+  for "ring" and "torus" whatever N; `1 + 1/N` for "two_shot" (a worker
+  residual and a server residual of `ceil(size / N)` elements per leaf);
+  `(1 + 1/S) / M` for "hierarchical" over S slices of M devices. The
+  checkpoint holds N times what one device holds (N + 1 gradients for
+  "two_shot"). Checkpoints written before sizes were recorded give None for
+  them.
 
   Attributes:
     step: the checkpoint's step.
@@ -43,7 +45,8 @@ class CheckpointInfo(NamedTuple):
     per_device_bytes: the most bytes one device holds of the saved state.
     residual_per_device_bytes: the most bytes of residuals one device holds.
     residuals_saved: whether the residuals were written
-      (`save(..., include_residuals=False)` leaves them out).
+      (`save(..., include_residuals=False)` leaves them out); True for a
+      checkpoint older than format 4 whose state holds them.
     replicas: the replica count N of the saved residuals (their leading
       axis), or None for a state without residuals.
     metadata: the mapping given to `save`.
@@ -142,10 +145,19 @@ def sizes(rest: Any, residuals: list[Any], saved: bool) -> dict[str, int]:
           "per_device": both_device, "residual_per_device": res_device}
 
 
+def _in_state(meta: Mapping[str, Any]) -> dict[str, Any]:
+  """The residuals entry of a checkpoint older than format 4, which holds
+  them inside the state: `TrainState.grad_residual`'s leaves (error feedback
+  came after format 3, whose metadata lists every leaf's path and shape)."""
+  leaves = [shape for path, shape, _ in meta.get("leaves") or []
+            if ".grad_residual" in path]
+  return {"saved": bool(leaves), "replicas": int(leaves[0][0]) if leaves and leaves[0] else None}
+
+
 def info(step: int, meta: Mapping[str, Any]) -> CheckpointInfo:
   """A `CheckpointInfo` from a checkpoint's metadata (any format)."""
   size = meta.get("bytes") or {}
-  res = meta.get("residuals") or {}
+  res = meta["residuals"] if "residuals" in meta else _in_state(meta)
   return CheckpointInfo(
       step=step, total_bytes=size.get("total"), residual_bytes=size.get("residual"),
       per_device_bytes=size.get("per_device"),
@@ -214,6 +226,15 @@ def reset_message(saved: int, target: int, saved_layout: Mapping[str, int] | Non
     text += (f" They were laid out over the mesh axes {where(saved_layout)} when saved, "
              f"the target over {where(target_layout)}.")
   return text
+
+
+def damaged_message(step: int, directory: str, cause: str) -> str:
+  """The warning of a restore whose residuals item cannot be read or verified."""
+  return (
+      f"the error-feedback residuals of checkpoint step {step} in {directory} are "
+      f"damaged ({cause}); the rest of the state restores as saved, with zero residuals "
+      "(ErrorFeedbackState.zeros, as the step's init builds them) in their place. What "
+      "they held, at most one step's rounding, is dropped.")
 
 
 def zeros(abstract: list[Any]) -> list[Any]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 #: The repository's examples (``examples/NAME/train.py`` with ``compile_target``).
-EXAMPLES = ("resnet50_imagenet", "bert_lamb", "mnist1d_lstm", "mnist_lstm")
+EXAMPLES = ("resnet50_imagenet", "bert_lamb", "gpt_lm", "mnist1d_lstm", "mnist_lstm")
 _GROUPS_CHARS = 300  # replica groups longer than this are cut in the JSON
 
 

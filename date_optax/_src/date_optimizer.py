@@ -509,16 +509,34 @@ def date(
       **options,
   )
   if schedule is not None:
-    return batch_lr_lib.scale_by_batch(
+    tx = batch_lr_lib.scale_by_batch(
         tx, clock_schedule, baseline.batch_size, rule=lr_scaling, power=power,
         clock_batch_size=clock_batch,
     )
-  if not gain:
-    return tx
-  return gain_lib.scale_by_gain(
-      tx, recipe.scale, power=power, learning_rate=clock_schedule,
-      name='date(..., lr_scaling="gain")',
-  )
+  elif gain:
+    tx = gain_lib.scale_by_gain(
+        tx, recipe.scale, power=power, learning_rate=clock_schedule,
+        name='date(..., lr_scaling="gain")',
+    )
+  return _checked_leaves(tx, "date_optax.date")
+
+
+def _checked_leaves(
+    tx: optax.GradientTransformation, who: str
+) -> optax.GradientTransformationExtraArgs:
+  """`tx` whose init and update name `who` with a leaf it cannot take, before
+  any piece inside sees it (:func:`validation.float_leaves`)."""
+  tx = optax.with_extra_args_support(tx)
+
+  def init_fn(params):
+    return tx.init(validation.float_leaves(params, who))
+
+  def update_fn(updates, state, params=None, **extra_args):
+    if params is not None:
+      params = validation.float_leaves(params, who)
+    return tx.update(validation.number_leaves(updates, who), state, params, **extra_args)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 def _check_growing(

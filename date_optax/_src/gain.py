@@ -226,15 +226,21 @@ def scale_by_gain(
         f"baseline iterations, or None; got {learning_rate!r}."
     )
   inner = optax.with_extra_args_support(optimizer)
+  # Any numeric leaf goes on to `optimizer`, which takes it or not; anything
+  # else (a string, an object) is named here.
+  who = f"date_optax.{name}"
 
   def init_fn(params: PyTree) -> AdaScaleState:
     one = jnp.ones((), jnp.float32)
     return AdaScaleState(
         clock=jnp.zeros((), jnp.float32), gain=one, lr_factor=one,
-        inner_state=inner.init(params),
+        inner_state=inner.init(validation.number_leaves(params, who, "params")),
     )
 
   def update_fn(updates, state, params=None, *, grad_stats=None, **extra_args):
+    updates = validation.number_leaves(updates, who)
+    if params is not None:
+      params = validation.number_leaves(params, who, "params")
     if grad_stats is None:
       raise _missing_stats_error(name)
     check_grad_stats(grad_stats, f"{name}: grad_stats")

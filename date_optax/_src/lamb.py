@@ -187,6 +187,7 @@ def lamb(
           decay="decoupled" if decoupled_weight_decay else "update",
           mask_names=(wd_name if trust_ratio_mask is None else "trust_ratio_mask",
                       "trust_ratio_mask" if wd_given is None else wd_name),
+          who="date_optax.lamb",
       ),
       optax.scale_by_learning_rate(learning_rate),
   )
@@ -206,7 +207,7 @@ def lamb(
         tr.learning_rate_state(learning_rate, state.count),
     )
 
-  return tr.packed_chain(pieces, pack, unpack, learning_rate)
+  return tr.packed_chain(pieces, pack, unpack, learning_rate, who="date_optax.lamb")
 
 
 def lamb_moments_leafwise(

@@ -161,7 +161,7 @@ def lars(
           trust_coefficient, eps, lower=lower, upper=upper, weight_decay=weight_decay,
           denominator=denominator, inner=None, ratio_source="update",
           trust_mask=trust_ratio_mask, weight_decay_mask=weight_decay_mask,
-          layer_axes=layer_axes,
+          layer_axes=layer_axes, who="date_optax.lars",
       ),
       optax.scale_by_learning_rate(learning_rate),
       optax.trace(decay=momentum, nesterov=nesterov, accumulator_dtype=accumulator_dtype),
@@ -182,7 +182,7 @@ def lars(
         optax.TraceState(trace=state.momentum),
     )
 
-  return tr.packed_chain(pieces, pack, unpack, learning_rate)
+  return tr.packed_chain(pieces, pack, unpack, learning_rate, who="date_optax.lars")
 
 
 #: The base solvers that :func:`bounded_lars` builds by name, each with the
@@ -500,6 +500,7 @@ def bounded_lars(
           denominator="sum_of_norms", inner=direction, ratio_source=ratio_source,
           trust_mask=trust_mask, weight_decay_mask=wd_mask, layer_axes=layer_axes,
           decay="input", mask_names=_mask_names(trust_ratio_mask, weight_decay_mask),
+          who="date_optax.bounded_lars",
       ),
       optax.scale_by_learning_rate(learning_rate),
   )
@@ -518,4 +519,5 @@ def bounded_lars(
         tr.learning_rate_state(learning_rate, state.count),
     )
 
-  return tr.packed_chain(pieces, pack, unpack, learning_rate)
+  return tr.packed_chain(pieces, pack, unpack, learning_rate,
+                         who="date_optax.bounded_lars")

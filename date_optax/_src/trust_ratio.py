@@ -77,20 +77,6 @@ def update_dtype(param: Any, grad: Any) -> Any:
   return jnp.promote_types(jnp.asarray(param).dtype, jnp.asarray(grad).dtype)
 
 
-def check_leaves(params: Any) -> None:
-  """Raises TypeError naming the first leaf that is not floating or complex."""
-  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-    dt = getattr(leaf, "dtype", None)
-    if dt is None:
-      dt = jnp.asarray(leaf).dtype
-    if not (jnp.issubdtype(dt, jnp.floating)
-            or jnp.issubdtype(dt, jnp.complexfloating)):
-      raise TypeError(
-          f"parameter {jax.tree_util.keystr(path)} has dtype {dt}; trust-ratio "
-          "transforms need floating-point or complex parameters."
-      )
-
-
 def trust_ratio(
     param_norm: jax.Array,
     denom_norm: jax.Array,
@@ -488,6 +474,7 @@ def trust_ratio_kernel(
     decay: Literal["update", "decoupled", "input"] = "update",
     mask_names: tuple[str, str] = ("trust_ratio_mask", "weight_decay_mask"),
     leafwise: LeafwiseInner | None = None,
+    who: str = "date_optax.scale_by_trust_ratio",
 ) -> optax.GradientTransformationExtraArgs:
   r"""The one per-layer trust-ratio kernel under every transform of the package.
 
@@ -501,7 +488,9 @@ def trust_ratio_kernel(
   ``mask_names`` name the two masks in error messages. ``leafwise``, given
   with ``inner`` (same arithmetic and state), runs the inner solver one leaf
   at a time so each large layer's direction is made after the ratio of the
-  large layer two places before it (:class:`LeafwiseInner`).
+  large layer two places before it (:class:`LeafwiseInner`). ``who`` is
+  the public function named when a leaf is refused
+  (:func:`validation.float_leaves`).
   """
   inner_tx = optax.with_extra_args_support(inner) if inner is not None else None
   use_wd = not is_static_zero(weight_decay)
@@ -515,7 +504,7 @@ def trust_ratio_kernel(
     return masks_lib.resolve_masks(t, w, params)
 
   def init_fn(params):
-    check_leaves(params)
+    params = validation.float_leaves(params, who)
     flags(params)
     validation.check_schedules_at_init(
         weight_decay=weight_decay, lower=lower, upper=upper)
@@ -532,7 +521,8 @@ def trust_ratio_kernel(
     if params is None:
       raise ValueError(NO_PARAMS_MSG)
     lo, hi, wd = values_at(state.count, lower, upper, weight_decay)
-    check_leaves(params)
+    params = validation.float_leaves(params, who)
+    updates = validation.number_leaves(updates, who)
     validation.check_updates_like_params(updates, params)
     g_leaves, treedef = jax.tree.flatten(updates)
     w_leaves = treedef.flatten_up_to(params)
@@ -648,6 +638,7 @@ def packed_chain(
     pack: Any,
     unpack: Any,
     learning_rate: Any = None,
+    who: str = "the optimizer",
 ) -> optax.GradientTransformationExtraArgs:
   """``optax.chain(*transforms)`` whose state is kept as one named state.
 
@@ -656,14 +647,20 @@ def packed_chain(
   ``unpack(state)`` rebuilds the tuple. Only the state's layout changes: the
   arrays are the pieces' own, so the state is as large as the chain's.
   A ``learning_rate`` schedule is checked at step 0 when the state is made.
+  Every piece gets the leaves as JAX arrays, or ``who`` is named with the
+  first leaf it cannot take (:func:`validation.float_leaves`).
   """
   chain = optax.chain(*transforms)
 
   def init_fn(params):
+    params = validation.float_leaves(params, who)
     validation.check_schedules_at_init(learning_rate=learning_rate)
     return pack(chain.init(params), jnp.zeros([], jnp.int32))
 
   def update_fn(updates, state, params=None, **extra_args):
+    if params is not None:
+      params = validation.float_leaves(params, who)
+    updates = validation.number_leaves(updates, who)
     out, states = chain.update(updates, unpack(state), params, **extra_args)
     return out, pack(states, state.count)
 

@@ -310,10 +310,12 @@ def _is_bool_scalar(x: Any) -> bool:
           and np.dtype(x.dtype) == np.bool_ and not _is_tracer(x))
 
 
-def check_mask_leaves(name: str, mask: Any) -> Any:
+def check_mask_leaves(name: str, mask: Any, none_paths: frozenset = frozenset()) -> Any:
   """A mask pytree's leaves are Python bools or bool scalars (not strings,
   ``None``, numbers or per-element arrays). Callables are checked on their
-  result by :func:`check_mask_against`."""
+  result by :func:`check_mask_against`, where ``None`` is taken at the
+  paths ``none_paths`` (those where the parameters hold ``None``, an empty
+  subtree, as a callable that maps the parameters' tree returns it)."""
   import jax
 
   if mask is None or callable(mask):
@@ -321,6 +323,8 @@ def check_mask_leaves(name: str, mask: Any) -> Any:
   leaves = jax.tree_util.tree_flatten_with_path(
       mask, is_leaf=lambda x: x is None or _is_bool_scalar(x))[0]
   for path, leaf in leaves:
+    if leaf is None and jax.tree_util.keystr(tuple(path)) in none_paths:
+      continue
     if not _is_bool_scalar(leaf):
       shape = getattr(leaf, "shape", None)
       what = (f"an array of shape {tuple(shape)}" if shape not in (None, ())
@@ -355,7 +359,9 @@ def check_mask_against(name: str, mask: Any, params: Any) -> Any:
                       "callable mask takes params and returns a bool pytree.")
   else:
     value = mask
-  check_mask_leaves(where, value)
+  nones = frozenset(jax.tree_util.keystr(tuple(p)) for p, x in jax.tree_util.tree_flatten_with_path(
+      params, is_leaf=lambda x: x is None)[0] if x is None)
+  check_mask_leaves(where, value, nones if callable(mask) else frozenset())
   if _is_bool_scalar(value):
     return value
   mask_paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(
@@ -470,3 +476,98 @@ def config_from(
         f"{name}={config!r} already holds them."
     )
   return config
+
+
+# ---------------------------------------------------------------------------
+# The leaves an optimizer is given: every kind a user's pytree can hold is
+# either taken as optax takes it or named, with its path, before any work.
+
+
+def _leaf_dtype(x: Any) -> Any:
+  """The dtype of an array-like leaf; None for anything else (str, object)."""
+  if isinstance(x, (bool, int, float, complex)):
+    return np.result_type(type(x))
+  dtype = getattr(x, "dtype", None)
+  if dtype is None or not hasattr(x, "shape"):
+    return None
+  try:
+    return np.dtype(dtype)
+  except TypeError:  # extended dtypes (typed PRNG keys) are not NumPy's
+    return dtype
+
+
+def _describe_leaf(x: Any) -> str:
+  """A leaf in a few words: 'int32 array of shape (3,)', 'Python int 3'."""
+  if isinstance(x, (bool, int, float, complex)):
+    return f"Python {type(x).__name__} {x!r}"
+  dtype = _leaf_dtype(x)
+  if dtype is None:
+    return f"{type(x).__name__} {x!r:.40}"
+  if isinstance(x, np.generic):
+    return f"NumPy {dtype} scalar {x}"
+  return f"{dtype} array of shape {tuple(x.shape)}"
+
+
+def _is_float_dtype(dtype: Any) -> bool:
+  import jax.numpy as jnp
+
+  return dtype is not None and (jnp.issubdtype(dtype, jnp.floating)
+                                or jnp.issubdtype(dtype, jnp.complexfloating))
+
+
+def _is_number_dtype(dtype: Any) -> bool:
+  import jax.numpy as jnp
+
+  return dtype is not None and (_is_float_dtype(dtype) or jnp.issubdtype(dtype, jnp.integer)
+                                or jnp.issubdtype(dtype, jnp.bool_))
+
+
+def _as_array(x: Any) -> Any:
+  import jax
+  import jax.numpy as jnp
+
+  if isinstance(x, (jax.Array, jax.core.Tracer, jax.ShapeDtypeStruct)):
+    return x
+  return jnp.asarray(x)
+
+
+def float_leaves(params: Any, who: str, name: str = "params") -> Any:
+  """``params`` with every leaf a JAX array, or a TypeError naming a leaf
+  that is not floating-point or complex.
+
+  Taken (as optax takes them): JAX and NumPy arrays of a floating or complex
+  dtype, empty ones included, NumPy float scalars and Python floats and
+  complex numbers (made 0-d arrays, as ``jnp.asarray`` makes them); ``None``
+  is an empty subtree, as in optax. Refused, naming the path, the leaf and
+  ``who``: integer and boolean arrays and scalars (a trust ratio of integers
+  is meaningless, and ``optax.apply_updates`` would round the update back to
+  the integer), typed PRNG keys, strings and other objects.
+  """
+  import jax
+
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+  for path, x in leaves:
+    if not _is_float_dtype(_leaf_dtype(x)):
+      raise TypeError(
+          f"{name}{jax.tree_util.keystr(path)}: {_describe_leaf(x)}; {who} needs "
+          "floating-point (or complex) leaves: cast it (jnp.asarray(x, jnp.float32)) "
+          "or keep it out of what the optimizer updates (optax.masked).")
+  return treedef.unflatten([_as_array(x) for _, x in leaves])
+
+
+def number_leaves(updates: Any, who: str, name: str = "updates") -> Any:
+  """``updates`` with every leaf a JAX array, or a TypeError naming a leaf
+  that is not a number (a string, an object, a typed PRNG key).
+
+  Integer and boolean gradients are taken, as optax takes them: the update
+  has the dtype ``jnp.promote_types(param, grad)``.
+  """
+  import jax
+
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(updates)
+  for path, x in leaves:
+    if not _is_number_dtype(_leaf_dtype(x)):
+      raise TypeError(
+          f"{name}{jax.tree_util.keystr(path)}: {_describe_leaf(x)}; {who} needs "
+          "numeric leaves (arrays or numbers), like the gradients of the parameters.")
+  return treedef.unflatten([_as_array(x) for _, x in leaves])

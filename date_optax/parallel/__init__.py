@@ -26,13 +26,12 @@ from date_optax._src.parallel.comm.update_sharding import (
     bytes_per_device,
     update_shard_axis,
 )
+from date_optax._src.parallel.data.epoch_order import epoch_batches, epoch_permutation
 from date_optax._src.parallel.data.evaluation import evaluate, pad_batch
 from date_optax._src.parallel.data.input_pipeline import (
     ArraySource,
     GrowingBatches,
     data_loader,
-    epoch_batches,
-    epoch_permutation,
     iterator_state,
     restore_iterator,
 )

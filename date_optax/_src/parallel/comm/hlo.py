@@ -266,13 +266,36 @@ def _arrays(type_text: str) -> list[tuple[str, int, int]]:
   return out
 
 
-def _group_size(attrs: str) -> tuple[str, int | None]:
-  """The replica-groups text of an instruction and the size of one group."""
+def _module_sizes(hlo_text: str) -> tuple[int, int] | None:
+  """``(replica_count, num_partitions)`` from the ``HloModule`` header (each 1
+  when not written), or None for text without the header."""
+  header = re.search(r"^HloModule\b[^\n]*", hlo_text, re.MULTILINE)
+  if not header:
+    return None
+
+  def count(key: str) -> int:
+    found = re.search(rf"\b{key}=(\d+)", header.group(0))
+    return int(found.group(1)) if found else 1
+
+  return count("replica_count"), count("num_partitions")
+
+
+def _group_size(attrs: str, sizes: tuple[int, int] | None = None) -> tuple[str, int | None]:
+  """The replica-groups text of an instruction and the size of one group.
+
+  ``replica_groups={}`` is one group of every participant: the replicas of a
+  cross-replica collective (no ``channel_id``), else every device, replicas
+  times partitions (`sizes`, from the module's header; None without it).
+  """
   m = re.search(r"replica_groups=(\{\{.*?\}\}|\{\}|\[[\d,]*\]<=\[[\d,]*\](?:T\([\d,]*\))?|"
                 r"mesh\[[^\]]*\]\s*\{[^}]*\})", attrs)
   if not m:
     return "", None
   text = m.group(1)
+  if text == "{}":
+    if sizes is None:
+      return text, None
+    return text, sizes[0] * (sizes[1] if "channel_id=" in attrs else 1)
   if text.startswith("{{"):
     return text, len(text[2:].split("}", 1)[0].split(","))
   if text.startswith("["):
@@ -298,12 +321,14 @@ def collectives(hlo_text: str) -> list[dict]:
 
   Returns:
     A list, in program order, of dicts: ``kind`` (one of `COLLECTIVE_KINDS`),
-    ``name``, ``dtypes`` (the payload's element types), ``elements``,
-    ``bytes`` (the payload as stored: the result of an all-reduce, all-gather,
-    all-to-all or collective-permute, the input of a reduce-scatter, i.e. its
-    result times the group size), ``group_size`` (devices per replica
-    group; for a collective-permute, the number of source-target pairs) and
-    ``groups`` (the replica groups or source-target pairs as written).
+    ``name``, ``dtypes`` (the payload's element types), ``elements`` and
+    ``bytes`` (the payload as stored: the result of an
+    all-reduce, all-gather, all-to-all or collective-permute, the input of a
+    reduce-scatter, i.e. its result, the scattered shard, times the group
+    size), ``group_size`` (devices per replica group, every participant for
+    ``replica_groups={}``, read from the module's ``HloModule`` header; for
+    a collective-permute, the number of source-target pairs) and ``groups``
+    (the replica groups or source-target pairs as written).
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -321,6 +346,7 @@ def collectives(hlo_text: str) -> list[dict]:
   """
   starts: dict[str, tuple[str, str]] = {}
   out = []
+  sizes = _module_sizes(hlo_text)
   matches: dict[str, Any] = {}
   entries: dict[tuple[str, ...], dict] = {}  # a loop body's collectives, parsed once
   for _, ins in _executed(hlo_text):
@@ -338,26 +364,28 @@ def collectives(hlo_text: str) -> list[dict]:
       kind, rest = starts.pop(operand.group(1), (kind, rest)) if operand else (kind, rest)
     key = (name, result, kind, rest)
     if key not in entries:
-      entries[key] = _collective(name, result, kind, rest)
+      entries[key] = _collective(name, result, kind, rest, sizes)
     out.append(dict(entries[key]))
   return out
 
 
-def _collective(name: str, result: str, kind: str, rest: str) -> dict:
+def _collective(name: str, result: str, kind: str, rest: str,
+                sizes: tuple[int, int] | None) -> dict:
   arrays = _arrays(result)
   if kind == "collective-permute":
     pairs = re.search(r"source_target_pairs=(\{[^=]*?\}\})", rest)
     groups = pairs.group(1) if pairs else ""
     size = groups.count("{") - 1 if groups else None
   else:
-    groups, size = _group_size(rest)
-  nbytes = sum(b for _, _, b in arrays)
+    groups, size = _group_size(rest, sizes)
+  nbytes, elements = sum(b for _, _, b in arrays), sum(n for _, n, _ in arrays)
   if kind == "reduce-scatter" and size:
-    nbytes *= size
+    # The result is this device's shard: the payload is the group's.
+    nbytes, elements = nbytes * size, elements * size
   return {
       "kind": kind, "name": name,
       "dtypes": sorted({d for d, _, _ in arrays}),
-      "elements": sum(n for _, n, _ in arrays),
+      "elements": elements,
       "bytes": nbytes, "group_size": size, "groups": groups,
   }
 

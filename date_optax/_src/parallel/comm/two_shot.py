@@ -17,9 +17,13 @@ for it. Every other leaf is flattened row-major and zero-padded to a
 multiple of N, `c = ceil(size / N)`. With block scales each leaf's row is
 then zero-padded to whole blocks (a block never mixes two leaves) and every
 message carries one 8-bit exponent per block; with the measured shift one
-exponent per leaf piece of the message. The padding is never stored in a
-residual: the server residual of a leaf is `(ceil(size / N),)` on every
-device, with or without `scatter`.
+exponent per leaf piece of the message. The worker residual has the leaf's
+shape, and the block padding is never stored. The server residual of a leaf
+is `(ceil(size / N),)` on every device, with or without `scatter`, so where
+N does not divide a whole leaf the last owners' chunks hold its
+`N·c - size` pad positions (fewer than N elements per leaf in all). Those
+stay zero: zeros are sent there and a zero sum rounds to zero in every
+format, so they carry nothing into the next step.
 
 `grad_sync` calls `two_shot_sum` for the low-precision leaves of
 `GradSync("two_shot", ...)`; its exact leaves go through

@@ -25,11 +25,11 @@ import jax
 import numpy as np
 
 from date_optax._src import validation
+from date_optax._src.parallel.layout import torus_order
 from date_optax._src.parallel.layout import tpu_generations as tg
 from date_optax._src.parallel.layout.mesh import (
     _make_mesh,
     auto_axes_mesh,
-    data_mesh,
     torus_mesh,
 )
 
@@ -210,6 +210,11 @@ def multislice_mesh(
   return auto_axes_mesh(mesh)
 
 
+def _ordered_mesh(grid: np.ndarray, names: tuple[str, ...]) -> jax.sharding.Mesh:
+  """A mesh over devices in the order given (not `jax.make_mesh`'s), Auto axes."""
+  return auto_axes_mesh(jax.sharding.Mesh(grid, names))
+
+
 @dataclasses.dataclass(frozen=True)
 class TpuSlice:
   """A Cloud TPU slice (``v3-512``), or S of them, as a compile target.
@@ -328,11 +333,16 @@ class TpuSlice:
     return model
 
   def data_mesh(self, axis_name: str = "data") -> jax.sharding.Mesh:
-    """A mesh whose every axis carries replicas: 1-D over one slice
-    (`date_optax.parallel.data_mesh`); ``("slice", axis_name)`` over several,
-    the slice axis outermost."""
+    """A mesh whose every axis carries replicas.
+
+    Over one slice a 1-D mesh whose order is a ring of the slice's links
+    (each device's next is on its chip or one ICI hop away, the last's
+    next is the first: `GradSync("ring")` over it sends every round over
+    one link); over several, ``("slice", axis_name)`` with the slice axis
+    outermost."""
     if self.num_slices == 1:
-      return data_mesh(axis_name=axis_name, devices=self.devices)
+      return _ordered_mesh(np.array(torus_order.ring_devices(self.devices), dtype=object),
+                           (axis_name,))
     per = self.num_devices // self.num_slices
     return multislice_mesh((per,), (axis_name,), num_slices=self.num_slices,
                            devices=self.devices)
@@ -361,9 +371,15 @@ class TpuSlice:
   def torus_mesh(self, axis_names: tuple[str, str] = ("x", "y")) -> jax.sharding.Mesh:
     """An X × Y mesh shaped as the slice's chip torus, for `GradSync("torus")`.
 
-    The first axis is the torus's first axis of chips; the second holds the
-    other axes (and, on v2/v3, each chip's two cores). One slice only: a
-    torus does not cross the data-center network.
+    Ordered by the devices' coordinates: the first axis is the chips' first
+    dimension in order; the second is a ring over the other dimensions and,
+    on v2/v3, each chip's two cores (a v4/v5p cube's y and z fold into it).
+    Each hop along the second axis is one ICI link or stays on the chip;
+    along the first axis it is one link, the ring's closing hop too where
+    the slice wraps around on that dimension (`wraparound`), and otherwise
+    a route back along the line that no other hop of the ring uses in that
+    direction. One slice only: a torus does not cross the data-center
+    network.
 
     Raises:
       ValueError: a Multislice target.
@@ -374,8 +390,35 @@ class TpuSlice:
           "joined by DCN: use data_mesh() (a 'slice' axis outermost) with "
           "GradSync('hierarchical') or psum."
       )
-    x = int(self.topology.split(":")[1].split("x")[0])
-    return torus_mesh(x, self.num_devices // x, axis_names=axis_names, devices=self.devices)
+    if (not isinstance(axis_names, (tuple, list)) or len(axis_names) != 2
+        or not all(isinstance(a, str) for a in axis_names) or axis_names[0] == axis_names[1]):
+      raise ValueError(f"axis_names must be two distinct strings, got {axis_names!r}.")
+    return _ordered_mesh(torus_order.torus_devices(self.devices), tuple(axis_names))
+
+  @property
+  def bounds(self) -> tuple[int, ...]:
+    """Chips along each dimension of one slice (``(4, 4, 1)`` for ``v3:4x4``)."""
+    dims = [int(b) for b in self.topology.split(":")[1].split("x")]
+    return tuple(dims + [1] * (3 - len(dims)))
+
+  @property
+  def wraparound(self) -> tuple[bool, ...]:
+    """Which chip dimensions close into rings by their own links (assumed
+    from public pages; see `date_optax._src.parallel.layout.torus_order`)."""
+    return torus_order.wraparound(self.generation, self.bounds)
+
+  def ici_hops(self, a: Any, b: Any) -> int:
+    """ICI links between devices `a` and `b` of one slice (0: the same chip).
+
+    Args:
+      a: a device of this slice.
+      b: another.
+
+    Returns:
+      The links on the shortest route, wrap-around links included where
+      the slice has them.
+    """
+    return torus_order.ici_hops(a, b, self.bounds, self.wraparound)
 
   @staticmethod
   def compile_only_env() -> dict[str, str]:

@@ -24,7 +24,7 @@ from date_optax._src.parallel.step import grad_stats as gs_lib
 from date_optax._src.parallel.step import local_grads as lg
 from date_optax._src.parallel.step import residuals as res_lib
 from date_optax._src.parallel.step.replica_step import apply_update, replica_step
-from date_optax._src.parallel.step.step_base import (
+from date_optax._src.parallel.step.step_checks import (
     check_fn_and_optimizer,
     check_state,
 )

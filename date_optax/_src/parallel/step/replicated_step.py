@@ -31,7 +31,8 @@ from date_optax._src.parallel.comm import update_sharding as us
 from date_optax._src.parallel.comm.sync_config import GradSync, grad_sync_from
 from date_optax._src.parallel.step import grad_stats as gs_lib
 from date_optax._src.parallel.step.replica_step import ReplicaResult, replica_step
-from date_optax._src.parallel.step.step_base import TrainStep, check_step_args
+from date_optax._src.parallel.step.step_base import TrainStep
+from date_optax._src.parallel.step.step_checks import check_step_args
 from date_optax._src.parallel.step.step_config import StepConfig
 from date_optax._src.parallel.step.train_state import TrainState
 from date_optax._src.types import LossFn

@@ -35,7 +35,8 @@ from date_optax._src.parallel.step import grad_stats as gs_lib
 from date_optax._src.parallel.step import local_grads as lg
 from date_optax._src.parallel.step import sharded_sync
 from date_optax._src.parallel.step.replica_step import ReplicaResult
-from date_optax._src.parallel.step.step_base import TrainStep, check_step_args
+from date_optax._src.parallel.step.step_base import TrainStep
+from date_optax._src.parallel.step.step_checks import check_step_args
 from date_optax._src.parallel.step.step_config import StepConfig
 from date_optax._src.types import LossFn, PyTree
 
