@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -30,7 +31,6 @@ from date_optax._src.parallel.comm import collectives, hlo
 from date_optax._src.parallel.comm import low_precision as lp
 
 N = 8
-INT4 = lp.comm_format("int4")
 
 
 # ---------------------------------------------------------------------------
@@ -38,28 +38,30 @@ INT4 = lp.comm_format("int4")
 # ---------------------------------------------------------------------------
 
 
-def _torus_reference(blocks: np.ndarray, shape: tuple[int, int], key) -> tuple:
-  """Each device's chunk of the int4 stochastic torus reduce-scatter, and then
-  one more rounding of it (the next rank), as the unrolled rounds made them.
+def _format(kind: str, key) -> object:
+  """A device's format: float8 rounded stochastically (its rows rounded first,
+  then every message), or int4 with block scales of 4 (only the messages)."""
+  if kind == "plain":
+    return lp.StochasticRounding(lp.comm_format("float8_e4m3fn"), key)
+  return lp.ScaledFormat(lp.StochasticRounding(lp.comm_format("int4"), key), block_size=4)
 
-  Device d = x·Y + y has key fold_in(key, d) and draws rank i for its i-th
-  rounding: in round order, half A's work before half B's; a half starting a
-  ring phase rounds its rows first, then every message is rounded as sent.
+
+def _torus_reference(blocks: np.ndarray, shape: tuple[int, int], key, kind: str) -> tuple:
+  """Each device's chunk of the stochastic torus reduce-scatter, and then one
+  more rounding of it (the next rank), with the calls in the order of the
+  rounds traced one after the other.
+
+  Device d = x·Y + y rounds with its own counter (`StochasticRounding`: the
+  i-th call draws `fold_in(fold_in(key, d), i)`): in round order, half A's
+  work before half B's; a half starting a ring phase rounds its rows first
+  (plain formats), then every message is rounded as it is sent.
   """
   nx, ny = shape
   sizes = (nx, ny)
-  c = blocks.shape[2]
-  h = c // 2
-  keys = [jax.random.fold_in(key, d) for d in range(N)]
-  rank = [0] * N
-
-  def rnd(d, v):
-    out = lp.stochastic_round(INT4, jnp.asarray(v, jnp.float32),
-                              jax.random.fold_in(keys[d], rank[d]))
-    rank[d] += 1
-    return np.asarray(out)
-
+  h = blocks.shape[2] // 2
+  fmts = [_format(kind, jax.random.fold_in(key, d)) for d in range(N)]
   coords = [(d // ny, d % ny) for d in range(N)]
+  send = lambda d, acc: fmts[d].encode(jnp.asarray(acc, jnp.float32))
   # Half A: rows (x, y), the x-ring then the y-ring; half B: rows (y, x), y then x.
   halves = []
   for d in range(N):
@@ -72,10 +74,12 @@ def _torus_reference(blocks: np.ndarray, shape: tuple[int, int], key) -> tuple:
     while phase < 2:
       dim = st["dims"][phase]
       m, pos = sizes[dim], coords[d][dim]
-      rows = rnd(d, st["rows"])
+      rows = st["rows"]
+      if kind == "plain":
+        rows = np.asarray(fmts[d].round(jnp.asarray(rows)))
       st.update(phase=phase, m=m, pos=pos, rows=rows, s=0, acc=rows[(pos - 1) % m])
       if m > 1:
-        return rnd(d, st["acc"])
+        return send(d, st["acc"])
       st["rows"] = rows[pos].reshape(sizes[st["dims"][1]], -1)  # a ring of one
       phase += 1
     st["phase"] = 2
@@ -93,7 +97,7 @@ def _torus_reference(blocks: np.ndarray, shape: tuple[int, int], key) -> tuple:
           dim = st["dims"][st["phase"]]
           left = list(coords[d])
           left[dim] = (left[dim] - 1) % sizes[dim]
-          got[d, k] = msgs[left[0] * ny + left[1], k]
+          got[d, k] = np.asarray(fmts[d].decode(msgs[left[0] * ny + left[1], k]))
     for d in range(N):
       for k, st in enumerate(halves[d]):
         if st["phase"] == 2:
@@ -102,35 +106,39 @@ def _torus_reference(blocks: np.ndarray, shape: tuple[int, int], key) -> tuple:
         st["acc"] = st["rows"][(pos - st["s"] - 2) % m] + got[d, k]
         st["s"] += 1
         if st["s"] < m - 1:
-          msgs[d, k] = rnd(d, st["acc"])
+          msgs[d, k] = send(d, st["acc"])
         elif st["phase"] == 0:
           st["rows"] = st["acc"].reshape(sizes[st["dims"][1]], -1)
           msgs[d, k] = start(d, st, 1)
         else:
           st["phase"] = 2
   chunks = [np.concatenate([halves[d][0]["acc"], halves[d][1]["acc"]]) for d in range(N)]
-  return np.stack(chunks), np.stack([rnd(d, chunks[d]) for d in range(N)])
+  return np.stack(chunks), np.stack([fmts[d].round(jnp.asarray(chunks[d])) for d in range(N)])
 
 
+@pytest.mark.parametrize("kind", ["plain", "scaled"])
 @pytest.mark.parametrize("shape", [(2, 4), (4, 2), (1, 8)], ids=lambda s: f"{s[0]}x{s[1]}")
-def test_stochastic_torus_draws_the_ranks_of_the_unrolled_rounds(shape):
+def test_stochastic_torus_draws_the_ranks_of_the_unrolled_rounds(shape, kind):
   mesh = dp.torus_mesh(*shape)
   rng = np.random.default_rng(1)
-  blocks = rng.uniform(-0.9, 0.9, (N, N, 6)).astype(np.float32)
+  blocks = rng.uniform(-0.9, 0.9, (N, N, 8)).astype(np.float32)
   key = jax.random.key(3)
 
   def body(b, k):
-    fmt = lp.device_format(INT4, ("x", "y"), k)
+    fmt = _format(kind, jax.random.fold_in(k, lax.axis_index(("x", "y"))))
     chunk = collectives.reduce_scatter_blocks(b[0], ("x", "y"), "torus", fmt=fmt)
     return chunk[None], fmt.round(chunk)[None]  # and the next rank after the rounds
 
   f = jax.jit(compat.shard_map(body, mesh=mesh, in_specs=(P(("x", "y")), P()),
                                out_specs=P(("x", "y"))))
   got_chunk, got_next = map(np.asarray, f(blocks, key))
-  want_chunk, want_next = _torus_reference(blocks, shape, key)
+  want_chunk, want_next = _torus_reference(blocks, shape, key, kind)
   np.testing.assert_array_equal(got_chunk, want_chunk)
   np.testing.assert_array_equal(got_next, want_next)
-  assert len(np.unique(got_chunk)) > 4  # the draws matter: not all rounded alike
+  # The draws matter: rounded to nearest, some of the next values differ.
+  nearest = lp.comm_format("float8_e4m3fn" if kind == "plain" else "int4")
+  nearest = nearest if kind == "plain" else lp.ScaledFormat(nearest, block_size=4)
+  assert (got_next != np.stack([nearest.round(jnp.asarray(c)) for c in got_chunk])).any()
 
 
 # ---------------------------------------------------------------------------
