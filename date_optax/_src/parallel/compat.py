@@ -64,6 +64,20 @@ def axis_size(axes: AxisNames) -> int:
   return int(lax.psum(1, axes))  # pragma: no cover - older JAX: static under psum
 
 
+def varying_axes(x: Any) -> set[Hashable] | None:
+  """The axes `x` is typed as varying over (`shard_map(check_vma=True)`);
+  empty when it is not typed so, None on a JAX without the typing."""
+  typeof = getattr(jax, "typeof", None)
+  if typeof is None:  # pragma: no cover - older JAX
+    return None
+  aval = typeof(x)
+  typed = getattr(aval, "manual_axis_type", None)  # JAX >= 0.12
+  if typed is not None:
+    return set(typed.varying) | set(typed.unreduced)
+  vma = getattr(aval, "vma", None)  # JAX 0.7-0.11
+  return None if vma is None else set(vma)
+
+
 def untyped_replication(tree: Any, axes: AxisNames) -> bool:
   """Whether no leaf of `tree` is typed as varying along `axes`.
 
@@ -72,20 +86,11 @@ def untyped_replication(tree: Any, axes: AxisNames) -> bool:
   over one device; without the check (the train steps) values carry no such
   type. False on a JAX without the typing (`check_rep`), to be safe.
   """
-  typeof = getattr(jax, "typeof", None)
-  if typeof is None:  # pragma: no cover - older JAX
-    return False
   names = set(as_tuple(axes))
   for x in jax.tree.leaves(tree):
-    aval = typeof(x)
-    typed = getattr(aval, "manual_axis_type", None)  # JAX >= 0.12
-    if typed is not None:
-      axes_typed = set(typed.varying) | set(typed.unreduced)
-    else:
-      vma = getattr(aval, "vma", None)  # JAX 0.7-0.11
-      if vma is None:  # pragma: no cover - older JAX
-        return False
-      axes_typed = set(vma)
+    axes_typed = varying_axes(x)
+    if axes_typed is None:  # pragma: no cover - older JAX
+      return False
     if names & axes_typed:
       return False
   return True

@@ -9,10 +9,13 @@ does not divide it, reduced, and cast back to each leaf's dtype.
 
 The ring and torus algorithms are written with `lax.ppermute` only, so they
 show (and let one test) the communication pattern of Ying et al. (2018); on
-real hardware `lax.psum` lets XLA pick an equivalent schedule. Their rounds are
-unrolled: the compiled program holds one collective-permute per ring and
-round, so its length grows with the ring lengths (`2(P-1)` rounds for a ring
-over P devices, `2(X-1) + 2(Y-1)` for an X×Y torus).
+real hardware `lax.psum` lets XLA pick an equivalent schedule. They take
+`2(P-1)` rounds for a ring over P devices, `2(X-1) + 2(Y-1)` for an X×Y
+torus, run as loops (`rounds.run_in_rounds`): the compiled program holds a
+fixed number of collective-permutes inside `while` loops whose trip counts
+are the ring lengths, so neither it nor its compile time grows with the
+number of devices (`hlo.collective_permute_rounds` counts the rounds of
+such a program).
 
 The hops take an optional payload format; choosing it (APS, rounding keys)
 and the public `all_reduce` live in `grad_sync`, the one place that wires a
@@ -21,7 +24,7 @@ reduction together.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Hashable
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -31,7 +34,9 @@ from jax import lax
 
 from date_optax._src.parallel import compat
 from date_optax._src.parallel.comm import low_precision as lp
+from date_optax._src.parallel.comm import rounds
 from date_optax._src.parallel.comm.low_precision import CommFormat
+from date_optax._src.parallel.comm.rounds import pad_to, send_with_feedback
 from date_optax._src.types import PyTree
 
 
@@ -77,312 +82,12 @@ def _reduce_tree(tree: PyTree, flat_reduce: Callable[[jax.Array], jax.Array]) ->
   return jax.tree.unflatten(treedef, out)
 
 
-def pad_to(buf: jax.Array, multiple: int) -> jax.Array:
-  pad = (-buf.shape[-1]) % multiple
-  if pad:
-    widths = [(0, 0)] * (buf.ndim - 1) + [(0, pad)]
-    buf = jnp.pad(buf, widths)
-  return buf
-
-
-# ---------------------------------------------------------------------------
-# Rounds of neighbour exchanges. A ring phase is written as a generator that
-# yields `(payload, ring)` for each exchange and receives what arrived from the
-# left neighbour. `_run_in_rounds` drives several such programs side by side:
-# round k issues the k-th exchange of every program still running, so programs
-# that do not depend on each other (the two halves of the torus) share rounds
-# instead of running one after the other. The rounds are unrolled in Python, so
-# the compiled program holds one collective-permute per exchange and its
-# dependency chain of collective-permutes is the number of rounds.
-# ---------------------------------------------------------------------------
-
-
-class _Ring(NamedTuple):
-  axes: tuple[Hashable, ...]  # the named axes that ppermute runs over
-  size: int  # devices on one ring
-  position: jax.Array  # this device's position on its ring
-  perm: tuple[tuple[int, int], ...]  # linear index over `axes` -> right neighbour
-
-
-def _ring_over(axes: Any) -> _Ring:
-  """One ring over all devices of `axes` (row-major linear order)."""
-  axes = compat.as_tuple(axes)
-  n = compat.axis_size(axes)
-  perm = tuple((j, (j + 1) % n) for j in range(n))
-  return _Ring(axes, n, lax.axis_index(axes), perm)
-
-
-def _sub_ring(axes: Any, grid: tuple[int, ...], dim: int) -> _Ring:
-  """Rings along dimension `dim` of a logical grid laid over one named axis.
-
-  With `pmap` there is a single axis of X·Y devices; the torus algorithm views
-  it as an X×Y grid in row-major order, and each ring links the devices that
-  differ only in coordinate `dim`.
-  """
-  axes = compat.as_tuple(axes)
-  total = compat.axis_size(axes)
-  if int(np.prod(grid)) != total:
-    raise ValueError(
-        f"grid {grid} has {int(np.prod(grid))} devices but the axes {axes} have "
-        f"{total}."
-    )
-  perm = []
-  for j in range(total):
-    coords = list(np.unravel_index(j, grid))
-    coords[dim] = (coords[dim] + 1) % grid[dim]
-    perm.append((j, int(np.ravel_multi_index(coords, grid))))
-  stride = int(np.prod(grid[dim + 1 :]))
-  position = (lax.axis_index(axes) // stride) % grid[dim]
-  return _Ring(axes, grid[dim], position, tuple(perm))
-
-
-def _run_in_rounds(*programs: Generator) -> list[jax.Array]:
-  """Runs exchange programs side by side, one exchange of each per round.
-
-  Exchanges of one round that travel over the same ring (same axes and
-  permutation) are concatenated into a single `ppermute`; exchanges over
-  different rings are separate `ppermute`s with no data dependence between
-  them, which XLA is free to run at the same time.
-  """
-  results: list[Any] = [None] * len(programs)
-  pending: dict[int, tuple[jax.Array, _Ring]] = {}
-
-  def advance(i: int, arrived: jax.Array | None) -> None:
-    try:
-      pending[i] = programs[i].send(arrived)
-    except StopIteration as stop:
-      results[i] = stop.value
-
-  for i in range(len(programs)):
-    advance(i, None)
-  while pending:
-    groups: dict[tuple[Any, ...], list[int]] = {}
-    for i, (_, ring) in pending.items():
-      groups.setdefault((ring.axes, ring.perm), []).append(i)
-    arrived: dict[int, jax.Array] = {}
-    for (axes, perm), idxs in groups.items():
-      sends = [pending[i][0] for i in idxs]
-      if len(sends) == 1:
-        arrived[idxs[0]] = lax.ppermute(sends[0], axes, perm)
-        continue
-      got = lax.ppermute(jnp.concatenate([s.reshape(-1) for s in sends]), axes, perm)
-      offset = 0
-      for i, s in zip(idxs, sends, strict=True):
-        arrived[i] = got[offset : offset + s.size].reshape(s.shape)
-        offset += s.size
-    pending.clear()
-    for i in sorted(arrived):
-      advance(i, arrived[i])
-  return results
-
-
-def _rotate(rows: jax.Array, start: jax.Array) -> jax.Array:
-  """`rows[(start + j) % n]` for j < n: a copy and a slice, not a gather."""
-  n = rows.shape[0]
-  return lax.dynamic_slice_in_dim(jnp.concatenate([rows, rows]), start % n, n, 0)
-
-
-def send_with_feedback(fmt: Any, t: jax.Array, gid: Any = None) -> tuple[jax.Array, jax.Array]:
-  """`(wire, residual)`: `t` sent as `C(t)` in `fmt`, keeping `t - C(t)`.
-
-  The error feedback of one rounding place (a hop of a reduce-scatter, or
-  the payload of a compressed all-gather): the caller has already added the
-  place's old residual to `t`. A plain format is clipped to `±fmt.max`
-  before it is encoded (a float format may lack an infinity); the clipped
-  part stays in the residual. The barrier keeps XLA from eliding the
-  encode/decode pair the residual is measured on.
-  """
-  if isinstance(fmt, lp.ScaledFormat):
-    wire = lax.optimization_barrier(fmt.encode(t, gid))
-    return wire, t - fmt.decode(wire, gid)
-  wire = lax.optimization_barrier(fmt.encode(jnp.clip(t, -fmt.max, fmt.max)))
-  return wire, t - fmt.decode(wire)
-
-
-def _ring_reduce_scatter(
-    blocks: jax.Array, ring: _Ring, fmt: CommFormat | None = None, gids: Any = None,
-    feedback: Any = None,
-) -> Generator:
-  """(n, c) per device -> `((c,), feedback)`: the sum over the ring of row `position`.
-
-  `blocks` has one row per device on the ring; the device at ring position i
-  ends up owning row i (for a ring over mesh axes, the order that
-  `PartitionSpec(axes)` uses for the same axes). With a communication format
-  `fmt` the rows are rounded to it, every partial sum is rounded to it before
-  it is sent (it travels in the format's wire dtype), and the sums are taken
-  in float32 from two values of the format; the returned sum is not rounded.
-  With a `lp.ScaledFormat` the rows are not rounded (the device adds its
-  float32 row to the decoded partial sum) and each partial sum is sent with
-  scales measured on it; `gids` (n, c) are the rows' segment ids for the
-  measured per-layer shift.
-
-  With `feedback` (n, c), this device's hop residuals (row j the residual of
-  the partial sum of row j it forwards; each row j != i is forwarded by this
-  device at exactly one hop), the rows are not rounded first, every partial
-  sum `p` of row j is sent as `C(p + f_j)` and `f_j' = p + f_j - C(p + f_j)`
-  is returned in its place; row i, which this device does not forward,
-  comes back unchanged. Without it the second result is None.
-  """
-  n, idx = ring.size, ring.position
-  scaled = isinstance(fmt, lp.ScaledFormat)
-  if fmt is not None and not scaled and feedback is None:
-    # With feedback the rows are not rounded here, where no residual could be
-    # kept (the second torus phase starts from float32 partial sums): every
-    # message is rounded as it is sent, with its residual.
-    blocks = fmt.round(blocks)
-  if n == 1:
-    return blocks[0], feedback
-  # Step s passes the partial sum of row (i - s - 1) to the right neighbour and
-  # adds the one arriving from the left, which is row (i - s - 2); after n - 1
-  # steps row i has visited every device and lands, complete, on position i.
-  # Rotating the rows once so that row (i - 1 - s) comes s-th makes every
-  # step a static slice (no copy of the whole buffer per step).
-  rows = _rotate(blocks[::-1], n - idx)  # rows[j] = blocks[(i - 1 - j) % n]
-  grows = None if gids is None else _rotate(gids[::-1], n - idx)
-  frows = None if feedback is None or fmt is None else _rotate(feedback[::-1], n - idx)
-  sent_residuals = []
-  acc = rows[0]
-  for s in range(n - 1):
-    g_out = None if grows is None else grows[s]
-    g_in = None if grows is None else grows[s + 1]
-    if fmt is None:
-      got = yield acc, ring
-    elif frows is not None:
-      wire, f = send_with_feedback(fmt, acc + frows[s], g_out)
-      sent_residuals.append(f)
-      got = yield wire, ring
-      got = fmt.decode(got, g_in) if scaled else fmt.decode(got)
-    elif scaled:
-      got = fmt.decode((yield fmt.encode(acc, g_out), ring), g_in)
-    else:
-      got = fmt.decode((yield fmt.encode(acc), ring))
-    acc = rows[s + 1] + got
-  if frows is None:
-    return acc, None
-  # j -> (i - 1 - j) % n is its own inverse: the same rotation puts rows back.
-  frows = jnp.concatenate([jnp.stack(sent_residuals), frows[n - 1 :]])
-  return acc, _rotate(frows[::-1], n - idx)
-
-
-def _ring_all_gather(chunk: jax.Array, ring: _Ring) -> Generator:
-  """(c,) per device -> (n, c) with row j holding position j's chunk."""
-  n, idx = ring.size, ring.position
-  if n == 1:
-    return chunk[None]
-  # Step s forwards what arrived in step s - 1: the chunk of position i - s.
-  pieces = [chunk]
-  for _ in range(n - 1):
-    got = yield pieces[-1], ring
-    pieces.append(got)
-  # Row r is the piece that came (i - r) % n hops.
-  return _rotate(jnp.stack(pieces[::-1]), n - 1 - idx)
-
-
-# ---------------------------------------------------------------------------
-# 2-D torus phases (Ying et al. 2018). Rows of `blocks` are in the row-major
-# order of the (x, y) grid; each row is split into halves A and B. Half A is
-# reduce-scattered along x then y, half B along y then x, and the two halves
-# advance in the same rounds: in round k half A makes its k-th exchange and
-# half B its k-th, so while A is on the x-rings B is on the y-rings and the two
-# use disjoint links. The gather runs the phases in reverse, again together.
-# ---------------------------------------------------------------------------
-
-
 def most_square_grid(n: int) -> tuple[int, int]:
   """The X×Y grid of n devices closest to square, X <= Y."""
   rows = int(np.floor(np.sqrt(n)))
   while n % rows:
     rows -= 1
   return rows, n // rows
-
-
-def _torus_rings(axes: Any, grid: tuple[int, int] | None) -> tuple[_Ring, _Ring]:
-  axes = compat.as_tuple(axes)
-  if grid is not None:
-    if len(grid) != 2:
-      raise ValueError(f"grid must be (X, Y), got {grid!r}.")
-    return _sub_ring(axes, tuple(grid), 0), _sub_ring(axes, tuple(grid), 1)
-  if len(axes) != 2:
-    raise ValueError(
-        "the torus algorithm needs two axis names, or one axis and grid=(X, Y); "
-        f"got axes={axes!r}."
-    )
-  return _ring_over(axes[0]), _ring_over(axes[1])
-
-
-def _torus_reduce_scatter(
-    blocks: jax.Array, rx: _Ring, ry: _Ring, fmt: CommFormat | None = None,
-    gids: Any = None, feedback: Any = None,
-) -> tuple[jax.Array, Any]:
-  """The two-phase reduce-scatter; `feedback` (n, c) as for one ring.
-
-  In half A a device at (x, y) forwards, on the x-ring, the rows of other x
-  and then, on the y-ring, the pieces of its own x-row with other y; half B
-  the other way round. So every element of `feedback` outside row
-  `x·Y + y` is written by exactly one hop, and that row (the device's own
-  chunk, which the gather sends) comes back unchanged.
-  """
-  nx, ny = rx.size, ry.size
-  c = blocks.shape[1]
-  blocks = pad_to(blocks, 2)
-  h = blocks.shape[1] // 2
-  if gids is not None:  # padding repeats the last id, so ids stay sorted
-    gids = jnp.pad(gids, ((0, 0), (0, blocks.shape[1] - c)), mode="edge")
-  if feedback is not None:
-    feedback = pad_to(feedback, 2)
-
-  def two_rings(x, g, f, first, second, n_first, n_second):
-    """Reduce-scatter (n_first, n_second·h) over `first`, then own row over `second`."""
-    x, f = yield from _ring_reduce_scatter(x, first, fmt, g, f)
-    own = first.position
-    g = None if g is None else g[own].reshape(n_second, h)
-    row = None if f is None else f[own].reshape(n_second, h)
-    x, row = yield from _ring_reduce_scatter(x.reshape(n_second, h), second, fmt, g, row)
-    if f is not None:
-      f = lax.dynamic_update_slice_in_dim(f, row.reshape(1, -1), own, 0)
-    return x, f
-
-  def to_yx(z):  # rows (x, y) -> (y, x), each of h columns
-    return z.reshape(nx, ny, h).transpose(1, 0, 2).reshape(ny, nx * h)
-
-  def half_a(a, g, f):  # rows ordered (x, y): x-rings first, then y-rings
-    shape = lambda z: None if z is None else z.reshape(nx, ny * h)
-    a, f = yield from two_rings(shape(a), shape(g), shape(f), rx, ry, nx, ny)
-    return a, None if f is None else f.reshape(nx * ny, h)
-
-  def half_b(b, g, f):  # rows reordered to (y, x) so that the y-phase comes first
-    shape = lambda z: None if z is None else to_yx(z)
-    b, f = yield from two_rings(shape(b), shape(g), shape(f), ry, rx, ny, nx)
-    if f is not None:  # back to rows (x, y)
-      f = f.reshape(ny, nx, h).transpose(1, 0, 2).reshape(nx * ny, h)
-    return b, f
-
-  halves = lambda z: (None, None) if z is None else (z[:, :h], z[:, h:])
-  (ga, gb), (fa, fb) = halves(gids), halves(feedback)
-  (a, fa), (b, fb) = _run_in_rounds(half_a(blocks[:, :h], ga, fa),
-                                    half_b(blocks[:, h:], gb, fb))
-  feedback = None if fa is None else jnp.concatenate([fa, fb], axis=1)[:, :c]
-  return jnp.concatenate([a, b])[:c], feedback
-
-
-def _torus_all_gather(chunk: jax.Array, rx: _Ring, ry: _Ring) -> jax.Array:
-  nx, ny = rx.size, ry.size
-  c = chunk.shape[0]
-  chunk = pad_to(chunk, 2)
-  h = chunk.shape[0] // 2
-
-  def half_a(a):
-    a = yield from _ring_all_gather(a, ry)
-    a = yield from _ring_all_gather(a.reshape(ny * h), rx)
-    return a.reshape(nx * ny, h)
-
-  def half_b(b):
-    b = yield from _ring_all_gather(b, rx)
-    b = yield from _ring_all_gather(b.reshape(nx * h), ry)
-    return b.reshape(ny, nx, h).transpose(1, 0, 2).reshape(nx * ny, h)
-
-  a, b = _run_in_rounds(half_a(chunk[:h]), half_b(chunk[h:]))
-  return jnp.concatenate([a, b], axis=1)[:, :c]
 
 
 # ---------------------------------------------------------------------------
@@ -399,12 +104,13 @@ class _Algorithm(NamedTuple):
   all_gather: Callable[..., jax.Array]
 
 
-def _on_ring(phase: Callable[..., Generator]) -> Callable[..., jax.Array]:
-  return lambda x, axes, grid, *fmt: _run_in_rounds(phase(x, _ring_over(axes), *fmt))[0]
+def _on_ring(phase: Callable[..., rounds.Phase]) -> Callable[..., jax.Array]:
+  return lambda x, axes, grid, *fmt: rounds.run_in_rounds(
+      rounds.single(phase(x, rounds.ring_over(axes), *fmt)))[0]
 
 
 def _on_torus(phase: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
-  return lambda x, axes, grid, *fmt: phase(x, *_torus_rings(axes, grid), *fmt)
+  return lambda x, axes, grid, *fmt: phase(x, *rounds.torus_rings(axes, grid), *fmt)
 
 
 def _psum_scatter(
@@ -435,8 +141,9 @@ _ALGORITHMS: dict[str, _Algorithm] = {
         reduce_scatter=_psum_scatter,
         all_gather=lambda x, axes, grid: lax.all_gather(x, compat.as_tuple(axes), axis=0),
     ),
-    "ring": _Algorithm(_on_ring(_ring_reduce_scatter), _on_ring(_ring_all_gather)),
-    "torus": _Algorithm(_on_torus(_torus_reduce_scatter), _on_torus(_torus_all_gather)),
+    "ring": _Algorithm(_on_ring(rounds.ring_reduce_scatter), _on_ring(rounds.ring_all_gather)),
+    "torus": _Algorithm(_on_torus(rounds.torus_reduce_scatter),
+                        _on_torus(rounds.torus_all_gather)),
     "two_shot": _Algorithm(
         reduce_scatter=_all_to_all_scatter,
         all_gather=lambda x, axes, grid: lax.all_gather(x, compat.as_tuple(axes), axis=0),
@@ -603,8 +310,10 @@ def ring_all_reduce(tree: PyTree, axis_name: Any) -> PyTree:
   per device; a reduce-scatter of `n - 1` neighbour exchanges leaves each
   device with one fully summed chunk, and an all-gather of `n - 1` more
   exchanges hands every chunk to every device. Cost `2(n-1)` latency steps and
-  `2(n-1)/n · M` bytes per link for `M` bytes; the exchanges are unrolled, so
-  the compiled program has a chain of `2(n-1)` collective-permutes.
+  `2(n-1)/n · M` bytes per link for `M` bytes. The reduce-scatter and the
+  all-gather are each one loop of `n - 1` exchanges, so the compiled program
+  runs a chain of `2(n-1)` collective-permutes while its size does not
+  depend on `n`.
 
   Args:
     tree: a pytree of arrays (any shapes and dtypes); buffers are zero-padded
@@ -651,8 +360,11 @@ def torus_all_reduce(
   different axes (XLA may run them at the same time, on disjoint links), or
   as one `ppermute` carrying both when they are on the same axis (in `|X-Y|`
   rounds of the scatter and of the gather when X ≠ Y). On an X×Y torus the
-  compiled program therefore has `2(X-1) + 2(Y-1)` rounds of neighbour
-  exchanges instead of `2(XY-1)` for one ring over all devices.
+  compiled program therefore runs `2(X-1) + 2(Y-1)` rounds of neighbour
+  exchanges instead of `2(XY-1)` for one ring over all devices, in at most
+  three loops for the reduce-scatter and three for the all-gather (one per
+  stretch of rounds in which neither half changes axis), so its size does
+  not depend on X and Y.
 
   Args:
     tree: a pytree of arrays (any shapes and dtypes); buffers are zero-padded

@@ -1,9 +1,16 @@
-"""Reading the communication rounds of a compiled XLA program (HLO text)."""
+"""Reading the communication rounds of a compiled XLA program (HLO text).
+
+Both readers follow the program as it runs: a `while` loop whose trip count
+XLA knows (the ring and torus rounds of `rounds.run_in_rounds`, a
+microbatch loop) contributes its body once per iteration.
+"""
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 # The result type may be a tuple with spaces inside, as a TPU program's
 # `collective-permute-start` is: the op is the first word followed by "(".
@@ -11,25 +18,152 @@ _INSTRUCTION = re.compile(r"\s*(?:ROOT\s+)?%(\S+)\s*=\s*.*?\s([\w\-]+)\((.*)$")
 _COMPUTATION_START = re.compile(r"\n(?=\S.*\{[ \t]*$)", re.MULTILINE)
 
 
+_HEADER = re.compile(r"^(ENTRY\s+)?%?([^\s(]+)")
+_TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+
+
+class _Instruction(NamedTuple):
+  name: str
+  op: str
+  operands: tuple[str, ...]
+  root: bool
+  line: str
+  callees: tuple[str, ...]  # a `while`'s body, a `call`'s computation
+  trips: int  # how many times the callees run: a while's trip count (1 if unknown)
+
+
+def _constant(ins: _Instruction | None) -> int | None:
+  if ins is None or ins.op != "constant":
+    return None
+  m = re.search(r"\bconstant\((-?\d+)\)", ins.line)
+  return int(m.group(1)) if m else None
+
+
+def _source(instructions: dict[str, _Instruction], name: str | None) -> _Instruction | None:
+  """The instruction `name` is a copy or bitcast of (itself if neither)."""
+  ins = instructions.get(name) if name else None
+  while ins is not None and ins.op in ("copy", "bitcast") and ins.operands:
+    ins = instructions.get(ins.operands[0])
+  return ins
+
+
+def _trip_count(ins: _Instruction, caller: dict[str, _Instruction],
+                comps: dict[str, list[_Instruction]]) -> int:
+  """A `while`'s trip count: XLA's ``known_trip_count``, or read from a loop
+  that counts a tuple element up by one from a constant while it is below a
+  constant (`lax.fori_loop`, `lax.scan`: the TPU compiler writes no
+  ``known_trip_count``); 1 when neither is found."""
+  known = _TRIPS.search(ins.line)
+  if known:
+    return int(known.group(1))
+  cond = re.search(r"\bcondition=%?([\w.\-]+)", ins.line)
+  body = {i.name: i for i in comps.get(ins.callees[0], ())} if ins.callees else {}
+  cond_ins = {i.name: i for i in comps.get(cond.group(1), ())} if cond else {}
+  root = next((i for i in cond_ins.values() if i.root), None)
+  init = caller.get(ins.operands[0]) if ins.operands else None
+  if (root is None or root.op != "compare" or "direction=LT" not in root.line
+      or init is None or init.op != "tuple"):
+    return 1
+  counter, limit = (cond_ins.get(o) for o in root.operands[:2])
+  index = re.search(r"\bindex=(\d+)", counter.line) if counter is not None else None
+  if counter is None or counter.op != "get-tuple-element" or index is None or (
+      _constant(limit) is None):
+    return 1
+  k = int(index.group(1))
+  start = _source(caller, init.operands[k] if k < len(init.operands) else None)
+  body_root = next((i for i in body.values() if i.root), None)
+  step = None
+  if body_root is not None and body_root.op == "tuple" and k < len(body_root.operands):
+    step = _source(body, body_root.operands[k])
+  if _constant(start) is None or step is None or step.op != "add":
+    return 1
+  return max(0, _constant(limit) - _constant(start))
+
+
+def _computations(hlo_text: str) -> tuple[dict[str, list[_Instruction]], str | None]:
+  """The instructions of every computation, and the name of the entry."""
+  comps: dict[str, list[_Instruction]] = {}
+  entry = None
+  for k, comp in enumerate(_COMPUTATION_START.split(hlo_text)):
+    lines = comp.splitlines()
+    header = _HEADER.match(lines[0]) if lines and lines[0].rstrip().endswith("{") else None
+    if header is None:  # text before the first computation, or bare instructions
+      comp_name = f"#{k}"
+    else:
+      comp_name, lines = header.group(2), lines[1:]
+      if header.group(1):
+        entry = comp_name
+    out = []
+    for line in lines:
+      m = _INSTRUCTION.match(line)
+      if not m:
+        continue
+      name, op, rest = m.groups()
+      callees = ()
+      if op in ("while", "call"):
+        callee = re.search(r"\b(?:body|to_apply)=%?([\w.\-]+)", rest)
+        callees = (callee.group(1),) if callee else ()
+      out.append(_Instruction(name, op, tuple(re.findall(r"%([\w.\-]+)", rest)),
+                              line.lstrip().startswith("ROOT"), line, callees, 1))
+    comps[comp_name] = out
+  for comp_name, instructions in comps.items():
+    caller = {i.name: i for i in instructions}
+    comps[comp_name] = [i._replace(trips=_trip_count(i, caller, comps)) if i.op == "while"
+                        else i for i in instructions]
+  return comps, entry
+
+
+def _executed(hlo_text: str) -> Iterator[tuple[str, _Instruction]]:
+  """`(computation, instruction)` as the program runs them: from the entry,
+  a `while` body repeated its known trip count, a `call`'s computation once;
+  computations not reached that way (or all, without an entry) once, after."""
+  comps, entry = _computations(hlo_text)
+  seen: set[str] = set()
+
+  def walk(name: str) -> Iterator[tuple[str, _Instruction]]:
+    seen.add(name)
+    for ins in comps.get(name, ()):
+      yield name, ins
+      for _ in range(ins.trips):
+        for callee in ins.callees:
+          if callee in comps:
+            yield from walk(callee)
+
+  if entry is not None:
+    yield from walk(entry)
+  for name in list(comps):
+    if name not in seen:
+      yield from walk(name)
+
+
 def collective_permute_rounds(hlo_text: str) -> list[tuple[int, frozenset]]:
-  """The round and device pairs of every collective-permute, in program order.
+  """The round and device pairs of every collective-permute run, in program order.
 
   The round of a collective-permute is the number of collective-permutes on
   the longest chain of data dependences that ends with it (itself included):
   exchanges that do not depend on each other share a round, and the largest
   round is the number of neighbour-exchange latencies on the critical path.
-  Rounds are counted inside each computation (a `while` body counts once).
+
+  A `while` loop with a known trip count T (XLA writes it in the loop's
+  ``backend_config``) runs its body T times: its collective-permutes are
+  listed once per iteration, and iteration t + 1 depends on what iteration
+  t's body returns, so a body with one exchange per round that runs T times
+  counts T rounds, as the unrolled program would (the ring and torus of
+  `rounds.run_in_rounds`). A loop of unknown trip count counts once;
+  computations not reached from the entry by `while` and `call` count once,
+  each on its own.
 
   Args:
     hlo_text: `jax.jit(f).lower(...).compile().as_text()` (or any HLO text).
 
   Returns:
-    `[(round, pairs)]` in the order the instructions appear (the executed
-    order for a scheduled module), `pairs` the frozenset of
+    `[(round, pairs)]` in the order the instructions run (the executed
+    order for a scheduled module, loops unrolled), `pairs` the frozenset of
     `(source, target)` device ids.
 
   Examples:
-    A ring all-reduce over 4 devices takes ``2(P - 1) = 6`` rounds:
+    A ring all-reduce over 4 devices takes ``2(P - 1) = 6`` rounds, from
+    two loops of three:
 
     >>> import jax, jax.numpy as jnp
     >>> from jax.sharding import PartitionSpec as P
@@ -38,30 +172,52 @@ def collective_permute_rounds(hlo_text: str) -> list[tuple[int, frozenset]]:
     >>> f = jax.jit(jax.shard_map(
     ...     lambda x: dp.ring_all_reduce(x, "data"), mesh=mesh,
     ...     in_specs=P("data"), out_specs=P("data"), check_vma=False))
-    >>> rounds = dp.collective_permute_rounds(f.lower(jnp.ones(8)).compile().as_text())
-    >>> max(r for r, _ in rounds)
-    6
+    >>> text = f.lower(jnp.ones(8)).compile().as_text()
+    >>> [r for r, _ in dp.collective_permute_rounds(text)]
+    [1, 2, 3, 4, 5, 6]
+    >>> text.count(" collective-permute(")  # in the program: one per loop body
+    2
 
   References:
     Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for
     clusters of workstations", 2009 (the ring's ``2(P - 1)`` steps); the
     alpha-beta model of `date_optax.parallel.allreduce_cost`.
   """
-  out = []
-  for comp in _COMPUTATION_START.split(hlo_text):
+  comps, entry = _computations(hlo_text)
+  out: list[tuple[int, frozenset]] = []
+  seen: set[str] = set()
+  pairs_of: dict[str, frozenset] = {}
+
+  def walk(name: str, base: int) -> int:
+    """Rounds in computation `name` whose parameters are at round `base`;
+    returns the round of its result."""
+    seen.add(name)
     depth: dict[str, int] = {}
-    for line in comp.splitlines():
-      m = _INSTRUCTION.match(line)
-      if not m:
-        continue
-      name, op, rest = m.groups()
-      d = max((depth.get(o, 0) for o in re.findall(r"%([\w.\-]+)", rest)), default=0)
-      if op.startswith("collective-permute") and not op.endswith("-done"):
+    result = base
+    for ins in comps.get(name, ()):
+      d = base if ins.op == "parameter" else max(
+          (depth.get(o, 0) for o in ins.operands), default=0)
+      for _ in range(ins.trips):
+        for callee in ins.callees:
+          if callee in comps:
+            d = walk(callee, d)
+      if ins.op.startswith("collective-permute") and not ins.op.endswith("-done"):
         d += 1
-        pairs = re.search(r"source_target_pairs=\{(.*?)\}\}", line).group(1)
-        out.append((d, frozenset(
-            tuple(map(int, p.split(","))) for p in re.findall(r"\{(\d+,\d+)", pairs))))
-      depth[name] = d
+        if ins.line not in pairs_of:  # a loop body's, read once
+          pairs = re.search(r"source_target_pairs=\{(.*?)\}\}", ins.line).group(1)
+          pairs_of[ins.line] = frozenset(
+              tuple(map(int, p.split(","))) for p in re.findall(r"\{(\d+,\d+)", pairs))
+        out.append((d, pairs_of[ins.line]))
+      depth[ins.name] = d
+      if ins.root:
+        result = d
+    return result
+
+  if entry is not None:
+    walk(entry, 0)
+  for name in list(comps):
+    if name not in seen:
+      walk(name, 0)
   return out
 
 
@@ -157,15 +313,16 @@ def collectives(hlo_text: str) -> list[dict]:
   Reads the optimized HLO text (``compiled.as_text()``): each all-reduce,
   reduce-scatter, all-gather, all-to-all and collective-permute, counted
   once (an asynchronous ``-start``/``-done`` pair is one collective, sized
-  by its ``-done`` result). Operations inside a loop body count once.
+  by its ``-done`` result). A loop body of known trip count T counts T
+  times, as the program runs it (`collective_permute_rounds`).
 
   Args:
     hlo_text: `jax.jit(f).lower(...).compile().as_text()`.
 
   Returns:
     A list, in program order, of dicts: ``kind`` (one of `COLLECTIVE_KINDS`),
-    ``name``, ``dtypes`` (the payload's element types), ``elements``,
-    ``elements`` and ``bytes`` (the payload as stored: the result of an
+    ``name``, ``dtypes`` (the payload's element types), ``elements`` and
+    ``bytes`` (the payload as stored: the result of an
     all-reduce, all-gather, all-to-all or collective-permute, the input of a
     reduce-scatter, i.e. its result, the scattered shard, times the group
     size), ``group_size`` (devices per replica group, every participant for
@@ -190,8 +347,12 @@ def collectives(hlo_text: str) -> list[dict]:
   starts: dict[str, tuple[str, str]] = {}
   out = []
   sizes = _module_sizes(hlo_text)
-  for line in hlo_text.splitlines():
-    m = _OPERATION.match(line)
+  matches: dict[str, Any] = {}
+  entries: dict[tuple[str, ...], dict] = {}  # a loop body's collectives, parsed once
+  for _, ins in _executed(hlo_text):
+    if ins.line not in matches:
+      matches[ins.line] = _OPERATION.match(ins.line)
+    m = matches[ins.line]
     if not m:
       continue
     name, result, kind, phase, rest = m.groups()
@@ -201,24 +362,32 @@ def collectives(hlo_text: str) -> list[dict]:
     if phase == "-done":
       operand = re.match(r"\s*%([\w.\-]+)", rest)
       kind, rest = starts.pop(operand.group(1), (kind, rest)) if operand else (kind, rest)
-    arrays = _arrays(result)
-    if kind == "collective-permute":
-      pairs = re.search(r"source_target_pairs=(\{[^=]*?\}\})", rest)
-      groups = pairs.group(1) if pairs else ""
-      size = groups.count("{") - 1 if groups else None
-    else:
-      groups, size = _group_size(rest, sizes)
-    nbytes, elements = sum(b for _, _, b in arrays), sum(n for _, n, _ in arrays)
-    if kind == "reduce-scatter" and size:
-      # The result is this device's shard: the payload is the group's.
-      nbytes, elements = nbytes * size, elements * size
-    out.append({
-        "kind": kind, "name": name,
-        "dtypes": sorted({d for d, _, _ in arrays}),
-        "elements": elements,
-        "bytes": nbytes, "group_size": size, "groups": groups,
-    })
+    key = (name, result, kind, rest)
+    if key not in entries:
+      entries[key] = _collective(name, result, kind, rest, sizes)
+    out.append(dict(entries[key]))
   return out
+
+
+def _collective(name: str, result: str, kind: str, rest: str,
+                sizes: tuple[int, int] | None) -> dict:
+  arrays = _arrays(result)
+  if kind == "collective-permute":
+    pairs = re.search(r"source_target_pairs=(\{[^=]*?\}\})", rest)
+    groups = pairs.group(1) if pairs else ""
+    size = groups.count("{") - 1 if groups else None
+  else:
+    groups, size = _group_size(rest, sizes)
+  nbytes, elements = sum(b for _, _, b in arrays), sum(n for _, n, _ in arrays)
+  if kind == "reduce-scatter" and size:
+    # The result is this device's shard: the payload is the group's.
+    nbytes, elements = nbytes * size, elements * size
+  return {
+      "kind": kind, "name": name,
+      "dtypes": sorted({d for d, _, _ in arrays}),
+      "elements": elements,
+      "bytes": nbytes, "group_size": size, "groups": groups,
+  }
 
 
 def fusion_count(hlo_text: str) -> int:

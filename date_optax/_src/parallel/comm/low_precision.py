@@ -238,6 +238,20 @@ class StochasticRounding:
     self._calls += 1
     return key
 
+  def reserve(self, calls: int) -> int:
+    """The rank of the next call; the `calls` calls from it are skipped here
+    and made by `at_call` formats (the rounds of a loop)."""
+    first = self._calls
+    self._calls += calls
+    return first
+
+  def at(self, call: Any) -> StochasticRounding:
+    """This rounding with its next call the `call`-th (an int or a traced
+    int32, e.g. from a loop's index); this one's count is left as it is."""
+    out = StochasticRounding(self.fmt, self._key)
+    out._calls = call
+    return out
+
   def round(self, x: jax.Array) -> jax.Array:
     """float32 -> a neighbouring value of the format, as float32."""
     return stochastic_round(self.fmt, x, self._next_key())
@@ -249,6 +263,23 @@ class StochasticRounding:
   def decode(self, w: jax.Array) -> jax.Array:
     """wire dtype -> float32 (exact)."""
     return self.fmt.decode(w)
+
+
+def rounding_counter(fmt: Any) -> StochasticRounding | None:
+  """The `StochasticRounding` that counts `fmt`'s calls (None: nearest)."""
+  fmt = fmt.fmt if isinstance(fmt, ScaledFormat) else fmt
+  return fmt if isinstance(fmt, StochasticRounding) else None
+
+
+def at_call(fmt: Any, call: Any) -> Any:
+  """`fmt` whose next stochastic rounding is its `call`-th (`StochasticRounding.at`);
+  a format that rounds to nearest is returned as it is."""
+  counter = rounding_counter(fmt)
+  if counter is None:
+    return fmt
+  if isinstance(fmt, ScaledFormat):
+    return ScaledFormat(counter.at(call), fmt.block_size, fmt.groups)
+  return counter.at(call)
 
 
 def rounding_key(rng: Any, step: jax.Array) -> jax.Array:

@@ -276,7 +276,10 @@ def roofline(hlo_text: str, *, flops: float, bytes_accessed: float, tpu: TpuSlic
   bandwidth over its chips (`TpuGeneration.dcn_bandwidth_per_chip`), all
   chips sending at once. Flops are priced at the bf16 peak, so f32 matmuls
   (several bf16 passes on a TPU) make the compute time a lower bound; a
-  loop's body counts once, as in the cost analysis.
+  loop's body counts once in the flops and bytes accessed, as in the cost
+  analysis, while its collectives count once per iteration where the trip
+  count can be read (`date_optax.parallel.collectives`: the ring and torus
+  rounds run as loops).
 
   Args:
     hlo_text: ``compiled.as_text()``: one device's optimized program.
@@ -337,16 +340,21 @@ def roofline(hlo_text: str, *, flops: float, bytes_accessed: float, tpu: TpuSlic
   all_devices = list(tpu.devices if devices is None else devices)
   program = _program_devices(all_devices, int(parts.group(1)) if parts else len(all_devices))
   priced = []
+  placed: dict[tuple[Any, ...], tuple[int, str, int]] = {}  # a loop's, placed once
   for c in hlo.collectives(hlo_text):
-    groups = replica_groups(c["groups"], len(program)) or []
-    members = [[program[i] for i in g if i < len(program)] for g in groups]
-    slices = [{getattr(d, "slice_index", None) for d in g} for g in members]
-    network = DCN if any(len(s) > 1 for s in slices) else ICI
-    n = (max(1, len(groups[0])) if groups and c["kind"] != "collective-permute"
-         else c["group_size"] or 1)
-    links = 0 if network == DCN else (1 if c["kind"] == "collective-permute" else min(
-        facts.ici_links_per_chip, 2 * max(1, min((_axes_spanned(g) for g in members),
-                                                 default=1))))
+    key = (c["kind"], c["groups"], c["group_size"])
+    if key not in placed:
+      groups = replica_groups(c["groups"], len(program)) or []
+      members = [[program[i] for i in g if i < len(program)] for g in groups]
+      slices = [{getattr(d, "slice_index", None) for d in g} for g in members]
+      network = DCN if any(len(s) > 1 for s in slices) else ICI
+      n = (max(1, len(groups[0])) if groups and c["kind"] != "collective-permute"
+           else c["group_size"] or 1)
+      links = 0 if network == DCN else (1 if c["kind"] == "collective-permute" else min(
+          facts.ici_links_per_chip, 2 * max(1, min((_axes_spanned(g) for g in members),
+                                                   default=1))))
+      placed[key] = (n, network, links)
+    n, network, links = placed[key]
     priced.append({**c, "group_size": n, "network": network, "links": links})
   for c in dcn_transfers(hlo_text, tpu.num_slices):
     priced.append({**c, "network": DCN, "links": 0})
