@@ -13,7 +13,7 @@ import fcntl
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 
 def command(script: str, argv: Sequence[str] | None = None) -> str:
@@ -73,3 +73,20 @@ def log_run(path: str, done: dict[str, dict], ident: str, rec: dict) -> None:
     fcntl.flock(f, fcntl.LOCK_EX)
     f.write(json.dumps(dict(ident=ident, **rec)) + "\n")
     fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def run_and_log(path: str, done: dict[str, dict], ident: str, key: dict,
+                train: Callable[[], dict], label: str) -> dict | None:
+  """Runs `train()` and logs its record under `ident` as ``dict(key=key, **record)``.
+
+  Returns the logged record, or None, after a ``FAILED <label>: <error>``
+  line, when `train` raises: a failed cell must not end the study.
+  """
+  try:
+    rec = train()
+  except Exception as e:  # noqa: BLE001 - a failed cell must not end the study
+    print(f"FAILED {label}: {e!r}", flush=True)
+    return None
+  rec = dict(key=key, **rec)
+  log_run(path, done, ident, rec)
+  return rec

@@ -213,12 +213,9 @@ def train_growing(task, data: dict, base: date_optax.Baseline, sched, seed: int,
   """Trains `epochs · n` examples through the growing step; the curve per step."""
   tx = date_optax.date(base, sched.max_batch, batch_schedule=sched,
                        lr_scaling=rule or lr_rule(base))
-  model = task.model(task.batch_size)
   x_train, y_train = data["x_train"], data["y_train"]
   start = time.perf_counter()
-  variables = model.init(jax.random.key(seed), jnp.asarray(x_train[:2]), train=True)
-  params, bstats = variables["params"], variables.get("batch_stats")
-
+  model, params, bstats = oracle.init_classifier(task, x_train, seed)
   loss_fn = oracle.classifier_loss(model)
   mesh = dp.data_mesh(devices)
   step = dp.make_train_step(loss_fn, tx, mesh, grad_stats=True, batch_schedule=sched,
@@ -282,14 +279,14 @@ def run_study(args) -> int:
       return None
     total = bert.config().num_train_tokens // bert.config().seq_len
     sched = schedule_for(method, BERT.batch_size, total, cfg)
-    try:
-      rec = bert.train_growing(sched, seed, "linear" if method == "adaptive_linear" else "sqrt",
-                               **adaptive_options(method, BERT.batch_size)[1])
-    except Exception as e:  # noqa: BLE001 - a failed cell must not end the study
-      print(f"FAILED {bert.NAME} seed={seed} {method}: {e!r}", flush=True)
+    rec = _runlog.run_and_log(
+        log_path, done, ident, key,
+        lambda: bert.train_growing(
+            sched, seed, "linear" if method == "adaptive_linear" else "sqrt",
+            **adaptive_options(method, BERT.batch_size)[1]),
+        f"{bert.NAME} seed={seed} {method}")
+    if rec is None:
       return None
-    rec = dict(key=key, **rec)
-    _runlog.log_run(log_path, done, ident, rec)
     print(f"[{(time.perf_counter() - t0) / 60:5.1f} min] {bert.NAME} seed={seed} "
           f"{method}: eval loss {rec['loss']:.4f} in {rec['steps']} steps "
           f"({rec['wall']:.0f} s)", flush=True)
@@ -315,22 +312,22 @@ def run_study(args) -> int:
     if args.report_only or method in READ_METHODS:
       return None
     base = oracle.baseline_of(task, task.learning_rate, data)
-    try:
+
+    def train():
       if method in OLD_METHODS:
         tx = oracle.optimizer_for(method, base, task.batch_size * k)
-        rec = oracle.train(task.model(task.batch_size), data, tx, task.batch_size * k,
-                           seed, task.steps_per_call)
-      else:
-        sched = schedule_for(method, task.batch_size, data["epochs"] * len(data["x_train"]),
-                             cfg, start=first)
-        rule = next((r for r in method.split("_")[1:] if r in LR_RULES), None)
-        options = adaptive_options(method, first)[1] if method.startswith("adaptive") else {}
-        rec = train_growing(task, data, base, sched, seed, devices, rule, options)
-    except Exception as e:  # noqa: BLE001 - a failed cell must not end the study
-      print(f"FAILED {task.name} seed={seed} {method}: {e!r}", flush=True)
+        return oracle.train(task.model(task.batch_size), data, tx, task.batch_size * k,
+                            seed, task.steps_per_call)
+      sched = schedule_for(method, task.batch_size, data["epochs"] * len(data["x_train"]),
+                           cfg, start=first)
+      rule = next((r for r in method.split("_")[1:] if r in LR_RULES), None)
+      options = adaptive_options(method, first)[1] if method.startswith("adaptive") else {}
+      return train_growing(task, data, base, sched, seed, devices, rule, options)
+
+    rec = _runlog.run_and_log(log_path, done, ident, key, train,
+                              f"{task.name} seed={seed} {method}")
+    if rec is None:
       return None
-    rec = dict(key=key, **rec)
-    _runlog.log_run(log_path, done, ident, rec)
     print(f"[{(time.perf_counter() - t0) / 60:5.1f} min] {task.name} seed={seed} "
           f"{method}: {rec['accuracy']:.2f} in {rec['steps']} steps ({rec['wall']:.0f} s)",
           flush=True)

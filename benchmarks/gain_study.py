@@ -44,7 +44,6 @@ os.environ.setdefault(
 )  # 8 emulated devices on CPU (before jax is imported)
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import date_optax  # noqa: E402
@@ -85,12 +84,9 @@ def optimizer_for(method: str, base: date_optax.Baseline, batch: int):
 
 def train_with_step(task, data: dict, tx, batch: int, seed: int) -> dict:
   """Trains through make_train_step(grad_stats=True) on every device."""
-  model = task.model(task.batch_size)
   x_train, y_train = data["x_train"], data["y_train"]
   start = time.perf_counter()
-  variables = model.init(jax.random.key(seed), jnp.asarray(x_train[:2]), train=True)
-  params, bstats = variables["params"], variables.get("batch_stats")
-
+  model, params, bstats = oracle.init_classifier(task, x_train, seed)
   loss_fn = oracle.classifier_loss(model)
   devices = jax.device_count()
   if "cnn" in task.name:  # ghost batch norm: B0 examples per ghost batch
@@ -150,13 +146,12 @@ def run_study(args) -> int:
       return old[ident]
     if args.report_only:
       return None
-    try:
-      rec = _train(task, data, method, key, k, seed, lr_factor, wf)
-    except Exception as e:  # noqa: BLE001 - a failed cell must not end the study
-      print(f"FAILED {task.name} k={k} seed={seed} {method}: {e!r}", flush=True)
+    rec = _runlog.run_and_log(
+        log_path, done, ident, key,
+        lambda: _train(task, data, method, key, k, seed, lr_factor, wf),
+        f"{task.name} k={k} seed={seed} {method}")
+    if rec is None:
       return None
-    rec = dict(key=key, **rec)
-    _runlog.log_run(log_path, done, ident, rec)
     counter["new"] += 1
     el = (time.perf_counter() - counter["t0"]) / 60
     extra = ""

@@ -152,6 +152,14 @@ TASKS = (
 )
 
 
+def init_classifier(task: Task, x_train: np.ndarray, seed: int) -> tuple:
+  """`(model, params, batch_stats)`: the task's model at its B0, initialised
+  from `seed` on two rows of `x_train`; `batch_stats` None without batch norm."""
+  model = task.model(task.batch_size)
+  variables = model.init(jax.random.key(seed), jnp.asarray(x_train[:2]), train=True)
+  return model, variables["params"], variables.get("batch_stats")
+
+
 def classifier_loss(model: nn.Module) -> Callable:
   """`loss_fn(params, batch, model_state=None)` for the data-parallel step:
   softmax cross-entropy of `model` on `batch["x"]`, `batch["y"]`; with

@@ -48,6 +48,7 @@ import platform
 import sysconfig
 import warnings
 
+import jax.numpy as jnp
 import numpy as np
 
 PAD = 256
@@ -306,6 +307,27 @@ def log_unigram_prior(vocab: Vocab) -> np.ndarray:
   """
   c = token_counts(vocab, "train").astype(np.float64) + 1.0
   return np.log(c / c.sum()).astype(np.float32)
+
+
+def init_output_bias(init: str, params: dict, vocab: Vocab) -> dict:
+  """`params` with `head_bias` started as `init` (`config.output_bias_init`) says.
+
+  Args:
+    init: "zeros" (`params` as they are) or "unigram" (`head_bias` set to
+      `log_unigram_prior(vocab)` in its own dtype).
+    params: the language model's parameters, with a `head_bias` leaf.
+    vocab: the run's tokenizer.
+
+  Returns:
+    The parameters, a new dict when the bias changes.
+  """
+  if init == "zeros":
+    return params
+  if init != "unigram":
+    raise ValueError('config.output_bias_init must be "unigram" or "zeros", got '
+                     f"{init!r}.")
+  prior = jnp.asarray(log_unigram_prior(vocab), params["head_bias"].dtype)
+  return {**params, "head_bias": prior}
 
 
 def unigram_entropy(tokens: np.ndarray, pad_id: int) -> float:

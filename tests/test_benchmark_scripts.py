@@ -26,6 +26,17 @@ def _run_quick(script: str, out, **env) -> None:
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
+def _main_quick(tmp_path, name: str, *flags: str):
+  """Loads `benchmarks/<name>.py` and runs its `main` once with `flags`, --quick
+  and --out under `tmp_path`; returns the module, the output prefix and the
+  argv (to run it again)."""
+  bench = load_benchmark(name)
+  out = str(tmp_path / name)
+  argv = [*flags, "--quick", "--out", out]
+  assert bench.main(argv) == 0
+  return bench, out, argv
+
+
 @pytest.mark.slow
 def test_bench_device_quick_writes_every_ratio(tmp_path):
   """`bench_device.py --quick` on 8 CPU devices (~30 s): both files, finite ratios."""
@@ -107,10 +118,8 @@ def test_growth_device_time_compile_only_records_every_program(tmp_path):
 
 @pytest.mark.slow
 def test_batch_scaling_quick_tiny_and_resume(tmp_path):
-  bench = load_benchmark("batch_scaling")
-  out = str(tmp_path / "bs")
-  argv = ["--quick", "--epochs", "8", "--num-train", "1024", "--out", out]
-  assert bench.main(argv) == 0
+  bench, out, argv = _main_quick(tmp_path, "batch_scaling", "--epochs", "8",
+                                 "--num-train", "1024")
   md, lines = study_outputs(out, bench.LABELS.values())
   # 4 scales x 5 methods, iterations 8 * 1024 / B.
   assert "| iterations | 512 | 128 | 32 | 8 |" in md
@@ -123,10 +132,7 @@ def test_batch_scaling_quick_tiny_and_resume(tmp_path):
 
 @pytest.mark.slow
 def test_batch_scaling_oracle_quick_and_resume(tmp_path):
-  bench = load_benchmark("batch_scaling")
-  out = str(tmp_path / "oracle")
-  argv = ["--oracle", "--quick", "--out", out]
-  assert bench.main(argv) == 0
+  bench, out, argv = _main_quick(tmp_path, "batch_scaling", "--oracle")
   oracle = bench._oracle_module()
   md, lines = study_outputs(out, oracle.LABELS.values())
   for task in oracle.TASKS:
@@ -146,10 +152,7 @@ def test_batch_scaling_oracle_quick_and_resume(tmp_path):
 
 @pytest.mark.slow
 def test_gain_study_quick_and_resume(tmp_path):
-  bench = load_benchmark("gain_study")
-  out = str(tmp_path / "gain")
-  argv = ["--quick", "--out", out]
-  assert bench.main(argv) == 0
+  bench, out, argv = _main_quick(tmp_path, "gain_study")
   _, lines = study_outputs(out, bench.LABELS.values())
   recs = [json.loads(line) for line in lines]
   assert {r["key"]["method"] for r in recs} == {
@@ -295,10 +298,7 @@ def test_low_precision_bert_runs_pass_the_payload_options_to_the_example(monkeyp
 
 @pytest.mark.slow
 def test_batch_growth_quick_and_resume(tmp_path):
-  bench = load_benchmark("batch_growth")
-  out = str(tmp_path / "growth")
-  argv = ["--quick", "--out", out]
-  assert bench.main(argv) == 0
+  bench, out, argv = _main_quick(tmp_path, "batch_growth")
   recs = [json.loads(line) for line in open(out + ".jsonl").read().splitlines()]
   task = bench.QUICK["tasks"][0]  # the variants run on the tasks they inform
   rows = {*bench.OLD_METHODS, *bench.NEW_METHODS} - {

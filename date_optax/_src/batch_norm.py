@@ -402,6 +402,50 @@ def _running_update(
   return new_mean, new_var
 
 
+def _layer_output(
+    layer: Any,
+    x: Array,
+    mask: Array | None,
+    ra_mean: Array,
+    ra_var: Array,
+    scale: Array | None,
+    bias: Array | None,
+    *,
+    feature_axes: tuple[int, ...],
+    use_running_average: bool,
+    grouped: bool = True,
+) -> tuple[Array, tuple[Array, Array] | None]:
+  """A ghost batch norm layer's output and its new running averages.
+
+  `layer` is the linen or the nnx `GhostBatchNorm`, read for its options;
+  `ra_mean` and `ra_var` have the feature shape. With `use_running_average`
+  the input is normalised with them and no new averages are returned (None);
+  otherwise with its group statistics, which also update the averages.
+  `grouped=False` (linen's `init`) takes whole-batch statistics without
+  collectives.
+  """
+  norm = dict(feature_axes=feature_axes, epsilon=layer.epsilon, dtype=layer.dtype)
+  if use_running_average:
+    return _normalize(x, ra_mean, ra_var, scale, bias, **norm), None
+  moments = _group_moments(
+      x,
+      mask,
+      feature_axes=feature_axes,
+      ghost_batch_size=layer.ghost_batch_size if grouped else None,
+      group_size=layer.group_size if grouped else None,
+      num_replicas=layer.num_replicas if grouped else None,
+      axis_name=layer.axis_name if grouped else None,
+      use_fast_variance=layer.use_fast_variance,
+  )
+  feature_shape = tuple(x.shape[a] for a in feature_axes)
+  running = _running_update(ra_mean, ra_var, moments, layer.momentum, feature_shape)
+  y = _normalize(
+      x, moments.mean, moments.var, scale, bias, layout_shape=moments.layout_shape,
+      **norm,
+  )
+  return y, running
+
+
 # --------------------------------------------------------------------------
 # flax.linen module.
 # --------------------------------------------------------------------------
@@ -588,30 +632,12 @@ class GhostBatchNorm(nn.Module):
         else None
     )
 
-    norm = dict(feature_axes=feature_axes, epsilon=self.epsilon, dtype=self.dtype)
-    if use_running_average:
-      return _normalize(x, ra_mean.value, ra_var.value, scale, bias, **norm)
     initializing = self.is_initializing()
-    moments = _group_moments(
-        x,
-        mask,
-        feature_axes=feature_axes,
-        ghost_batch_size=None if initializing else self.ghost_batch_size,
-        group_size=None if initializing else self.group_size,
-        num_replicas=None if initializing else self.num_replicas,
-        axis_name=None if initializing else self.axis_name,
-        use_fast_variance=self.use_fast_variance,
+    y, running = _layer_output(
+        self, x, mask, ra_mean.value, ra_var.value, scale, bias,
+        feature_axes=feature_axes, use_running_average=use_running_average,
+        grouped=not initializing,
     )
-    if not initializing:
-      ra_mean.value, ra_var.value = _running_update(
-          ra_mean.value, ra_var.value, moments, self.momentum, feature_shape
-      )
-    return _normalize(
-        x,
-        moments.mean,
-        moments.var,
-        scale,
-        bias,
-        layout_shape=moments.layout_shape,
-        **norm,
-    )
+    if running is not None and not initializing:
+      ra_mean.value, ra_var.value = running
+    return y

@@ -186,37 +186,15 @@ class GhostBatchNorm(nnx.Module):
       )
     scale = self.scale[...] if self.scale is not None else None
     bias = self.bias[...] if self.bias is not None else None
-    norm = dict(feature_axes=feature_axes, epsilon=self.epsilon, dtype=self.dtype)
-    if use_running_average:
-      return bn_lib._normalize(x, self.mean[...], self.var[...], scale, bias, **norm)
-    moments = bn_lib._group_moments(
-        x,
-        mask,
-        feature_axes=feature_axes,
-        ghost_batch_size=self.ghost_batch_size,
-        group_size=self.group_size,
-        num_replicas=self.num_replicas,
-        axis_name=self.axis_name,
-        use_fast_variance=self.use_fast_variance,
+    y, running = bn_lib._layer_output(
+        self, x, mask, self.mean[...].reshape(feature_shape),
+        self.var[...].reshape(feature_shape), scale, bias,
+        feature_axes=feature_axes, use_running_average=use_running_average,
     )
-    new_mean, new_var = bn_lib._running_update(
-        self.mean[...].reshape(feature_shape),
-        self.var[...].reshape(feature_shape),
-        moments,
-        self.momentum,
-        feature_shape,
-    )
-    self.mean[...] = new_mean.reshape(self.mean[...].shape)
-    self.var[...] = new_var.reshape(self.var[...].shape)
-    return bn_lib._normalize(
-        x,
-        moments.mean,
-        moments.var,
-        scale,
-        bias,
-        layout_shape=moments.layout_shape,
-        **norm,
-    )
+    if running is not None:
+      self.mean[...] = running[0].reshape(self.mean[...].shape)
+      self.var[...] = running[1].reshape(self.var[...].shape)
+    return y
 
   def set_view(self, use_running_average: bool | None = None):
     """Used by ``nnx.view``: sets ``use_running_average`` when given.

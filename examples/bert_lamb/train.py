@@ -33,7 +33,7 @@ from jax.sharding import PartitionSpec as P
 
 import date_optax
 import date_optax.parallel as dp
-from examples import _loop
+from examples import _loop, _text_corpus
 from examples._loop import make_grad_sync  # noqa: F401 - the example's name for it
 from examples.bert_lamb import input_pipeline, models
 
@@ -192,13 +192,7 @@ def init_output_bias(config: ml_collections.ConfigDict, params: Any,
   (measured in docs/RESULTS.md); with the prior in the bias those
   gradients average to zero from the first step.
   """
-  if config.output_bias_init == "zeros":
-    return params
-  if config.output_bias_init != "unigram":
-    raise ValueError('config.output_bias_init must be "unigram" or "zeros", got '
-                     f"{config.output_bias_init!r}.")
-  prior = jnp.asarray(input_pipeline.log_unigram_prior(vocab), params["head_bias"].dtype)
-  return {**params, "head_bias": prior}
+  return _text_corpus.init_output_bias(config.output_bias_init, params, vocab)
 
 
 def make_mesh(config: ml_collections.ConfigDict, tpu: dp.TpuSlice | None = None

@@ -183,13 +183,7 @@ def init_output_bias(config: ml_collections.ConfigDict, params: Any,
   """
   if not config.model.get("output_bias"):
     return params
-  if config.output_bias_init == "zeros":
-    return params
-  if config.output_bias_init != "unigram":
-    raise ValueError('config.output_bias_init must be "unigram" or "zeros", got '
-                     f"{config.output_bias_init!r}.")
-  prior = jnp.asarray(_text_corpus.log_unigram_prior(vocab), params["head_bias"].dtype)
-  return {**params, "head_bias": prior}
+  return _text_corpus.init_output_bias(config.output_bias_init, params, vocab)
 
 
 def make_mesh(config: ml_collections.ConfigDict, tpu: dp.TpuSlice | None = None

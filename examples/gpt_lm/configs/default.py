@@ -93,3 +93,35 @@ def get_config() -> ml_collections.ConfigDict:
   config.num_train_steps = -1  # -1: the whole recipe; > 0 stops early
   config.seed = 0
   return config
+
+
+def slice_config(model: dict, *, vocab_size: int, seq_len: int, batch_size: int,
+                 num_train_tokens: int, learning_rate: float, fsdp: int,
+                 microbatches: int = 1) -> ml_collections.ConfigDict:
+  """The AdamW baseline of a model shape to compile for a TPU slice.
+
+  The shared part of `gpt2_small.py`, `llama_1b.py` and `llama_8b.py`:
+  `model` sets the decoder's shape (untied output, no output bias), the
+  baseline trains at its own `batch_size` with a 1 % warmup and this
+  config's cosine decay, (b1, b2) and weight decay; every kernel and the
+  embedding are split over an "fsdp" axis of `fsdp` devices (FSDP_RULES),
+  the optimizer state also over "data" (`shard_update`). No CPU devices are
+  emulated (the slice has its own), and evaluation and logs are sparse.
+  """
+  config = get_config()
+  config.model.update(model, output_bias=False)
+  config.vocab_size = vocab_size
+  config.seq_len = seq_len
+  config.base_batch_size = batch_size
+  config.batch_size = batch_size
+  config.num_train_tokens = num_train_tokens
+  config.base_learning_rate = learning_rate
+  config.warmup_ratio = 0.01
+  config.fsdp = fsdp
+  config.param_sharding = FSDP_RULES
+  config.shard_update = True
+  config.microbatches = microbatches
+  config.cpu_devices = 0
+  config.eval_every_steps = 1000
+  config.log_every_steps = 100
+  return config

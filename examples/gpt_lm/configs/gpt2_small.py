@@ -11,9 +11,8 @@ https://arxiv.org/abs/2005.14165): batch 512 × 1,024 tokens (0.5 M), peak
 learning rate 6e-4, (b1, b2) = (0.9, 0.95), weight decay 0.1; 2.48 B
 training tokens (20 per parameter of the 124 M model, Hoffmann et al.,
 "Training Compute-Optimal Large Language Models", 2022,
-https://arxiv.org/abs/2203.15556). Layout: every kernel split over an
-"fsdp" axis of 4 devices (`default.FSDP_RULES`), the optimizer state also
-over "data" (`shard_update`); the slice's other devices are data replicas.
+https://arxiv.org/abs/2203.15556). Layout (`default.slice_config`): FSDP
+over 4 devices; the slice's other devices are data replicas.
 
   date-optax compile --example gpt_lm --accelerator-type v5litepod-64 \
       --config examples/gpt_lm/configs/gpt2_small.py
@@ -23,20 +22,9 @@ from examples.gpt_lm.configs import default
 
 
 def get_config():
-  config = default.get_config()
-  config.model.update(d_model=768, num_layers=12, num_heads=12, num_kv_heads=None,
-                      mlp_dim=2048, rope_base=10000.0, remat=False, output_bias=False)
-  config.vocab_size = 50304
-  config.seq_len = 1024
-  config.base_batch_size = 512
-  config.batch_size = 512
-  config.num_train_tokens = 20 * 124 * 10**6
-  config.base_learning_rate = 6e-4
-  config.warmup_ratio = 0.01
-  config.fsdp = 4
-  config.param_sharding = default.FSDP_RULES
-  config.shard_update = True
-  config.cpu_devices = 0
-  config.eval_every_steps = 1000
-  config.log_every_steps = 100
-  return config
+  return default.slice_config(
+      dict(d_model=768, num_layers=12, num_heads=12, num_kv_heads=None, mlp_dim=2048,
+           rope_base=10000.0, remat=False),
+      vocab_size=50304, seq_len=1024, batch_size=512,
+      num_train_tokens=20 * 124 * 10**6, learning_rate=6e-4, fsdp=4,
+  )

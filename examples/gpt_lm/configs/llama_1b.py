@@ -7,11 +7,9 @@ context, Llama 2's 32,000-token vocabulary and an untied output: 1.10 B
 parameters. AdamW: batch 1,024 × 2,048 tokens (2 M), peak learning rate
 4e-4, (b1, b2) = (0.9, 0.95), weight decay 0.1, cosine decay; 22 B
 training tokens (20 per parameter, Hoffmann et al., 2022,
-https://arxiv.org/abs/2203.15556). Layout: every kernel and the
-embedding split over an "fsdp" axis of 8 devices (`default.FSDP_RULES`),
-the optimizer state also over "data" (`shard_update`), each block
-rematerialised in the backward pass, 4 accumulated microbatches per
-replica.
+https://arxiv.org/abs/2203.15556). Layout (`default.slice_config`): FSDP
+over 8 devices, each block rematerialised in the backward pass, 4
+accumulated microbatches per replica.
 
   date-optax compile --example gpt_lm --accelerator-type v6e-256 \
       --config examples/gpt_lm/configs/llama_1b.py
@@ -21,21 +19,9 @@ from examples.gpt_lm.configs import default
 
 
 def get_config():
-  config = default.get_config()
-  config.model.update(d_model=2048, num_layers=22, num_heads=32, num_kv_heads=4,
-                      mlp_dim=5632, rope_base=10000.0, remat=True, output_bias=False)
-  config.vocab_size = 32000
-  config.seq_len = 2048
-  config.base_batch_size = 1024
-  config.batch_size = 1024
-  config.num_train_tokens = 22 * 10**9
-  config.base_learning_rate = 4e-4
-  config.warmup_ratio = 0.01
-  config.fsdp = 8
-  config.param_sharding = default.FSDP_RULES
-  config.shard_update = True
-  config.microbatches = 4
-  config.cpu_devices = 0
-  config.eval_every_steps = 1000
-  config.log_every_steps = 100
-  return config
+  return default.slice_config(
+      dict(d_model=2048, num_layers=22, num_heads=32, num_kv_heads=4, mlp_dim=5632,
+           rope_base=10000.0, remat=True),
+      vocab_size=32000, seq_len=2048, batch_size=1024,
+      num_train_tokens=22 * 10**9, learning_rate=4e-4, fsdp=8, microbatches=4,
+  )

@@ -7,11 +7,9 @@ Models", 2024, https://arxiv.org/abs/2407.21783), at a 4,096-token
 context. AdamW: batch 1,024 × 4,096 tokens (4 M), peak learning rate 3e-4,
 (b1, b2) = (0.9, 0.95), weight decay 0.1, cosine decay; 160 B training
 tokens (20 per parameter, Hoffmann et al., 2022,
-https://arxiv.org/abs/2203.15556). Layout: every kernel and the
-embedding split over an "fsdp" axis of 16 devices (`default.FSDP_RULES`),
-the optimizer state also over "data" (`shard_update`), each block
-rematerialised in the backward pass, 16 accumulated microbatches per
-replica.
+https://arxiv.org/abs/2203.15556). Layout (`default.slice_config`): FSDP
+over 16 devices, each block rematerialised in the backward pass, 16
+accumulated microbatches per replica.
 
   date-optax compile --example gpt_lm --accelerator-type v5p-256 \
       --config examples/gpt_lm/configs/llama_8b.py
@@ -21,21 +19,9 @@ from examples.gpt_lm.configs import default
 
 
 def get_config():
-  config = default.get_config()
-  config.model.update(d_model=4096, num_layers=32, num_heads=32, num_kv_heads=8,
-                      mlp_dim=14336, rope_base=500000.0, remat=True, output_bias=False)
-  config.vocab_size = 128256
-  config.seq_len = 4096
-  config.base_batch_size = 1024
-  config.batch_size = 1024
-  config.num_train_tokens = 160 * 10**9
-  config.base_learning_rate = 3e-4
-  config.warmup_ratio = 0.01
-  config.fsdp = 16
-  config.param_sharding = default.FSDP_RULES
-  config.shard_update = True
-  config.microbatches = 16
-  config.cpu_devices = 0
-  config.eval_every_steps = 1000
-  config.log_every_steps = 100
-  return config
+  return default.slice_config(
+      dict(d_model=4096, num_layers=32, num_heads=32, num_kv_heads=8, mlp_dim=14336,
+           rope_base=500000.0, remat=True),
+      vocab_size=128256, seq_len=4096, batch_size=1024,
+      num_train_tokens=160 * 10**9, learning_rate=3e-4, fsdp=16, microbatches=16,
+  )

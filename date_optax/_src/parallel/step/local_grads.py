@@ -220,10 +220,8 @@ def _reduce_leading(tree: Any) -> Any:
 
 def replica_grads(
     loss_fn: LossFn,
+    config: Any,
     *,
-    has_aux: bool,
-    compute_dtype: Any,
-    microbatches: int,
     params: PyTree,
     batch: PyTree,
     model_state: Any,
@@ -234,14 +232,18 @@ def replica_grads(
 ) -> tuple[Any, ...]:
   """Loss, aux, gradient and model state of one replica's slice of the batch.
 
-  With `microbatches=k > 1` the slice runs as k contiguous microbatches under
-  `lax.scan`: the loss and gradient are their means (gradients accumulated in
-  float32), aux float leaves are averaged and integer leaves summed, and the
-  model state passes from one microbatch to the next.
+  `config` is the step's `StepConfig` (its `has_aux`, `compute_dtype` and
+  `microbatches` are read). With `microbatches=k > 1` the slice runs as k
+  contiguous microbatches under `lax.scan`: the loss and gradient are their
+  means (gradients accumulated in float32), aux float leaves are averaged and
+  integer leaves summed, and the model state passes from one microbatch to
+  the next.
 
   With `with_sq_norms=True` a fifth output is the sum over the microbatches
   of their gradients' squared norms (float32), for the noise statistics.
   """
+  has_aux, compute_dtype = config.has_aux, config.compute_dtype
+
   def key(j):
     return None if rng is None else step_key(rng, step, replica, j)
 
@@ -250,12 +252,12 @@ def replica_grads(
     return sum((jnp.sum(jnp.square(g.astype(jnp.float32))) for g in leaves),
                jnp.zeros((), jnp.float32))
 
-  if microbatches == 1:
+  if config.microbatches == 1:
     out = loss_and_grads(
         loss_fn, has_aux, compute_dtype, params, batch, model_state, key(0)
     )
     return (*out, sq(out[2])) if with_sq_norms else out
-  k = microbatches
+  k = config.microbatches
   pieces = jax.tree.map(lambda x: x.reshape((k, x.shape[0] // k) + x.shape[1:]), batch)
 
   def micro(piece, state, j):
@@ -306,10 +308,8 @@ def scan_microbatches(
 
 def stacked_replica_grads(
     loss_fn: LossFn,
+    config: Any,
     *,
-    has_aux: bool,
-    compute_dtype: Any,
-    microbatches: int,
     params: PyTree,
     batch: PyTree,
     model_state: Any,
@@ -340,7 +340,8 @@ def stacked_replica_grads(
     replicas), the mean gradient, and the model state with float leaves
     averaged over the replicas and other leaves taken from replica 0.
   """
-  n, k = replicas.shape[0], microbatches
+  n, k = replicas.shape[0], config.microbatches
+  has_aux, compute_dtype = config.has_aux, config.compute_dtype
   if model_state is not None:
     model_state = jax.tree.map(
         lambda x: jnp.broadcast_to(x, (n,) + jnp.shape(x)), model_state

@@ -72,10 +72,8 @@ def replica_step(
     )
   replica = lg.replica_index(axes)
   loss, aux, local, model_state, *sq = lg.replica_grads(
-      loss_fn, has_aux=config.has_aux, compute_dtype=config.compute_dtype,
-      microbatches=config.microbatches, params=params, batch=batch,
-      model_state=model_state, rng=rng, step=step, replica=replica,
-      with_sq_norms=with_stats,
+      loss_fn, config, params=params, batch=batch, model_state=model_state,
+      rng=rng, step=step, replica=replica, with_sq_norms=with_stats,
   )
   grads = sync_gradients(
       local, axes, grad_sync, key=grad_sync.rounding_key(rng, step), scatter=scatter,

@@ -173,20 +173,16 @@ class ShardedTrainStep(TrainStep):
       # No statistics: differentiate the mean of the replicas' losses, so
       # the compiler sums each gradient inside the backward pass.
       loss, aux, grads, model_state = lg.stacked_replica_grads(
-          self.loss_fn, has_aux=config.has_aux, compute_dtype=config.compute_dtype,
-          microbatches=config.microbatches, params=params, batch=batch,
-          model_state=model_state, rng=rng, step=step, replicas=replicas,
-          split=split, vmap_axes=vmap_axes,
+          self.loss_fn, config, params=params, batch=batch, model_state=model_state,
+          rng=rng, step=step, replicas=replicas, split=split, vmap_axes=vmap_axes,
       )
       return ReplicaResult(loss, aux, constrain(grads), model_state, None)
 
     # Statistics need each unit's gradient: one gradient per replica, stacked.
     def one(batch, replica):
       return lg.replica_grads(
-          self.loss_fn, has_aux=config.has_aux, compute_dtype=config.compute_dtype,
-          microbatches=config.microbatches, params=params, batch=batch,
-          model_state=model_state, rng=rng, step=step, replica=replica,
-          with_sq_norms=True,
+          self.loss_fn, config, params=params, batch=batch, model_state=model_state,
+          rng=rng, step=step, replica=replica, with_sq_norms=True,
       )
 
     loss, aux, grads, model_state, sq = jax.vmap(one, **vmap_axes)(batch, replicas)
@@ -219,10 +215,8 @@ class ShardedTrainStep(TrainStep):
 
     def one(batch, replica):
       return lg.replica_grads(
-          self.loss_fn, has_aux=config.has_aux, compute_dtype=config.compute_dtype,
-          microbatches=config.microbatches, params=params, batch=batch,
-          model_state=model_state, rng=rng, step=step, replica=replica,
-          with_sq_norms=with_stats,
+          self.loss_fn, config, params=params, batch=batch, model_state=model_state,
+          rng=rng, step=step, replica=replica, with_sq_norms=with_stats,
       )
 
     loss, aux, grads, model_state, *sq = jax.vmap(one, **vmap_axes)(batch, replicas)
