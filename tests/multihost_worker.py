@@ -9,6 +9,7 @@ library code never does.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 
 if __name__ == "__main__":  # the test also imports this file for its model
@@ -21,6 +22,7 @@ if __name__ == "__main__":
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
 import numpy as np  # noqa: E402
+import optax  # noqa: E402
 import parallel_model as pm  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
@@ -64,6 +66,17 @@ def growing_schedule():
                                            threshold=0.05, hold_examples=16)
 
 
+def _build_growing_step(mesh):
+  return dp.make_train_step(pm.loss_fn, date_optax.lamb(1e-2), mesh,
+                            batch_schedule=growing_schedule(), grad_stats=True)
+
+
+@functools.cache
+def growing_step(mesh):
+  """The growing runs' step, built once per mesh."""
+  return _build_growing_step(mesh)
+
+
 def train_growing(mesh, workdir=None, on_device=False):
   """An adaptive batch fed by data_loader; with `workdir`, checkpointed at step
   GROW_INTERRUPT and resumed there by a new step, loader and state; with
@@ -71,11 +84,9 @@ def train_growing(mesh, workdir=None, on_device=False):
   from date_optax.checkpoint import CheckpointManager  # noqa: PLC0415
 
   sched = growing_schedule()
-  build = lambda: dp.make_train_step(pm.loss_fn, date_optax.lamb(1e-2), mesh,  # noqa: E731
-                                     batch_schedule=sched, grad_stats=True)
   src = dp.ArraySource(pm.make_data(1024))
 
-  step = build()
+  step = growing_step(mesh)  # the three runs share its programs
 
   def loader():
     it = iter(dp.data_loader(src, sched.chunk_size, seed=0))
@@ -90,7 +101,7 @@ def train_growing(mesh, workdir=None, on_device=False):
     if workdir is not None and i == GROW_INTERRUPT:
       with CheckpointManager(workdir, async_save=False) as mngr:
         mngr.save(i, state, metadata={"data": dp.iterator_state(batches)})
-        step = build()
+        step = _build_growing_step(mesh)  # a new step resumes
         state, meta = mngr.restore(step.init(pm.init_params()))
       batches = loader()
       dp.restore_iterator(batches, meta["data"])
@@ -114,10 +125,12 @@ def low_precision_name(grad_reduce, comm_dtype, rounding, aps=None):
 
 
 def train_low_precision(mesh, grad_reduce, comm_dtype, rounding="nearest", aps=None):
-  """3 steps of LAMB with the gradient payload in `comm_dtype` (`aps` None:
-  the default block scales)."""
+  """3 steps of SGD with the gradient payload in `comm_dtype` (`aps` None:
+  the default block scales). SGD: what crosses the processes is the gradient
+  sync, and LAMB's program (its trust ratios, checked across processes by
+  `train_and_evaluate` and `train_sharded`) would double each compilation."""
   step = dp.make_train_step(
-      pm.loss_fn, date_optax.lamb(1e-2, weight_decay=1e-2), mesh,
+      pm.loss_fn, optax.sgd(0.1), mesh,
       grad_reduce=grad_reduce, comm_dtype=comm_dtype, aps=aps,
       rounding=rounding if comm_dtype is not None else "nearest",
   )
@@ -189,6 +202,13 @@ def main():
   parser.add_argument("--process-id", type=int, required=True)
   parser.add_argument("--out", required=True)
   args = parser.parse_args()
+  # A compilation cache: the step built again to resume the growing run reads
+  # its programs back instead of compiling them (in process 0, which alone
+  # writes the cache).
+  cache = os.path.join(os.path.dirname(os.path.abspath(args.out)), "jax_cache")
+  jax.config.update("jax_compilation_cache_dir", cache)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   dp.initialize(f"127.0.0.1:{args.port}", NUM_PROCESSES, args.process_id,
                 initialization_timeout=60)
   assert jax.process_count() == NUM_PROCESSES and jax.device_count() == 8

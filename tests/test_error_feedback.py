@@ -14,6 +14,7 @@ largest `|p|` over the replicas, `e' = p - C(p)`, and the mean is
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -103,8 +104,16 @@ def _bit_equal(a, b):
                a, b)
 
 
-def _step(**kw):
-  return dp.make_train_step(_loss, optax.sgd(LR), dp.data_mesh(), donate=False, **kw)
+def _step(lr=LR, mesh="data", **kw):
+  """The step of these options (`mesh` "data" or "torus"), built once for the
+  module: tests that run the same step share its compiled programs (donate=False)."""
+  return _built_step(lr, mesh, tuple(sorted(kw.items())))
+
+
+@functools.cache
+def _built_step(lr, mesh, options):
+  mesh = dp.torus_mesh(X, Y) if mesh == "torus" else dp.data_mesh()
+  return dp.make_train_step(_loss, optax.sgd(lr), mesh, donate=False, **dict(options))
 
 
 BATCHES = [_batch(s) for s in range(1, 5)]
@@ -288,9 +297,8 @@ def _ring_or_torus_step(kind):
   if kind == "ring":
     return _step(grad_reduce="ring", comm_dtype="int4", rounding="stochastic",
                  error_feedback=True)
-  return dp.make_train_step(_loss, optax.sgd(LR), dp.torus_mesh(X, Y), donate=False,
-                            grad_reduce="torus", comm_dtype="int8", error_feedback=True,
-                            shard_update=True)
+  return _step(mesh="torus", grad_reduce="torus", comm_dtype="int8", error_feedback=True,
+               shard_update=True)
 
 
 @pytest.mark.parametrize("kind", [
@@ -537,11 +545,9 @@ def _two_stage_reference(batches, algorithm, shard_update):
 def test_two_stage_error_feedback_matches_numpy(algorithm, shard_update):
   """Parameters and both residuals after each of 4 steps, against the rule
   written out in NumPy. "psum" has no hops: APS, the worker residual alone."""
-  mesh = dp.torus_mesh(X, Y) if algorithm == "torus" else dp.data_mesh()
   scaling = {"aps": True} if algorithm == "psum" else {"block_size": BLOCK}
-  step = dp.make_train_step(_loss, optax.sgd(LR), mesh, donate=False, grad_reduce=algorithm,
-                            comm_dtype="int8", error_feedback=True,
-                            shard_update=shard_update, **scaling)
+  step = _step(mesh="torus" if algorithm == "torus" else "data", grad_reduce=algorithm,
+               comm_dtype="int8", error_feedback=True, shard_update=shard_update, **scaling)
   state = step.init(_params())
   assert isinstance(state.grad_residual, dp.ErrorFeedbackState)
   for t in range(1, len(BATCHES) + 1):
@@ -589,9 +595,8 @@ def test_constant_gradient_int4_ends_within_2_percent_of_float32(algorithm):
   steps, batch = 24, _constant_batch()
   g = _local_grads(batch)
   exact = {k: -steps * g[k].astype(np.float64).mean(0) for k in g}  # float32's run
-  mesh = dp.torus_mesh(X, Y) if algorithm == "torus" else dp.data_mesh()
-  step = dp.make_train_step(_loss, optax.sgd(1.0), mesh, donate=False, grad_reduce=algorithm,
-                            comm_dtype="int4", error_feedback=True)
+  step = _step(1.0, "torus" if algorithm == "torus" else "data", grad_reduce=algorithm,
+               comm_dtype="int4", error_feedback=True)
   state = step.init(jax.tree.map(np.zeros_like, _params()))
   for _ in range(steps):
     state, _ = step(state, batch)
@@ -659,9 +664,8 @@ def test_every_rounding_is_fed_back(algorithm, options):
   steps, batch = 6, _constant_batch()
   g = _local_grads(batch)
   exact = {k: -steps * g[k].astype(np.float64).mean(0) for k in g}
-  mesh = dp.torus_mesh(X, Y) if algorithm == "torus" else dp.data_mesh()
-  step = dp.make_train_step(_loss, optax.sgd(1.0), mesh, donate=False, grad_reduce=algorithm,
-                            error_feedback=True, **options)
+  step = _step(1.0, "torus" if algorithm == "torus" else "data", grad_reduce=algorithm,
+               error_feedback=True, **options)
   state = step.init(jax.tree.map(np.zeros_like, _params()))
   for _ in range(steps):
     state, _ = step(state, batch)
