@@ -578,9 +578,7 @@ def plot(recs, tasks, cfg, path: str) -> None:
     axes[2, j].set_ylabel("eval MLM loss" if metric == "loss" else "test accuracy (%)")
     axes[0, j].legend(fontsize=6)
     axes[2, j].legend(fontsize=6)
-  fig.tight_layout()
-  fig.savefig(path, dpi=80)
-  plt.close(fig)
+  _paths.save_figure(fig, path, dpi=80)
 
 
 def step_cost(steps: int = 10, rounds: int = 15, batch: int = 256) -> dict:

@@ -516,9 +516,7 @@ def _plot(done: dict, png: str) -> None:
   axes[1].grid(alpha=0.3)
   fig.suptitle("Pods of today, compiled by libtpu on a CPU: estimates, not measurements",
                fontsize=10)
-  fig.tight_layout()
-  fig.savefig(png, dpi=120)
-  plt.close(fig)
+  _paths.save_figure(fig, png, dpi=120)
 
 
 def main(argv=None) -> int:

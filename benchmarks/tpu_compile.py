@@ -542,8 +542,7 @@ def _plot(done: dict, png: str) -> None:
   axes[1].set_xlabel("estimated step time, ms (cost model)")
   fig.suptitle("Train steps compiled for TPU slices: compiler estimates, not measurements",
                fontsize=9)
-  fig.tight_layout()
-  fig.savefig(png, dpi=120)
+  _paths.save_figure(fig, png, dpi=120)
 
 
 def main(argv=None) -> int:
