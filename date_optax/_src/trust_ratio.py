@@ -318,10 +318,7 @@ def scale_by_trust_ratio(
   ratio_source = validation.deprecated_keyword(
       "scale_by_trust_ratio", "ratio_source", ratio_source, "source", source,
       default="update")
-  validation.check_mask("mask", mask)
-  validation.check_mask("trust_ratio_mask", trust_ratio_mask)
-  validation.check_mask("weight_decay_mask", weight_decay_mask)
-  validation.check_layer_axes("layer_axes", layer_axes)
+  validation.check_layer_options(trust_ratio_mask, weight_decay_mask, layer_axes, mask=mask)
   trust_mask = validation.deprecated_keyword(
       "scale_by_trust_ratio", "trust_ratio_mask", trust_ratio_mask, "mask", mask)
   if inner is not None and not isinstance(inner, optax.GradientTransformation):
