@@ -1,4 +1,4 @@
-"""Where the benchmarks write their results (standard library only).
+"""Where the benchmarks write their results, and how a figure is saved.
 
 A study's log, table and plot go to ``docs/studies/<study>/``; a figure that
 stands alone (a cost plot, a heat map) goes to ``docs/images/``. Every script
@@ -36,3 +36,16 @@ def study_out(name: str, quick: bool, out: str | None = None) -> str:
 def image(filename: str) -> str:
   """The path ``docs/images/<filename>``."""
   return os.path.join(IMAGES, filename)
+
+
+def save_figure(fig, path: str, dpi: float | None = None) -> None:
+  """Lays `fig` out tightly, writes it to `path` and closes it.
+
+  `dpi` None keeps matplotlib's own (``savefig.dpi``). Closing frees the
+  figure, which pyplot otherwise keeps until the process ends.
+  """
+  import matplotlib.pyplot as plt  # noqa: PLC0415  (only where a plot is drawn)
+
+  fig.tight_layout()
+  fig.savefig(path, dpi=dpi)
+  plt.close(fig)

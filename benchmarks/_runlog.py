@@ -9,6 +9,7 @@ one log.
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import json
 import os
@@ -90,3 +91,18 @@ def run_and_log(path: str, done: dict[str, dict], ident: str, key: dict,
   rec = dict(key=key, **rec)
   log_run(path, done, ident, rec)
   return rec
+
+
+def rows_parser(description: str, timeout: float) -> argparse.ArgumentParser:
+  """The flags of a study whose named rows each run in a child process.
+
+  ``--only`` (rows whose name starts with it), ``--report-only``,
+  ``--timeout`` (seconds per row, default `timeout`) and ``--out`` (the
+  output prefix), as tpu_compile.py and pods_today.py take them.
+  """
+  parser = argparse.ArgumentParser(description=description)
+  parser.add_argument("--only", default="", help="rows whose name starts with this")
+  parser.add_argument("--report-only", action="store_true")
+  parser.add_argument("--timeout", type=float, default=timeout, help="seconds per row")
+  parser.add_argument("--out", default=None, help="output prefix (default docs/studies/...)")
+  return parser

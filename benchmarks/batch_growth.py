@@ -578,9 +578,7 @@ def plot(recs, tasks, cfg, path: str) -> None:
     axes[2, j].set_ylabel("eval MLM loss" if metric == "loss" else "test accuracy (%)")
     axes[0, j].legend(fontsize=6)
     axes[2, j].legend(fontsize=6)
-  fig.tight_layout()
-  fig.savefig(path, dpi=80)
-  plt.close(fig)
+  _paths.save_figure(fig, path, dpi=80)
 
 
 def step_cost(steps: int = 10, rounds: int = 15, batch: int = 256) -> dict:
@@ -634,13 +632,7 @@ def step_cost(steps: int = 10, rounds: int = 15, batch: int = 256) -> dict:
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--quick", action="store_true")
-  p.add_argument("--tasks", default=None)
-  p.add_argument("--seeds", type=int, default=None)
-  p.add_argument("--out", default=None)
-  p.add_argument("--oracle-log", default=None,
-                 help="the oracle study's log (default "
-                 "docs/studies/oracle/oracle.jsonl; none in --quick)")
+  oracle.add_follow_up_flags(p)
   p.add_argument("--gain-log", default=None,
                  help="the gain study's log, for the fixed-batch gain row (default "
                  "docs/studies/gain_study/gain_study.jsonl; none in --quick)")
@@ -655,7 +647,6 @@ def main(argv=None) -> int:
   p.add_argument("--extended", action="store_true",
                  help="also the ramps on seeds 1 and 2 and the 10 %% and 50 %% linear "
                  "ramps (the default full study: about 90 minutes here)")
-  p.add_argument("--report-only", action="store_true")
   p.add_argument("--step-cost", action="store_true",
                  help="only time the growing step against the plain step")
   args = p.parse_args(argv)

@@ -321,9 +321,7 @@ def _plot(cfg, results, path):
           title=f"B = {64 * b0} (64x B0), mean over seeds")
   ax2.grid(alpha=0.3)
   ax2.legend(fontsize=7, loc="lower right")
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  _paths.save_figure(fig, path, dpi=110)
 
 
 if __name__ == "__main__":

@@ -456,9 +456,7 @@ def _plot(out, table, b0):
   ax.set_xlabel("batch / B0")
   ax.set_ylabel("final eval MLM loss")
   ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(out + ".png", dpi=100)
-  plt.close(fig)
+  _paths.save_figure(fig, out + ".png", dpi=100)
 
 
 if __name__ == "__main__":

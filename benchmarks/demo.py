@@ -271,6 +271,8 @@ def _plot_seeds(per_seed, args, png) -> None:
   import matplotlib.pyplot as plt  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
 
+  from benchmarks import _paths  # noqa: PLC0415
+
   fig, ax = plt.subplots(figsize=(6.5, 4.2))
   for i, first in enumerate(per_seed[0]):
     curves = np.array([runs[i].test_accuracy for runs in per_seed])
@@ -282,9 +284,7 @@ def _plot_seeds(per_seed, args, png) -> None:
          title=f"LSTM on MNIST-1D, mean and range over {len(per_seed)} seeds")
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8, loc="lower right")
-  fig.tight_layout()
-  fig.savefig(png, dpi=110)
-  plt.close(fig)
+  _paths.save_figure(fig, png, dpi=110)
 
 
 def _train_with_progress(train_fn, data, tx, schedule, batch, args, mesh, label,
@@ -331,6 +331,8 @@ def _write_outputs(results, args, tuned, total_time) -> dict[str, str]:
   import matplotlib.pyplot as plt  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
 
+  from benchmarks import _paths  # noqa: PLC0415
+
   table = format_table(results)
   fig, (ax_acc, ax_lr) = plt.subplots(1, 2, figsize=(11, 4.2))
   for r in results:
@@ -345,10 +347,8 @@ def _write_outputs(results, args, tuned, total_time) -> dict[str, str]:
   ax_lr.set(xlabel="epoch", ylabel="learning rate", yscale="log",
             title="learning-rate schedules")
   ax_lr.grid(alpha=0.3)
-  fig.tight_layout()
   png = os.path.join(args.workdir, "demo.png")
-  fig.savefig(png, dpi=110)
-  plt.close(fig)
+  _paths.save_figure(fig, png, dpi=110)
 
   header = (
       f"LSTM (64 units) on MNIST-1D, {args.num_train} train / {args.num_test} "

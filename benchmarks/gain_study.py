@@ -344,15 +344,8 @@ def plot(done, tasks, cfg, path):
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--quick", action="store_true")
-  p.add_argument("--tasks", default=None)
+  oracle.add_follow_up_flags(p)
   p.add_argument("--scales", default=None)
-  p.add_argument("--seeds", type=int, default=None)
-  p.add_argument("--out", default=None)
-  p.add_argument("--oracle-log", default=None,
-                 help="the oracle study's log (default docs/studies/oracle/oracle.jsonl; "
-                      "none in --quick)")
-  p.add_argument("--report-only", action="store_true")
   args = p.parse_args(argv)
   if args.out is None:
     args.out = _paths.study("gain_study", "gain_study_quick" if args.quick else "gain_study")

@@ -282,6 +282,22 @@ def train(model: nn.Module, data: dict, tx, batch: int, seed: int,
 # The study.
 
 
+def add_follow_up_flags(p) -> None:
+  """Adds the flags of a study over this one's tasks that reads its log.
+
+  ``--quick``, ``--tasks``, ``--seeds``, ``--out``, ``--oracle-log`` and
+  ``--report-only``, as gain_study.py and batch_growth.py take them.
+  """
+  p.add_argument("--quick", action="store_true")
+  p.add_argument("--tasks", default=None)
+  p.add_argument("--seeds", type=int, default=None)
+  p.add_argument("--out", default=None)
+  p.add_argument("--oracle-log", default=None,
+                 help="the oracle study's log (default docs/studies/oracle/oracle.jsonl; "
+                      "none in --quick)")
+  p.add_argument("--report-only", action="store_true")
+
+
 def study_config(args, base: dict) -> dict:
   """A copy of `base` with the --seeds and --scales flags applied."""
   cfg = dict(base)

@@ -516,19 +516,13 @@ def _plot(done: dict, png: str) -> None:
   axes[1].grid(alpha=0.3)
   fig.suptitle("Pods of today, compiled by libtpu on a CPU: estimates, not measurements",
                fontsize=10)
-  fig.tight_layout()
-  fig.savefig(png, dpi=120)
-  plt.close(fig)
+  _paths.save_figure(fig, png, dpi=120)
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--only", default="", help="rows whose name starts with this")
-  parser.add_argument("--report-only", action="store_true")
-  parser.add_argument("--timeout", type=float, default=420.0, help="seconds per row")
+  parser = _runlog.rows_parser(__doc__.split("\n")[0], timeout=420.0)
   parser.add_argument("--cache-dir", default=None,
                       help="date-optax plan's compile cache (default its own)")
-  parser.add_argument("--out", default=None, help="output prefix (default docs/studies/...)")
   parser.add_argument("--retry", action="store_true",
                       help="run again the rows logged with an error (a compile over --timeout)")
   parser.add_argument("--row", help=argparse.SUPPRESS)
@@ -536,8 +530,7 @@ def main(argv=None) -> int:
   if args.row:
     print(json.dumps(plan_row(args.row, args.cache_dir)))
     return 0
-  prefix = args.out or _paths.study("pods_today")
-  os.makedirs(os.path.dirname(prefix), exist_ok=True)
+  prefix = _paths.study_out("pods_today", False, args.out)
   log = prefix + ".jsonl"
   if not args.report_only:
     names = [n for n in rows() if n.startswith(args.only)]

@@ -214,9 +214,7 @@ def _plot(best, path, cfg):
   ax.set_title(f"LSTM on MNIST-1D, batch {cfg['batch']}, {cfg['epochs']} epochs")
   ax.legend(fontsize=8, loc="lower right")
   ax.grid(axis="y", alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  _paths.save_figure(fig, path, dpi=110)
 
 
 if __name__ == "__main__":

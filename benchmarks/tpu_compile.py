@@ -542,16 +542,11 @@ def _plot(done: dict, png: str) -> None:
   axes[1].set_xlabel("estimated step time, ms (cost model)")
   fig.suptitle("Train steps compiled for TPU slices: compiler estimates, not measurements",
                fontsize=9)
-  fig.tight_layout()
-  fig.savefig(png, dpi=120)
+  _paths.save_figure(fig, png, dpi=120)
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--only", default="", help="rows whose name starts with this")
-  parser.add_argument("--report-only", action="store_true")
-  parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per row")
-  parser.add_argument("--out", default=None, help="output prefix (default docs/studies/...)")
+  parser = _runlog.rows_parser(__doc__.split("\n")[0], timeout=1200.0)
   parser.add_argument("--update", nargs=2, metavar=("MODEL", "OPT"), help=argparse.SUPPRESS)
   parser.add_argument("--plain", nargs=2, metavar=("SLICE", "OPT"), help=argparse.SUPPRESS)
   parser.add_argument("--sync", nargs=3, metavar=("SLICE", "ALG", "PAYLOAD"),
@@ -566,8 +561,7 @@ def main(argv=None) -> int:
   if args.plain:
     json.dump(plain_row(*args.plain), sys.stdout)
     return 0
-  prefix = args.out or _paths.study("tpu_compile")
-  os.makedirs(os.path.dirname(prefix), exist_ok=True)
+  prefix = _paths.study_out("tpu_compile", False, args.out)
   log = prefix + ".jsonl"
   if not args.report_only:
     names = [n for n in rows() if n.startswith(args.only)]

@@ -46,6 +46,19 @@ def make_grad_sync(config: ml_collections.ConfigDict) -> dp.GradSync:
       block_size=gs.block_size or None, error_feedback=gs.error_feedback)
 
 
+def batch_schedule_kind(config: ml_collections.ConfigDict, kinds: tuple) -> str | None:
+  """`config.batch_schedule` (None: a fixed batch), checked to be one of `kinds`.
+
+  Raises:
+    ValueError: naming the setting and the kinds the example knows.
+  """
+  kind = config.get("batch_schedule")
+  if kind not in kinds:
+    raise ValueError(f"config.batch_schedule must be one of {kinds}, got {kind!r} "
+                     "(leave it unset for a fixed batch).")
+  return kind
+
+
 def scalars_of(metrics: dict[str, Any]) -> dict[str, float]:
   """The step's metrics as floats: `trust_ratios` (one per layer) left out, `aux` flattened."""
   out = {k: float(v) for k, v in metrics.items() if k not in ("trust_ratios", "aux")}

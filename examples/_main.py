@@ -1,8 +1,8 @@
 """The command line every example shares (the `main.py` of flax's examples).
 
-An example's `main.py` calls `define_flags` when it is imported (and adopts
-the flags with `flags.adopt_module_key_flags(_main)`, so that `--help` lists
-them) and runs `app.run(main)` with a `main(argv)` that calls `train` here.
+An example's `main.py` calls `define_flags` when it is imported (the flags
+are its own: `--help` lists them) and runs `app.run(main)` with a
+`main(argv)` that calls `train` here.
 The flags: `--config` (a config file, overridable field by field as
 `--config.batch_size=...`), `--workdir` (required) and, where the example
 asks for it, `--distributed`.
@@ -19,6 +19,9 @@ from absl import app, flags
 from ml_collections import config_flags
 
 FLAGS = flags.FLAGS
+# The flags `define_flags` defines belong to the example's main.py that calls
+# it (its key flags, listed by --help), not to this module.
+flags.disclaim_key_flags()
 
 
 def define_flags(default_config: str, workdir_help: str,

@@ -26,8 +26,8 @@ if ROOT not in sys.path:
 
 import date_optax  # noqa: E402
 from benchmarks import optimizer_step  # noqa: E402
+from date_optax._src import grouped_norms  # noqa: E402
 from date_optax._src import lars as lars_lib  # noqa: E402
-from date_optax._src import trust_ratio as trust_ratio_lib  # noqa: E402
 
 # ResNet-50 v1.5's 161 leaves (conv kernels, BN scale/bias, fc), widths / 16.
 SHAPES = optimizer_step.resnet50_shapes(width=4, num_classes=10)
@@ -175,7 +175,7 @@ def test_kernel_count_on_1000_leaves(name):
 def test_kernel_count_test_sees_per_leaf_reductions(monkeypatch):
   # The check can fail: with grouping off (every leaf reduced on its own, the
   # update before issue 31) LARS costs 2-3 kernels per leaf beyond the allowance.
-  monkeypatch.setattr(trust_ratio_lib, "GROUP_MAX_ELEMENTS", 0)
+  monkeypatch.setattr(grouped_norms, "GROUP_MAX_ELEMENTS", 0)
   make, base, per_leaf = STRUCTURE["lars"]
   assert growth(make, 20, 60) - growth(base, 20, 60) - per_leaf * 40 >= 80
 

@@ -22,6 +22,14 @@ _ZEROS = nnx.initializers.zeros_init()
 _ONES = nnx.initializers.ones_init()
 
 
+def _optional_param(use: bool, init: Any, rngs: nnx.Rngs, shape: tuple[int, ...],
+                    dtype: Any, metadata: Mapping[str, Any]) -> Any:
+  """``nnx.Param(init(key, shape, dtype), **metadata)``; ``nnx.data(None)`` if not `use`."""
+  if not use:
+    return nnx.data(None)
+  return nnx.Param(init(rngs.params(), shape, dtype), **metadata)
+
+
 class GhostBatchNorm(nnx.Module):
   """Batch norm over ghost sub-batches and groups of replicas (flax.nnx).
 
@@ -121,20 +129,10 @@ class GhostBatchNorm(nnx.Module):
     feature_shape = (num_features,)
     self.mean = nnx.BatchStat(jnp.zeros(feature_shape, jnp.float32))
     self.var = nnx.BatchStat(jnp.ones(feature_shape, jnp.float32))
-    self.scale: nnx.Param | None
-    if use_scale:
-      self.scale = nnx.Param(
-          scale_init(rngs.params(), feature_shape, param_dtype), **scale_metadata
-      )
-    else:
-      self.scale = nnx.data(None)
-    self.bias: nnx.Param | None
-    if use_bias:
-      self.bias = nnx.Param(
-          bias_init(rngs.params(), feature_shape, param_dtype), **bias_metadata
-      )
-    else:
-      self.bias = nnx.data(None)
+    self.scale: nnx.Param | None = _optional_param(
+        use_scale, scale_init, rngs, feature_shape, param_dtype, scale_metadata)
+    self.bias: nnx.Param | None = _optional_param(
+        use_bias, bias_init, rngs, feature_shape, param_dtype, bias_metadata)
 
     self.num_features = num_features
     self.ghost_batch_size = ghost_batch_size

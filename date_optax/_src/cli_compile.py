@@ -22,6 +22,32 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from date_optax._src import cli_common
+
+#: ``--help``'s texts (printed as written).
+_HELP = "compile an example's train step for a TPU slice (no TPU needed)"
+_DESCRIPTION = (
+    "Build an example's train step from its config for a Cloud TPU slice and "
+    "compile it with the TPU compiler (libtpu, which runs on any machine): "
+    "memory per device against the core's HBM, collectives, fusions, flops, "
+    "and the estimated step time (the compiler's cost model and a roofline), "
+    "throughput and FLOP utilisation, per program (a batch schedule or a "
+    "two-stage run has several)."
+)
+_EPILOG = (
+    "examples (run from the repository root):\n"
+    "  date-optax compile --example resnet50_imagenet --accelerator-type v3-512 \\\n"
+    "      --set batch_size=65536\n"
+    "  date-optax compile --example bert_lamb --accelerator-type v3-1024 \\\n"
+    "      --config examples/bert_lamb/configs/lamb_bert.py:32768 --json\n"
+    "  date-optax compile --target mypkg.train:compile_target --accelerator-type v4-128\n"
+    "\n"
+    "A target is a function (config, tpu_slice) -> [(name, step, state, batch)]\n"
+    "whose step is a date_optax.parallel train step and state and batch abstract\n"
+    "(step.abstract_state, step.abstract_batch). Every time and rate printed is\n"
+    "an estimate (the compiler's cost model, or a roofline), not a measurement."
+)
+
 #: The repository's examples (``examples/NAME/train.py`` with ``compile_target``).
 EXAMPLES = ("resnet50_imagenet", "bert_lamb", "gpt_lm", "mnist1d_lstm", "mnist_lstm")
 _GROUPS_CHARS = 300  # replica groups longer than this are cut in the JSON
@@ -29,32 +55,7 @@ _GROUPS_CHARS = 300  # replica groups longer than this are cut in the JSON
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
   """Adds the ``compile`` subcommand to `subparsers`."""
-  p = subparsers.add_parser(
-      "compile",
-      help="compile an example's train step for a TPU slice (no TPU needed)",
-      description=(
-          "Build an example's train step from its config for a Cloud TPU slice and "
-          "compile it with the TPU compiler (libtpu, which runs on any machine): "
-          "memory per device against the core's HBM, collectives, fusions, flops, "
-          "and the estimated step time (the compiler's cost model and a roofline), "
-          "throughput and FLOP utilisation, per program (a batch schedule or a "
-          "two-stage run has several)."
-      ),
-      epilog=(
-          "examples (run from the repository root):\n"
-          "  date-optax compile --example resnet50_imagenet --accelerator-type v3-512 \\\n"
-          "      --set batch_size=65536\n"
-          "  date-optax compile --example bert_lamb --accelerator-type v3-1024 \\\n"
-          "      --config examples/bert_lamb/configs/lamb_bert.py:32768 --json\n"
-          "  date-optax compile --target mypkg.train:compile_target --accelerator-type v4-128\n"
-          "\n"
-          "A target is a function (config, tpu_slice) -> [(name, step, state, batch)]\n"
-          "whose step is a date_optax.parallel train step and state and batch abstract\n"
-          "(step.abstract_state, step.abstract_batch). Every time and rate printed is\n"
-          "an estimate (the compiler's cost model, or a roofline), not a measurement."
-      ),
-      formatter_class=argparse.RawDescriptionHelpFormatter,
-  )
+  p = cli_common.add_subcommand(subparsers, "compile", run, _HELP, _DESCRIPTION, _EPILOG)
   what = p.add_mutually_exclusive_group(required=True)
   what.add_argument("--example", choices=EXAMPLES, help="one of the repository's examples")
   what.add_argument("--target", metavar="MODULE:FUNCTION",
@@ -70,7 +71,6 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                  help="override a config field (Python literal values; dotted keys)")
   p.add_argument("--json", action="store_true", help="print one JSON object")
-  p.set_defaults(func=run)
   return p
 
 

@@ -30,7 +30,36 @@ import time
 from pathlib import Path
 from typing import Any
 
-from date_optax._src import cli_compile
+from date_optax._src import cli_common, cli_compile
+
+#: ``--help``'s texts (printed as written).
+_HELP = "price a training run on TPU slices before renting (no TPU needed)"
+_DESCRIPTION = (
+    "Compile an example's train step for each candidate TPU target (accelerator "
+    "type x slice count x global batch) and print whether it fits, the estimated "
+    "step time, the steps the example's recipe takes at that batch, the time to "
+    "train, chip-hours and cost, marking the fastest and the cheapest candidate "
+    "that fits. Every number is an estimate (the TPU compiler's cost model or a "
+    "roofline on public chip specifications), not a measurement."
+)
+_EPILOG = (
+    "examples (run from the repository root):\n"
+    "  date-optax plan --example resnet50_imagenet \\\n"
+    "      --accelerator-type v5e-256,v5p-512,v6e-256 --num-slices 1,2 \\\n"
+    "      --global-batch 32768\n"
+    "  date-optax plan --example mnist1d_lstm --accelerator-type v5e-8,v6e-8 \\\n"
+    "      --price-per-chip-hour v5e=1.0 --json\n"
+    "\n"
+    "A growing batch (a config with batch_schedule) takes its steps per batch from a\n"
+    "study log: --growth-log docs/studies/batch_growth/batch_growth.jsonl\n"
+    "--growth-run mnist1d_lstm_adam:adaptive_t3 (each program's batch / the config's\n"
+    "base_batch_size is matched to the runs' B / B0).\n"
+    "\n"
+    "Compiles are cached in --cache-dir by program (example, config, target and\n"
+    "the versions of jax, jaxlib, libtpu and date-optax); --no-cache compiles again.\n"
+    "Prices are public on-demand prices per chip-hour (see `date_optax.parallel.\n"
+    "tpu_generation(...).price_per_chip_hour`); pass yours with --price-per-chip-hour."
+)
 
 #: What a cached compile's key includes besides the program: a new version
 #: of any of these can change the program.
@@ -39,37 +68,7 @@ _VERSIONED = ("jax", "jaxlib", "libtpu", "date-optax")
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
   """Adds the ``plan`` subcommand to `subparsers`."""
-  p = subparsers.add_parser(
-      "plan",
-      help="price a training run on TPU slices before renting (no TPU needed)",
-      description=(
-          "Compile an example's train step for each candidate TPU target (accelerator "
-          "type x slice count x global batch) and print whether it fits, the estimated "
-          "step time, the steps the example's recipe takes at that batch, the time to "
-          "train, chip-hours and cost, marking the fastest and the cheapest candidate "
-          "that fits. Every number is an estimate (the TPU compiler's cost model or a "
-          "roofline on public chip specifications), not a measurement."
-      ),
-      epilog=(
-          "examples (run from the repository root):\n"
-          "  date-optax plan --example resnet50_imagenet \\\n"
-          "      --accelerator-type v5e-256,v5p-512,v6e-256 --num-slices 1,2 \\\n"
-          "      --global-batch 32768\n"
-          "  date-optax plan --example mnist1d_lstm --accelerator-type v5e-8,v6e-8 \\\n"
-          "      --price-per-chip-hour v5e=1.0 --json\n"
-          "\n"
-          "A growing batch (a config with batch_schedule) takes its steps per batch from a\n"
-          "study log: --growth-log docs/studies/batch_growth/batch_growth.jsonl\n"
-          "--growth-run mnist1d_lstm_adam:adaptive_t3 (each program's batch / the config's\n"
-          "base_batch_size is matched to the runs' B / B0).\n"
-          "\n"
-          "Compiles are cached in --cache-dir by program (example, config, target and\n"
-          "the versions of jax, jaxlib, libtpu and date-optax); --no-cache compiles again.\n"
-          "Prices are public on-demand prices per chip-hour (see `date_optax.parallel.\n"
-          "tpu_generation(...).price_per_chip_hour`); pass yours with --price-per-chip-hour."
-      ),
-      formatter_class=argparse.RawDescriptionHelpFormatter,
-  )
+  p = cli_common.add_subcommand(subparsers, "plan", run, _HELP, _DESCRIPTION, _EPILOG)
   p.add_argument("--example", required=True, choices=cli_compile.EXAMPLES,
                  help="one of the repository's examples")
   p.add_argument("--config", metavar="PATH[:ARG]",
@@ -99,7 +98,6 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
   p.add_argument("--no-cache", action="store_true", help="compile every candidate again")
   p.add_argument("--plot", metavar="PATH", help="write a plot of time to train against cost")
   p.add_argument("--json", action="store_true", help="print one JSON object")
-  p.set_defaults(func=run)
   return p
 
 

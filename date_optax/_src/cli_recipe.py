@@ -28,6 +28,27 @@ import sys
 import warnings
 from typing import Any
 
+from date_optax._src import cli_common
+
+#: ``--help``'s texts (printed as written).
+_HELP = "scale a tuned baseline to other batch sizes (LEGW/DATE recipe)"
+_DESCRIPTION = (
+    "Scale a baseline tuned at one batch size to other batch sizes "
+    "without retuning: sqrt learning-rate scaling, warmup epochs growing "
+    "linearly with the batch (LEGW), the baseline's decay. Numbers may "
+    "be arithmetic expressions such as 2**2.5 or 1/320."
+)
+_EPILOG = (
+    "example (LEGW Table 1):\n"
+    "  date-optax recipe --base-batch 1024 --lr '2**2.5' "
+    "--warmup-epochs 0.3125 \\\n"
+    "      --epochs 90 --num-examples 1281167 --decay poly --power 2 \\\n"
+    "      --batch 1K,2K,4K,8K,16K,32K --plot legw.png\n"
+    "  date-optax recipe --preset legw-table1\n"
+    "  date-optax recipe --preset date-example --critical-batch 1500 "
+    "--propose-batch-schedule ramp"
+)
+
 IMAGENET_TRAIN = 1281167
 
 #: Baselines from the papers; explicit flags override them. LEGW and DATE:
@@ -135,27 +156,7 @@ def _float_list(text: str) -> list[float]:
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
   """Adds the ``recipe`` subcommand to `subparsers`."""
-  p = subparsers.add_parser(
-      "recipe",
-      help="scale a tuned baseline to other batch sizes (LEGW/DATE recipe)",
-      description=(
-          "Scale a baseline tuned at one batch size to other batch sizes "
-          "without retuning: sqrt learning-rate scaling, warmup epochs growing "
-          "linearly with the batch (LEGW), the baseline's decay. Numbers may "
-          "be arithmetic expressions such as 2**2.5 or 1/320."
-      ),
-      epilog=(
-          "example (LEGW Table 1):\n"
-          "  date-optax recipe --base-batch 1024 --lr '2**2.5' "
-          "--warmup-epochs 0.3125 \\\n"
-          "      --epochs 90 --num-examples 1281167 --decay poly --power 2 \\\n"
-          "      --batch 1K,2K,4K,8K,16K,32K --plot legw.png\n"
-          "  date-optax recipe --preset legw-table1\n"
-          "  date-optax recipe --preset date-example --critical-batch 1500 "
-          "--propose-batch-schedule ramp"
-      ),
-      formatter_class=argparse.RawDescriptionHelpFormatter,
-  )
+  p = cli_common.add_subcommand(subparsers, "recipe", run, _HELP, _DESCRIPTION, _EPILOG)
   p.add_argument("--preset", choices=sorted(PRESETS),
                  help="start from a baseline of the papers (flags override it)")
   g = p.add_argument_group("baseline")
@@ -227,7 +228,6 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                  help="draw the learning rate against the epoch for every batch "
                  "(an image file matplotlib writes: .png, .pdf, .svg, ...; its "
                  "directory must exist)")
-  p.set_defaults(func=run)
   return p
 
 

@@ -149,11 +149,9 @@ def lars(
   validation.check_bool("nesterov", nesterov)
   validation.check_trust_coefficient(trust_coefficient)
   validation.check_nonnegative("eps", eps)
-  validation.check_mask("weight_decay_mask", weight_decay_mask)
-  validation.check_mask("trust_ratio_mask", trust_ratio_mask)
   validation.check_choice("denominator", denominator, ("sum_of_norms", "norm_of_sum"))
   validation.check_bounds(lower, upper)
-  validation.check_layer_axes("layer_axes", layer_axes)
+  validation.check_layer_options(trust_ratio_mask, weight_decay_mask, layer_axes)
   validation.check_float_dtype("accumulator_dtype", accumulator_dtype)
   # optax.lars's pieces: (decay and) trust ratio, learning rate, momentum.
   pieces = (
@@ -481,15 +479,13 @@ def bounded_lars(
     )
   validation.check_trust_coefficient(trust_coefficient)
   validation.check_nonnegative("weight_decay", weight_decay, allow_schedule=True)
-  validation.check_mask("weight_decay_mask", weight_decay_mask)
-  validation.check_mask("trust_ratio_mask", trust_ratio_mask)
   validation.check_choice("ratio_source", ratio_source, ("gradient", "update"))
   # optax.inject_hyperparams binds the signature and passes this dict back
   # under its own name.
   nested = deprecated_base_keywords.pop("deprecated_base_keywords", None) or {}
   base_options = _merge_deprecated(base, base_options,
                                    {**nested, **deprecated_base_keywords})
-  validation.check_layer_axes("layer_axes", layer_axes)
+  validation.check_layer_options(trust_ratio_mask, weight_decay_mask, layer_axes)
   direction = make_base(base, base_options)
   # The masks' one rule, resolved here: the kernel's decay goes to the base.
   trust_mask = weight_decay_mask if trust_ratio_mask is None else trust_ratio_mask

@@ -10,15 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from date_optax._src import grouped_norms, validation
 from date_optax._src import layer_ratios as layer_ratios_lib
 from date_optax._src import masks as masks_lib
-from date_optax._src import validation
-from date_optax._src.exact_norms import (
-    add_decay,
-    compute_dtype,
-    norm_of_sum_sq,
-    sum_squares,
-)
+from date_optax._src.exact_norms import add_decay, compute_dtype
 from date_optax._src.types import LayerAxes, MaskOrFn, ScalarOrSchedule
 
 NO_PARAMS_MSG = (
@@ -120,7 +115,7 @@ def ratio_from_sums(
   """One layer's ratio ``c‖w‖/(den + eps)`` from its sums of squares.
 
   ``w_sq`` is ``‖w‖²``; ``d_sq`` is ``‖d‖²``, or ``‖d + λw‖²`` for
-  ``'norm_of_sum'`` with weight decay (see :func:`layer_ratios`). ``den`` is
+  ``'norm_of_sum'`` with weight decay (see :func:`grouped_norms.layer_ratios`). ``den`` is
   ``‖d‖`` without weight decay, ``‖d‖ + λ‖w‖`` for ``'sum_of_norms'`` (ratio
   1 when ``‖w‖ = 0`` or ``‖d‖ = 0``, as the MLPerf reference and timm) and
   ``‖d + λw‖`` for ``'norm_of_sum'`` (ratio 1 when ``‖w‖`` or ``‖d + λw‖``
@@ -140,40 +135,12 @@ def ratio_from_sums(
   )
 
 
-# Leaves of at most this many elements have their sums of squares computed
-# together with the other leaves of the same shape and dtypes: one stacked
-# reduction per group instead of two per leaf. Below it a step is bound by
-# kernel launches (a bias, a norm scale, a small head), above it by memory
-# traffic, where stacking would add a copy (benchmarks/optimizer_step.py,
-# docs/RESULTS.md).
-GROUP_MAX_ELEMENTS = 1 << 14
-
 # With a leafwise inner solver (LAMB's moments), a large layer's direction is
 # made after the ratio of the large layer this many places before it. 1
 # would hold one direction at a time but put every layer's norm collective
 # (on a model-sharded layer) in series; 2 holds two, and each collective
 # overlaps the next layer's work (tests/test_update_structure.py).
 LAYER_LAG = 2
-
-
-class SumRequest(NamedTuple):
-  """One layer-wise reduction :func:`layer_ratios` is asked for.
-
-  ``d`` is the vector whose norm is the denominator's; with ``decay`` set
-  the norm is ``‖d + λw‖`` (:func:`norm_of_sum_sq`), and ``decayed`` is
-  ``d + λw`` already formed by :func:`add_decay` when the caller's ``d`` is
-  computed in the step (or ``None``, to have the reduction form its own from
-  ``d`` and ``w``). ``coupled`` says
-  whether weight decay enters the layer's denominator (passed on to the
-  ratio function).
-  """
-
-  w: jax.Array
-  d: jax.Array
-  axes: tuple[int, ...]
-  decay: bool = False
-  decayed: jax.Array | None = None
-  coupled: bool = False
 
 
 class LeafwiseInner(NamedTuple):
@@ -191,93 +158,6 @@ class LeafwiseInner(NamedTuple):
   split: Any
   leaf: Any
   join: Any
-
-
-def _large(w: Any, axes: tuple[int, ...]) -> bool:
-  """Whether a layer is reduced on its own (not stacked with its shape's)."""
-  return (len(axes) != np.ndim(w) or np.size(w) > GROUP_MAX_ELEMENTS
-          or jnp.iscomplexobj(w))
-
-
-def _sharding_key(x: jax.Array) -> Any:
-  """The array's sharding as its type carries it (explicit mesh axes), or None.
-
-  Leaves of one shape stack only with the same sharding: under explicit
-  axes a stack of differently sharded operands is an error, and under auto
-  axes it would make XLA move the small leaves between devices.
-  """
-  sharding = getattr(jax.typeof(x), "sharding", None)
-  try:
-    hash(sharding)
-  except TypeError:
-    return repr(sharding)
-  return sharding
-
-
-def _groupable(req: SumRequest) -> bool:
-  return (not _large(req.w, req.axes) and np.shape(req.d) == np.shape(req.w)
-          and not jnp.iscomplexobj(req.d))
-
-
-def layer_ratios(
-    requests: list[SumRequest], ratio_fn: Any, weight_decay: Any = None,
-) -> tuple[list[jax.Array], list[tuple[list[int], jax.Array]]]:
-  """``ratio_fn(‖w‖², ‖d‖²)`` per request, small leaves reduced together.
-
-  Requests for whole small real leaves (at most :data:`GROUP_MAX_ELEMENTS`
-  elements, no layer axes) of one shape and pair of dtypes are stacked and
-  reduced at once, as multi-tensor apply does, so the number of reductions
-  grows with the number of distinct small shapes, not of leaves; on a mesh
-  same-shaped leaves stack along a new axis and their partial sums are
-  combined in one collective. The others are reduced leaf by leaf. Each
-  result keeps the reduced dims (size 1) for broadcasting against its leaf;
-  with ``decay`` the second sum is ``‖d + λw‖²`` with ``λ = weight_decay``,
-  formed without cancellation (:func:`norm_of_sum_sq`). ``ratio_fn(w_sq,
-  d_sq, coupled)`` maps the two sums to the layer's ratio elementwise; a
-  group's ratios are made by one call on its stacked sums.
-
-  Returns ``(ratios, pieces)``: the ratio of each request, and the same
-  values as ``(request indices, array)`` pieces, one per group or leaf, for
-  :func:`layer_ratios_lib.pack` to record without a slice per leaf.
-  """
-  out: list = [None] * len(requests)
-  pieces: list = []
-  groups: dict = {}
-  for i, req in enumerate(requests):
-    if _groupable(req):
-      w, d = req.w, req.d
-      key = (w.shape, w.dtype, d.dtype, req.decay, req.coupled,
-             _sharding_key(w), _sharding_key(d))
-      groups.setdefault(key, []).append(i)
-    else:
-      groups[("leaf", i)] = [i]
-  for key, idx in groups.items():
-    if key[0] == "leaf" or len(idx) == 1:
-      for i in idx:
-        req = requests[i]
-        w_sq = sum_squares(req.w, req.axes)
-        if req.decay:
-          d_sq = norm_of_sum_sq(req.d, req.w, weight_decay, req.axes, v=req.decayed)
-        else:
-          d_sq = sum_squares(req.d, req.axes)
-        out[i] = ratio_fn(w_sq, d_sq, req.coupled)
-        pieces.append(([i], out[i]))
-      continue
-    first = requests[idx[0]]  # the group shares its flags (they are in the key)
-    w = jnp.stack([requests[i].w for i in idx])
-    d = jnp.stack([requests[i].d for i in idx])
-    axes = tuple(range(1, w.ndim))
-    if first.decay:
-      # The stacks are copies no update reads: their exact sum is reduced as
-      # is (norm_of_sum_sq's barrier is for the step's own inputs).
-      d_sq = sum_squares(add_decay(d, weight_decay, w), axes)
-    else:
-      d_sq = sum_squares(d, axes)
-    r = ratio_fn(sum_squares(w, axes), d_sq, first.coupled)
-    for j, i in enumerate(idx):
-      out[i] = r[j]
-    pieces.append((list(idx), r))
-  return out, pieces
 
 
 def applied_bounds(lower: Any, upper: Any) -> tuple[jax.Array, jax.Array]:
@@ -438,10 +318,7 @@ def scale_by_trust_ratio(
   ratio_source = validation.deprecated_keyword(
       "scale_by_trust_ratio", "ratio_source", ratio_source, "source", source,
       default="update")
-  validation.check_mask("mask", mask)
-  validation.check_mask("trust_ratio_mask", trust_ratio_mask)
-  validation.check_mask("weight_decay_mask", weight_decay_mask)
-  validation.check_layer_axes("layer_axes", layer_axes)
+  validation.check_layer_options(trust_ratio_mask, weight_decay_mask, layer_axes, mask=mask)
   trust_mask = validation.deprecated_keyword(
       "scale_by_trust_ratio", "trust_ratio_mask", trust_ratio_mask, "mask", mask)
   if inner is not None and not isinstance(inner, optax.GradientTransformation):
@@ -554,15 +431,16 @@ def trust_ratio_kernel(
       u_leaves = treedef.flatten_up_to(inner_updates)
 
     # The update of every layer, and the reductions its ratio needs. Small
-    # layers' reductions are made together (layer_ratios) after the loop;
-    # with a leafwise inner solver each large layer's ratio is made in the
-    # loop, and the state of the large layer LAYER_LAG places on waits for it.
+    # layers' reductions are made together (grouped_norms.layer_ratios)
+    # after the loop; with a leafwise inner solver each large layer's ratio
+    # is made in the loop, and the state of the large layer LAYER_LAG places
+    # on waits for it.
     vs, requests, request_leaf, ratio_of, pieces = [], [], [], {}, []
     made = []  # the large layers' ratios, in order
     for i, (g, w, trust, dec, ax) in enumerate(zip(
         g_leaves, w_leaves, trust_flags, wd_flags, axes_list)):
       axes = reduce_axes(w.ndim, ax)
-      chained = by_leaf and trust and _large(w, axes)
+      chained = by_leaf and trust and grouped_norms.is_large(w, axes)
       if by_leaf:
         leaf_state = leaf_states[i]
         if chained and len(made) >= LAYER_LAG:
@@ -581,7 +459,7 @@ def trust_ratio_kernel(
       vs.append(v)
       if trust:
         sum_form = coupled and denominator == "norm_of_sum"
-        req = SumRequest(
+        req = grouped_norms.SumRequest(
             w, g if ratio_source == "gradient" else u, axes,
             decay=sum_form,
             # An inner solver's u + λw (the update) is formed once and its
@@ -591,7 +469,7 @@ def trust_ratio_kernel(
                      and inner_tx is not None else None),
             coupled=coupled)
         if chained:
-          (r,), _ = layer_ratios([req], ratio_fn, wd)
+          (r,), _ = grouped_norms.layer_ratios([req], ratio_fn, wd)
           made.append(r)
           ratio_of[i] = r
           pieces.append(([i], r))
@@ -601,7 +479,7 @@ def trust_ratio_kernel(
     if by_leaf:
       inner_state = leafwise.join(ctx, new_leaf_states, treedef)
 
-    layer_rs, batched = layer_ratios(requests, ratio_fn, wd)
+    layer_rs, batched = grouped_norms.layer_ratios(requests, ratio_fn, wd)
     ratio_of.update(zip(request_leaf, layer_rs))
 
     # The record: the groups' and leaves' ratio arrays (request indices

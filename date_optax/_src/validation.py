@@ -286,6 +286,20 @@ def check_layer_axes(name: str, value: Any) -> Any:
   return value
 
 
+def check_layer_options(trust_ratio_mask: Any, weight_decay_mask: Any, layer_axes: Any,
+                        mask: Any = None) -> None:
+  """The per-layer options every trust-ratio transform takes, checked when built.
+
+  Its two masks (:func:`check_mask`), ``layer_axes``
+  (:func:`check_layer_axes`) and, where the transform still takes it, the
+  deprecated ``mask``.
+  """
+  check_mask("mask", mask)
+  check_mask("trust_ratio_mask", trust_ratio_mask)
+  check_mask("weight_decay_mask", weight_decay_mask)
+  check_layer_axes("layer_axes", layer_axes)
+
+
 def check_float_dtype(name: str, value: Any) -> Any:
   """``None`` or a floating-point dtype (a moment stored as int is always 0)."""
   if value is None:

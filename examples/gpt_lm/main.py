@@ -10,14 +10,13 @@ sets a device count wins). `--distributed` calls
 `jax.distributed.initialize()` first (multi-host TPU slices).
 """
 
-from absl import app, flags
+from absl import app
 
 from examples import _main
 
 _main.define_flags("examples/gpt_lm/configs/default.py",
                    "Checkpoints, metrics.csv, the tokenizer and results.json.",
                    distributed=False)
-flags.adopt_module_key_flags(_main)  # --help lists them as this module's
 
 
 def main(argv):

@@ -105,10 +105,7 @@ def make_batch_schedule(config: ml_collections.ConfigDict) -> date_optax.BatchSc
     >>> make_batch_schedule(adaptive.get_config()).batch_sizes
     (8, 16, 32, 64, 128, 256, 512)
   """
-  kind = config.get("batch_schedule")
-  if kind not in BATCH_SCHEDULES:
-    raise ValueError(f"config.batch_schedule must be None or 'adaptive', got {kind!r}.")
-  if kind is None:
+  if _loop.batch_schedule_kind(config, BATCH_SCHEDULES) is None:
     return None
   return date_optax.BatchSchedule.adaptive(config.base_batch_size, max_batch=config.batch_size)
 

@@ -4,13 +4,11 @@
       --config=examples/mnist1d_lstm/configs/default.py [--config.batch_size=256]
 """
 
-from absl import app, flags
+from absl import app
 
 from examples import _main
 
-_main.define_flags("examples/mnist1d_lstm/configs/default.py",
-                   "Directory for metrics and results.")
-flags.adopt_module_key_flags(_main)  # --help lists them as this module's
+_main.define_flags("examples/mnist1d_lstm/configs/default.py", "Directory for metrics and results.")
 
 
 def main(argv):

@@ -87,11 +87,7 @@ def make_batch_schedule(config: ml_collections.ConfigDict) -> date_optax.BatchSc
     >>> make_batch_schedule(adaptive.get_config()).batch_sizes
     (16, 32, 64, 128, 256, 512, 1024)
   """
-  kind = config.get("batch_schedule")
-  if kind not in BATCH_SCHEDULES:
-    raise ValueError(
-        f"config.batch_schedule must be None, 'adaptive' or 'ramp', got {kind!r} "
-        "(leave it unset for a fixed batch).")
+  kind = _loop.batch_schedule_kind(config, BATCH_SCHEDULES)
   start, top = config.base_batch_size, config.batch_size
   if kind is None:
     return None

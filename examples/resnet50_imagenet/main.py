@@ -8,13 +8,12 @@ needs no arguments there); `--nodistributed` skips it, and it is skipped
 anyway when the environment variable DATE_OPTAX_NO_DISTRIBUTED is set.
 """
 
-from absl import app, flags
+from absl import app
 
 from examples import _main
 
 _main.define_flags("examples/resnet50_imagenet/configs/default.py",
                    "Checkpoints and metrics (gs:// on pods).", distributed=True)
-flags.adopt_module_key_flags(_main)  # --help lists them as this module's
 
 
 def main(argv):
