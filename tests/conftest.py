@@ -9,6 +9,19 @@ _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The tests' programs are small and run a few steps, so compiling them is most
+# of the suite's time: JAX's `jax_disable_most_optimizations` keeps XLA's HLO
+# passes (fusion, the partitioner, collectives: what the tests read) and runs
+# LLVM without its expensive passes, and one codegen thread per program suits
+# the two-core machines CI runs on. Together about 25% of `make test`; flax's
+# examples' tests do the same. Set in the environment, so the processes the
+# tests start (snippets, examples, two-process runs) inherit it; an
+# environment that already sets JAX_DISABLE_MOST_OPTIMIZATIONS wins (`=0`
+# compiles as users do).
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+_SPLIT = "--xla_cpu_parallel_codegen_split_count=1"
+if "xla_cpu_parallel_codegen_split_count" not in os.environ["XLA_FLAGS"]:
+  os.environ["XLA_FLAGS"] += " " + _SPLIT
 # libtpu (the TPU compiler, tests/test_tpu_compile.py) on a host without a
 # TPU: several test processes may load it, and it need not probe the host.
 for _key, _value in (("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"), ("TPU_SKIP_MDS_QUERY", "1"),
