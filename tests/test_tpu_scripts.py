@@ -445,8 +445,9 @@ def test_plan_slice_rows():
 
 @pytest.mark.parametrize("accel,per_core", [
     ("v3-32", 96), ("v3-32", 32), ("v4-32", 128), ("v2-8", 16), ("v4-128", 64)])
-def test_plan_cells_are_the_librarys(accel, per_core):
-  """Every BN and recipe cell of plan.py is what date_optax itself computes."""
+def test_plan_cells_are_the_librarys(accel, per_core, capsys):
+  """Every BN and recipe cell of plan.py is what date_optax itself computes
+  (its main in this process; the command line runs in the tests above)."""
   import date_optax
   from date_optax.nn import bn_group_layout
 
@@ -467,9 +468,10 @@ def test_plan_cells_are_the_librarys(accel, per_core):
       assert cell == f"{layout.ghosts_per_device} ghost groups per device"
     else:
       assert cell == "1 group per device"
-  res = run("plan.py", f"--accelerator-type={accel}", f"--batch-per-core={per_core}")
-  assert res.returncode == 0, res.stderr
-  (row,) = [ln for ln in res.stdout.splitlines() if ln.startswith(f"| {batch} | ")][:1]
+  capsys.readouterr()
+  assert plan.main([f"--accelerator-type={accel}", f"--batch-per-core={per_core}"]) == 0
+  (row,) = [ln for ln in capsys.readouterr().out.splitlines()
+            if ln.startswith(f"| {batch} | ")][:1]
   cells = [c.strip() for c in row.strip("|").split("|")]
   recipe = date_optax.scale_recipe(plan.RESNET50, batch)
   assert cells[2].endswith(f"= {recipe.peak_learning_rate:.3f}")

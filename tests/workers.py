@@ -22,7 +22,9 @@ def worker_start(devices: int, **options: type) -> argparse.Namespace:
   and the required `options` (``data_dir=str`` is ``--data-dir``), and joins
   the two processes with `date_optax.parallel.initialize`.
   """
-  os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  os.environ["XLA_FLAGS"] = " ".join(
+      [f"--xla_force_host_platform_device_count={devices}", os.environ.get("XLA_FLAGS", "")]
+  ).strip()
   os.environ["JAX_PLATFORMS"] = "cpu"
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   import jax  # noqa: PLC0415
@@ -51,7 +53,7 @@ class WorkerPair:
   """`python script --port P --process-id i *args(i)` for i = 0, 1.
 
   Each worker writes its output to `logs[i]` and sets its own device count
-  (XLA_FLAGS is not passed on). Both are always killed and reaped: a wait past
+  (the device count in XLA_FLAGS is not passed on). Both are always killed and reaped: a wait past
   its time limit fails the test, naming `what`.
   """
 
@@ -62,7 +64,11 @@ class WorkerPair:
     self.what = what
     port = free_port()
     env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)  # the worker sets its own device count
+    # The worker sets its own device count; the other XLA flags pass on.
+    flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "",
+                   env.pop("XLA_FLAGS", "")).split()
+    if flags:
+      env["XLA_FLAGS"] = " ".join(flags)
     self._files = [open(log, "w") for log in self.logs]  # noqa: SIM115 - closed in kill
     self.procs = [
         subprocess.Popen(
