@@ -372,6 +372,9 @@ class Windows:
       (default `seq_len`).
   """
 
+  #: The ids are in memory: `dp.data_loader` reads windows without threads.
+  in_memory = True
+
   def __init__(self, ids: np.ndarray, seq_len: int, name: str, *, stride: int | None = None):
     if seq_len >= len(ids):
       raise ValueError(f"seq_len={seq_len} must be shorter than the text ({len(ids)} tokens).")

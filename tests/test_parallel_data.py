@@ -286,3 +286,28 @@ def test_host_local_to_global_single_process():
   for shard in g.addressable_shards:
     k = list(mesh.devices.flat).index(shard.device)
     np.testing.assert_array_equal(shard.data, x[k:k + 1])
+
+
+def test_read_options_follow_the_source_and_are_checked():
+  import grain
+
+  src = dp.ArraySource({"x": np.arange(16)})
+  assert dp.data_loader(src, 4, seed=0)._read_options.num_threads == 0
+
+  class Rows:  # a source that does not say its records are in memory
+    def __len__(self):
+      return 16
+
+    def __getitem__(self, i):
+      return {"x": np.int64(i)}
+
+  assert dp.data_loader(Rows(), 4, seed=0)._read_options == grain.ReadOptions()
+  given = grain.ReadOptions(num_threads=2, prefetch_buffer_size=8)
+  assert dp.data_loader(src, 4, seed=0, read_options=given)._read_options == given
+  # The same batches with or without reader threads.
+  ref = [b["x"].tolist() for _, b in zip(range(4), dp.data_loader(src, 4, seed=3))]
+  got = [b["x"].tolist() for _, b in
+         zip(range(4), dp.data_loader(src, 4, seed=3, read_options=given))]
+  assert got == ref
+  with pytest.raises(TypeError, match="read_options must be a grain.ReadOptions"):
+    dp.data_loader(src, 4, seed=0, read_options={"num_threads": 0})

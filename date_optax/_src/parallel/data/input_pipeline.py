@@ -98,6 +98,10 @@ class ArraySource:
     grain's `RandomAccessDataSource` protocol (`__len__`, `__getitem__`).
   """
 
+  #: Records are rows of arrays in memory: `data_loader` reads them in the
+  #: iterating thread.
+  in_memory = True
+
   def __init__(self, data: Any):
     self._n = num_examples(data)
     self._data = jax.tree.map(np.asarray, data)
@@ -142,6 +146,7 @@ def data_loader(
     worker_count: int = 0,
     process_index: int | None = None,
     process_count: int | None = None,
+    read_options: Any = None,
 ) -> Any:
   """A grain `DataLoader` of this process's share of every global batch.
 
@@ -164,6 +169,13 @@ def data_loader(
     worker_count: grain worker processes (0: read in this process).
     process_index: this process (default `jax.process_index()`).
     process_count: number of processes (default `jax.process_count()`).
+    read_options: a `grain.ReadOptions` (threads that read records ahead of
+      the loop, records prefetched). None: a source whose records are in
+      memory (`in_memory = True`, as `ArraySource` has) is read in the
+      thread that iterates, `ReadOptions(num_threads=0)`: a read is an
+      index into an array, and reader threads would only poll for it; any
+      other source (files, e.g. ArrayRecord) gets grain's default threads,
+      which overlap the reads with the step.
 
   Returns:
     A `grain.DataLoader`; `iter()` of it is a checkpointable iterator (see
@@ -209,6 +221,12 @@ def data_loader(
         + (": wrap a dict of arrays as dp.ArraySource(...)." if isinstance(source, Mapping)
            else "."))
   ops = _check_operations(grain, operations)
+  if read_options is None:
+    read_options = (grain.ReadOptions(num_threads=0)
+                    if getattr(source, "in_memory", False) is True else grain.ReadOptions())
+  elif not isinstance(read_options, grain.ReadOptions):
+    raise TypeError("read_options must be a grain.ReadOptions or None, got "
+                    f"{type(read_options).__name__}.")
   n = len(source)
   local = b // count
   if n // count < local:
@@ -224,7 +242,8 @@ def data_loader(
       seed=seed)
   ops = [*ops, grain.transforms.Batch(local, drop_remainder=True)]
   loader = grain.DataLoader(data_source=source, sampler=sampler, operations=ops,
-                            worker_count=worker_count, shard_options=shard)
+                            worker_count=worker_count, shard_options=shard,
+                            read_options=read_options)
   _PIPELINES[loader] = _Pipeline(b, tuple(operations), source)
   return loader
 
