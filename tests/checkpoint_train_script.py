@@ -59,10 +59,13 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
+from workers import use_the_runs_compile_cache  # noqa: E402
 
 import date_optax  # noqa: E402
 from date_optax.checkpoint import CheckpointManager  # noqa: E402
 from date_optax.diagnostics import MetricWriter, trust_ratio_summary  # noqa: E402
+
+use_the_runs_compile_cache()  # the runs a test compares compile one program
 
 N_EXAMPLES, N_FEATURES, N_CLASSES, HIDDEN, BATCH = 512, 16, 4, 32, 64
 SEED = 0

@@ -51,10 +51,9 @@ _CACHE_VAR = "DATE_OPTAX_TEST_JAX_CACHE"
 _OWN_CACHE = None
 if _CACHE_VAR not in os.environ:
   _OWN_CACHE = os.environ[_CACHE_VAR] = tempfile.mkdtemp(prefix="date_optax_jax_cache_")
-if os.environ[_CACHE_VAR] != "off":
-  jax.config.update("jax_compilation_cache_dir", os.environ[_CACHE_VAR])
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+from workers import use_the_runs_compile_cache  # noqa: E402
+
+use_the_runs_compile_cache()  # the processes the tests start call it too
 
 
 def pytest_sessionfinish(session, exitstatus):

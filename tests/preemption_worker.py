@@ -24,6 +24,9 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 import jax  # noqa: E402
 
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
+from workers import use_the_runs_compile_cache  # noqa: E402
+
+use_the_runs_compile_cache()
 
 import numpy as np  # noqa: E402
 import parallel_model as pm  # noqa: E402

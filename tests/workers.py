@@ -14,6 +14,23 @@ from collections.abc import Callable, Sequence
 import pytest
 
 
+def use_the_runs_compile_cache() -> None:
+  """Points JAX at the test run's compilation cache (tests/conftest.py).
+
+  A process a test starts compiles what the test's other processes compile
+  (the run to compare with, the run resumed after a kill): with the run's
+  cache it reads their executables back. Call it before the first compile.
+  """
+  path = os.environ.get("DATE_OPTAX_TEST_JAX_CACHE")
+  if not path or path == "off":
+    return
+  import jax  # noqa: PLC0415
+
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
 def worker_start(devices: int, **options: type) -> argparse.Namespace:
   """A worker process's start-up, before it imports jax.
 
@@ -30,6 +47,7 @@ def worker_start(devices: int, **options: type) -> argparse.Namespace:
   import jax  # noqa: PLC0415
 
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  use_the_runs_compile_cache()
   import date_optax.parallel as dp  # noqa: PLC0415
 
   parser = argparse.ArgumentParser()
