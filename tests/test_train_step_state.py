@@ -10,6 +10,8 @@ over replicas and integer leaves taken from replica 0.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -50,8 +52,16 @@ def bn_dropout_loss(params, batch, model_state, rng):
   return loss, new
 
 
+# The reference's pieces, each one jitted program (run op by op they were
+# most of this file's time): a microbatch's gradient, and the update.
+_grad_with_state = jax.jit(jax.value_and_grad(bn_dropout_loss, has_aux=True))
+_grad = jax.jit(jax.grad(pm.loss_fn))
+
+
+@functools.cache  # shared by the tests that compare with the same run
 def reference(opt_name, k, steps=STEPS, with_state=True):
   opt = OPTIMIZERS[opt_name]()
+  update = jax.jit(opt.update)
   params = jax.tree.map(jnp.asarray, pm.init_params())
   opt_state = opt.init(params)
   ms = jax.tree.map(jnp.asarray, init_model_state())
@@ -67,10 +77,9 @@ def reference(opt_name, k, steps=STEPS, with_state=True):
         key = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(base, s), r), j)
         keys_seen.add(tuple(np.asarray(key).tolist()))
         if with_state:
-          f = lambda p, mb=mb, st=state_r, key=key: bn_dropout_loss(p, mb, st, key)
-          (_, state_r), g = jax.value_and_grad(f, has_aux=True)(params)
+          (_, state_r), g = _grad_with_state(params, mb, state_r, key)
         else:
-          g = jax.grad(pm.loss_fn)(params, mb)
+          g = _grad(params, mb)
         grads.append(g)
       states.append(state_r)
     g = jax.tree.map(lambda *xs: sum(np.asarray(x, np.float64) for x in xs) / len(xs),
@@ -78,7 +87,7 @@ def reference(opt_name, k, steps=STEPS, with_state=True):
     g = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), g)
     ms = {"mean": jnp.mean(jnp.stack([st["mean"] for st in states]), axis=0),
           "count": states[0]["count"]}
-    updates, opt_state = opt.update(g, opt_state, params)
+    updates, opt_state = update(g, opt_state, params)
     params = optax.apply_updates(params, updates)
   assert len(keys_seen) == N * k * steps  # every microbatch of every replica differs
   return params, opt_state, ms
@@ -253,15 +262,28 @@ def mesh_2d():
   return jax.make_mesh((4, 2), ("data", "model"))
 
 
+@functools.cache
 def one_device(opt_name, steps=STEPS):
   opt = OPTIMIZERS[opt_name]()
+  update = jax.jit(opt.update)
   params = jax.tree.map(jnp.asarray, pm.init_params())
   state = opt.init(params)
   for batch in BATCHES[:steps]:
-    grads = jax.grad(pm.loss_fn)(params, batch)
-    updates, state = opt.update(grads, state, params)
+    grads = _grad(params, batch)
+    updates, state = update(grads, state, params)
     params = optax.apply_updates(params, updates)
   return params, state
+
+
+@functools.cache
+def data_parallel(opt_name):
+  """The state and the last metrics of the 8-way data-parallel run."""
+  data = dp.make_train_step(pm.loss_fn, OPTIMIZERS[opt_name](), dp.data_mesh(),
+                            donate=False)
+  expected = data.init(pm.init_params())
+  for batch in BATCHES:
+    expected, expected_metrics = data(expected, batch)
+  return expected, expected_metrics
 
 
 @pytest.mark.parametrize("opt_name, rules, shard_update", [
@@ -276,11 +298,7 @@ def test_sharded_params_equal_data_parallel_and_one_device(opt_name, rules, shar
   state = step.init(pm.init_params())
   for batch in BATCHES:
     state, metrics = step(state, batch)
-  data = dp.make_train_step(pm.loss_fn, OPTIMIZERS[opt_name](), dp.data_mesh(),
-                            donate=False)
-  expected = data.init(pm.init_params())
-  for batch in BATCHES:
-    expected, expected_metrics = data(expected, batch)
+  expected, expected_metrics = data_parallel(opt_name)
   ref_params, ref_state = one_device(opt_name)
   for other_params, other_state in ((expected.params, expected.opt_state),
                                     (ref_params, ref_state)):
