@@ -184,11 +184,12 @@ def make_replicated_train_step(
     TypeError: arguments of the wrong kind.
 
   Examples:
-    >>> import jax.numpy as jnp, numpy as np
     >>> import date_optax
     >>> import date_optax.parallel as dp
-    >>> def loss_fn(params, batch):
-    ...   return jnp.mean((batch["x"] @ params["w"] - batch["y"]) ** 2)
+    >>> import jax.numpy as jnp, numpy as np
+    >>> def loss_fn(params, batch):  # mean squared error of a linear model
+    ...   residual = batch["x"] @ params["w"] - batch["y"]
+    ...   return jnp.mean(residual**2)
     >>> step = dp.make_replicated_train_step(
     ...     loss_fn, date_optax.lamb(1e-2), dp.data_mesh(),
     ...     grad_sync=dp.GradSync("ring", comm_dtype="bfloat16"),
