@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -332,17 +331,34 @@ def test_lamb_norm_of_a_model_sharded_layer_is_a_scalar_all_reduce():
 # -- the command -----------------------------------------------------------------
 
 
-def _cli(*args):
-  return subprocess.run(
-      [sys.executable, "-m", "date_optax._src.cli", "compile", *args],
-      cwd=ROOT, capture_output=True, text=True, timeout=300)
+@pytest.fixture
+def run_compile(capsys, monkeypatch):
+  """`date-optax compile ARGS` in this process: (exit code, stdout, stderr).
+
+  The test run already has the command's compile-only environment
+  (tests/conftest.py): a new interpreter and JAX for each call would add
+  seconds and test nothing more (`test_first_screen` runs entry points as
+  processes).
+  """
+  from date_optax._src import cli  # noqa: PLC0415
+
+  monkeypatch.chdir(ROOT)
+  monkeypatch.setattr(sys, "path", list(sys.path))  # the command adds the folder
+
+  def run(*args):
+    code = cli.main(["compile", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+  return run
 
 
-def test_compile_command_reports_every_program_of_an_example():
-  out = _cli("--example", "mnist1d_lstm", "--accelerator-type", "v3-8", "--config",
-             "examples/mnist1d_lstm/configs/adaptive_smoke.py", "--json")
-  assert out.returncode == 0, out.stderr[-2000:]
-  result = json.loads(out.stdout)
+def test_compile_command_reports_every_program_of_an_example(run_compile):
+  code, stdout, stderr = run_compile(
+      "--example", "mnist1d_lstm", "--accelerator-type", "v3-8", "--config",
+      "examples/mnist1d_lstm/configs/adaptive_smoke.py", "--json")
+  assert code == 0, stderr[-2000:]
+  result = json.loads(stdout)
   from examples.mnist1d_lstm import train  # noqa: PLC0415
   from examples.mnist1d_lstm.configs import adaptive_smoke  # noqa: PLC0415
 
@@ -362,10 +378,11 @@ def test_compile_command_reports_every_program_of_an_example():
     ("resnet50_imagenet", "examples/resnet50_imagenet/configs/smoke.py", 1),
     ("bert_lamb", "examples/bert_lamb/configs/smoke.py", 2),  # two stages
 ])
-def test_compile_command_builds_the_examples_own_steps(example, config, programs):
-  out = _cli("--example", example, "--accelerator-type", "v3-8", "--config", config, "--json")
-  assert out.returncode == 0, out.stderr[-2000:]
-  result = json.loads(out.stdout)["programs"]
+def test_compile_command_builds_the_examples_own_steps(example, config, programs, run_compile):
+  code, stdout, stderr = run_compile(
+      "--example", example, "--accelerator-type", "v3-8", "--config", config, "--json")
+  assert code == 0, stderr[-2000:]
+  result = json.loads(stdout)["programs"]
   assert len(result) == programs and all(p["fits"] for p in result)
   if example == "bert_lamb":  # (4 data, 2 model): the smoke config's layout
     assert [p["global_batch"] for p in result] == [64, 32]
@@ -373,12 +390,13 @@ def test_compile_command_builds_the_examples_own_steps(example, config, programs
     assert "all-reduce" in groups
 
 
-def test_compile_command_prints_a_readable_summary():
-  out = _cli("--example", "mnist_lstm", "--accelerator-type", "v2-8",
-             "--config", "examples/mnist_lstm/configs/smoke.py")
-  assert out.returncode == 0, out.stderr[-2000:]
-  assert "8 GiB HBM" in out.stdout and "fits" in out.stdout
-  assert "estimated step time" in out.stdout and "all-reduce:" in out.stdout
+def test_compile_command_prints_a_readable_summary(run_compile):
+  code, stdout, stderr = run_compile(
+      "--example", "mnist_lstm", "--accelerator-type", "v2-8",
+      "--config", "examples/mnist_lstm/configs/smoke.py")
+  assert code == 0, stderr[-2000:]
+  assert "8 GiB HBM" in stdout and "fits" in stdout
+  assert "estimated step time" in stdout and "all-reduce:" in stdout
 
 
 @pytest.mark.parametrize("args,message", [
@@ -387,16 +405,9 @@ def test_compile_command_prints_a_readable_summary():
     (("--accelerator-type", "v3-8", "--set", "no_such_field=1"), "no field 'no_such_field'"),
     (("--accelerator-type", "v3-8", "--config", "nowhere.py"), "'nowhere.py' not found"),
 ])
-def test_compile_command_refuses_bad_input(args, message, capsys, monkeypatch):
-  # In this process: the command's checks, without a new interpreter and JAX
-  # for each (the tests above run `python -m date_optax._src.cli compile`).
+def test_compile_command_refuses_bad_input(args, message, run_compile):
   # An exception instead of the one-line error fails the test.
-  from date_optax._src import cli  # noqa: PLC0415
-
-  monkeypatch.chdir(ROOT)
-  monkeypatch.setattr(sys, "path", list(sys.path))  # the command adds the folder
-  code = cli.main(["compile", "--example", "mnist1d_lstm", *args])
-  err = capsys.readouterr().err
+  code, _, err = run_compile("--example", "mnist1d_lstm", *args)
   assert code == 2 and message in err, err[-2000:]
 
 
@@ -481,10 +492,11 @@ def test_a_program_that_does_not_fit_says_by_how_much():
   assert e.value.required_bytes > e.value.available_bytes > 7 * 2**30
 
 
-def test_compile_command_says_by_how_much_a_program_does_not_fit():
-  out = _cli("--example", "mnist1d_lstm", "--accelerator-type", "v2-8", "--config",
-             "examples/mnist1d_lstm/configs/smoke.py", "--set", "hidden_size=32768", "--json")
-  assert out.returncode == 1, out.stderr[-2000:]
-  (program,) = json.loads(out.stdout)["programs"]
+def test_compile_command_says_by_how_much_a_program_does_not_fit(run_compile):
+  code, stdout, stderr = run_compile(
+      "--example", "mnist1d_lstm", "--accelerator-type", "v2-8", "--config",
+      "examples/mnist1d_lstm/configs/smoke.py", "--set", "hidden_size=32768", "--json")
+  assert code == 1, stderr[-2000:]
+  (program,) = json.loads(stdout)["programs"]
   assert program["fits"] is False and "over by" in program["error"]
   assert program["required_bytes"] > program["hbm_bytes"]
