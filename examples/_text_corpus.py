@@ -39,6 +39,7 @@ with the same hash.
 from __future__ import annotations
 
 import ast
+import collections
 import dataclasses
 import functools
 import hashlib
@@ -106,9 +107,26 @@ def module_docstrings(name: str, lib: str | None = None) -> str:
   with open(_module_path(lib, name), encoding="utf-8") as f:
     tree = ast.parse(f.read())
   kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-  docs = [ast.get_docstring(node, clean=True) for node in ast.walk(tree)
+  docs = [ast.get_docstring(node, clean=True) for node in _statements_breadth_first(tree)
           if isinstance(node, kinds)]
   return "\n\n".join(d for d in docs if d)
+
+
+def _statements_breadth_first(tree: ast.AST):
+  """`ast.walk`'s order (breadth first) over the nodes a definition can sit in.
+
+  Definitions are statements nested only in statements, `except` handlers
+  and `case` blocks, never inside an expression: skipping expressions keeps
+  every definition at its depth and in its place among its level's nodes, so
+  the docstrings come out as `ast.walk` gives them (the corpus's pinned
+  hashes), in about half the time.
+  """
+  kinds = (ast.stmt, ast.excepthandler, ast.match_case)
+  todo = collections.deque([tree])
+  while todo:
+    node = todo.popleft()
+    todo.extend(c for c in ast.iter_child_nodes(node) if isinstance(c, kinds))
+    yield node
 
 
 @functools.cache
