@@ -201,7 +201,11 @@ def main():
   parser.add_argument("--port", type=int, required=True)
   parser.add_argument("--process-id", type=int, required=True)
   parser.add_argument("--out", required=True)
+  parser.add_argument("--low-precision", default=",".join(low_precision_name(*c)
+                                                          for c in LOW_PRECISION),
+                      help="the LOW_PRECISION runs to make, by name, comma-separated")
   args = parser.parse_args()
+  wanted = set(filter(None, args.low_precision.split(",")))
   # A compilation cache: the step built again to resume the growing run reads
   # its programs back instead of compiling them (in process 0, which alone
   # writes the cache).
@@ -217,6 +221,8 @@ def main():
   assert layout["spec"] == P(None, "model"), layout["spec"]
   low = {}
   for alg, fmt, rounding, aps in LOW_PRECISION:
+    if low_precision_name(alg, fmt, rounding, aps) not in wanted:
+      continue
     lp_params, lp_losses = train_low_precision(dp.torus_mesh(2, 4), alg, fmt, rounding, aps)
     name = low_precision_name(alg, fmt, rounding, aps)
     low[f"{name}_losses"] = lp_losses
