@@ -748,3 +748,16 @@ def test_layout_bad_input(args, name):
 def test_layout_error_suggests_neighbours():
   with pytest.raises(ValueError, match="Nearest that work: 32, 64"):
     dnn.bn_group_layout(48, per_device_batch=64, num_replicas=8)
+
+
+def test_init_normalises_with_the_whole_batch_and_keeps_the_initial_averages():
+  # As flax's BatchNorm: `init` returns the initial running averages (zeros
+  # and ones), whatever the batch, and normalises that batch with its own
+  # whole-batch moments (no ghost groups, no collective at init).
+  x = np.random.default_rng(0).normal(3.0, 2.0, (8, 5)).astype(np.float32)
+  module = dnn.GhostBatchNorm(use_running_average=False, ghost_batch_size=4, axis_name=None)
+  y, variables = module.init_with_output(jax.random.key(0), x)
+  np.testing.assert_array_equal(variables["batch_stats"]["mean"], np.zeros(5, np.float32))
+  np.testing.assert_array_equal(variables["batch_stats"]["var"], np.ones(5, np.float32))
+  expected = (x - x.mean(0)) / np.sqrt(x.var(0) + 1e-5)
+  np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-5)

@@ -422,7 +422,7 @@ def _layer_output(
   the input is normalised with them and no new averages are returned (None);
   otherwise with its group statistics, which also update the averages.
   `grouped=False` (linen's `init`) takes whole-batch statistics without
-  collectives.
+  collectives and returns no new averages: `init` keeps the initial ones.
   """
   norm = dict(feature_axes=feature_axes, epsilon=layer.epsilon, dtype=layer.dtype)
   if use_running_average:
@@ -437,8 +437,10 @@ def _layer_output(
       axis_name=layer.axis_name if grouped else None,
       use_fast_variance=layer.use_fast_variance,
   )
-  feature_shape = tuple(x.shape[a] for a in feature_axes)
-  running = _running_update(ra_mean, ra_var, moments, layer.momentum, feature_shape)
+  running = None
+  if grouped:
+    feature_shape = tuple(x.shape[a] for a in feature_axes)
+    running = _running_update(ra_mean, ra_var, moments, layer.momentum, feature_shape)
   y = _normalize(
       x, moments.mean, moments.var, scale, bias, layout_shape=moments.layout_shape,
       **norm,
@@ -632,12 +634,11 @@ class GhostBatchNorm(nn.Module):
         else None
     )
 
-    initializing = self.is_initializing()
     y, running = _layer_output(
         self, x, mask, ra_mean.value, ra_var.value, scale, bias,
         feature_axes=feature_axes, use_running_average=use_running_average,
-        grouped=not initializing,
+        grouped=not self.is_initializing(),
     )
-    if running is not None and not initializing:
+    if running is not None:
       ra_mean.value, ra_var.value = running
     return y
