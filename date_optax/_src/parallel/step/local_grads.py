@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Hashable
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +33,14 @@ from jax import lax
 
 from date_optax._src.parallel.comm.collectives import acc_dtype
 from date_optax._src.types import LossFn, PyTree
+
+
+class GradsConfig(Protocol):
+  """What the gradient functions here read of the step's `StepConfig`."""
+
+  has_aux: bool
+  compute_dtype: Any
+  microbatches: int
 
 
 def is_float(x: Any) -> bool:
@@ -220,7 +228,7 @@ def _reduce_leading(tree: Any) -> Any:
 
 def replica_grads(
     loss_fn: LossFn,
-    config: Any,
+    config: GradsConfig,
     *,
     params: PyTree,
     batch: PyTree,
@@ -308,7 +316,7 @@ def scan_microbatches(
 
 def stacked_replica_grads(
     loss_fn: LossFn,
-    config: Any,
+    config: GradsConfig,
     *,
     params: PyTree,
     batch: PyTree,
