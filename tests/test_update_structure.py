@@ -164,8 +164,12 @@ def test_kernel_count_per_leaf_is_the_base_optimizers(name):
   assert extra <= 4, f"{name}: {extra} kernels beyond the per-leaf cost for 40 leaves"
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param("lars", marks=pytest.mark.slow), "lamb"])  # ~14 s each
+# make test-all (~14 s each): the grouped norms these count run in
+# test_kernel_count_per_leaf_is_the_base_optimizers (the per-leaf cost, two
+# shapes) and test_kernel_count_test_sees_per_leaf_reductions (grouping off
+# fails the count); here on ResNet-50's 28 shapes.
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["lars", "lamb"])
 def test_kernel_count_on_resnet50s_161_leaves(name):
   # Beyond the per-leaf cost, a few kernels per distinct small shape.
   make, base, per_leaf = STRUCTURE[name]
