@@ -516,9 +516,12 @@ def _plot(done: dict, png: str) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # noqa: PLC0415
 
-  fig, axes = plt.subplots(1, 2, figsize=(11, 5.5))
   names = [n for n in sorted(done) if n.startswith(("r50/", "r50-32k/", "bert-large/"))
            and "error" not in done[n]]
+  if not names:  # a log of other rows (`--only sync/...`): nothing to plot
+    print(f"no train-step rows in the log: {png} not written")
+    return
+  fig, axes = plt.subplots(1, 2, figsize=(11, 5.5))
   labels, mem, cap, est = [], [], [], []
   for n in names:
     for p in done[n]["programs"]:
