@@ -15,6 +15,7 @@ not ours to see, counted as N - 1) and eps_fmt the format's `eps`.
 from __future__ import annotations
 
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -335,9 +336,10 @@ def test_payload_keeps_the_rounds_of_the_compiled_program(fmt):
   assert [r for r, _ in rounds] == list(range(1, 2 * 7 + 1))
   # XLA on CPU carries float8 in a float16 container (exact); int8 as int8.
   wire = {"int8": ("s8[",), "float8_e4m3fn": ("f8e4m3fn[", "f16[")}[fmt]
-  permutes = [ln.split("=")[1] for ln in text.splitlines()
-              if "collective-permute" in ln and "-done" not in ln and "= " in ln]
-  assert permutes and all(any(w in ln for w in wire) for ln in permutes)
+  # The type of each collective-permute instruction (not of an op whose
+  # operand or metadata names one).
+  permutes = re.findall(r"= (.+?) collective-permute(?:-start)?\(", text)
+  assert permutes and all(any(w in t for w in wire) for t in permutes), permutes[:2]
   # APS adds one all-reduce (the pmax of the per-layer max-abs and flags).
   assert text.count("all-reduce(") + text.count("all-reduce-start(") == 1
 

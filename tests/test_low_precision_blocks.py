@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -328,9 +329,10 @@ def test_scales_travel_in_the_payload_messages_without_a_pmax(fmt, wire):
     text = fn.lower(np.ones(8 * 64, np.float32)).compile().as_text()
     rounds = hlo.collective_permute_rounds(text)
     assert [r for r, _ in rounds] == list(range(1, 2 * 7 + 1))  # one message per hop
-    permutes = [ln.split("=")[1] for ln in text.splitlines()
-                if "collective-permute" in ln and "-done" not in ln and "= " in ln]
-    assert permutes and all(any(w in ln for w in wire) for ln in permutes), permutes[:2]
+    # The type of each collective-permute instruction (not of an op whose
+    # operand or metadata names one).
+    permutes = re.findall(r"= (.+?) collective-permute(?:-start)?\(", text)
+    assert permutes and all(any(w in t for w in wire) for t in permutes), permutes[:2]
     assert text.count("all-reduce(") + text.count("all-reduce-start(") == pmax
 
 

@@ -6,6 +6,7 @@ each device its own model shard, in the payload format of `GradSync`.
 """
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -209,9 +210,10 @@ def test_compiled_sharded_step_sends_the_gradients_in_the_payload_format(shard_u
     # Rings over "data" within each model shard: device ids are data-major,
     # so a pair never crosses the model index (id % 2).
     assert all(a % 2 == b % 2 for _, pairs in rounds for a, b in pairs)
-    permutes = [ln for ln in text.splitlines()
-                if "collective-permute" in ln and "-done" not in ln and "= " in ln]
-    assert all(any(w in ln.split("=")[1] for w in wire) for ln in permutes), permutes[:2]
+    # The type of each collective-permute instruction (not of an op whose
+    # operand or metadata names one).
+    permutes = re.findall(r"= (.+?) collective-permute(?:-start)?\(", text)
+    assert permutes and all(any(w in t for w in wire) for t in permutes), permutes[:2]
     # No gradient is gathered over "model" first: the only all-gather is
     # that of the new parameters over "data" (shard_update).
     gathers = [ln for ln in text.splitlines() if " all-gather(" in ln
