@@ -221,10 +221,10 @@ def main():
   assert layout["spec"] == P(None, "model"), layout["spec"]
   low = {}
   for alg, fmt, rounding, aps in LOW_PRECISION:
-    if low_precision_name(alg, fmt, rounding, aps) not in wanted:
+    name = low_precision_name(alg, fmt, rounding, aps)
+    if name not in wanted:
       continue
     lp_params, lp_losses = train_low_precision(dp.torus_mesh(2, 4), alg, fmt, rounding, aps)
-    name = low_precision_name(alg, fmt, rounding, aps)
     low[f"{name}_losses"] = lp_losses
     low.update(_flat(lp_params, f"{name}/"))
   grow_params, grow_sizes, grow_losses = train_growing(dp.torus_mesh(2, 4))
