@@ -4,6 +4,7 @@ Library code never sets the device count; only tests and entry points do.
 """
 
 import os
+import sys
 
 _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
@@ -37,6 +38,7 @@ import jax  # noqa: E402
 
 jax.config.update("jax_platforms", "cpu")
 
+import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 settings.register_profile("ci", max_examples=30, deadline=None, derandomize=True)
@@ -65,3 +67,25 @@ def pytest_sessionfinish(session, exitstatus):
   del exitstatus
   if _OWN_CACHE and not hasattr(session.config, "workerinput"):
     shutil.rmtree(_OWN_CACHE, ignore_errors=True)
+
+
+@pytest.fixture
+def run_cli(capsys, monkeypatch):
+  """`date-optax ARGV...` in this process, from the repository root.
+
+  Returns a function of the command line's words giving (exit code, stdout,
+  stderr). The test run has the commands' compile-only environment already:
+  a new interpreter and JAX for each call would add seconds and test nothing
+  more (`test_first_screen` runs entry points as processes).
+  """
+  from date_optax._src import cli  # noqa: PLC0415
+
+  monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  monkeypatch.setattr(sys, "path", list(sys.path))  # the commands add the folder
+
+  def run(*argv):
+    code = cli.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+  return run

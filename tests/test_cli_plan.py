@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -27,10 +28,10 @@ def _repo_root(monkeypatch):
   monkeypatch.chdir(ROOT)
 
 
-def _plan(capsys, *args):
-  code = cli.main(["plan", "--example", "mnist1d_lstm", "--config", SMOKE, *args])
-  out = capsys.readouterr()
-  return code, out.out, out.err
+@pytest.fixture
+def plan(run_cli):
+  """`date-optax plan` of the MNIST-1D smoke config: (exit code, stdout, stderr)."""
+  return functools.partial(run_cli, "plan", "--example", "mnist1d_lstm", "--config", SMOKE)
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +39,10 @@ def cache_dir(tmp_path_factory):
   return tmp_path_factory.mktemp("plan_cache")
 
 
-def test_plan_prices_every_candidate_and_marks_the_best(capsys, cache_dir):
-  code, out, err = _plan(capsys, "--accelerator-type", "v5e-8,v6e-8", "--num-slices", "1,2",
-                         "--global-batch", "64", "--price-per-chip-hour", "v5e=1.5",
-                         "--cache-dir", str(cache_dir), "--json")
+def test_plan_prices_every_candidate_and_marks_the_best(plan, cache_dir):
+  code, out, err = plan("--accelerator-type", "v5e-8,v6e-8", "--num-slices", "1,2",
+                        "--global-batch", "64", "--price-per-chip-hour", "v5e=1.5",
+                        "--cache-dir", str(cache_dir), "--json")
   assert code == 0, err
   rows = json.loads(out)["candidates"]
   assert [r["candidate"] for r in rows] == [
@@ -74,19 +75,19 @@ def test_plan_prices_every_candidate_and_marks_the_best(capsys, cache_dir):
   assert "v5litepod-8, batch 64 ... compiled" in err
 
   # The second plan over the same candidates reads every compile from the cache.
-  code, out, err = _plan(capsys, "--accelerator-type", "v5e-8,v6e-8", "--num-slices", "1,2",
-                         "--global-batch", "64", "--price-per-chip-hour", "v5e=1.5",
-                         "--cache-dir", str(cache_dir), "--json")
+  code, out, err = plan("--accelerator-type", "v5e-8,v6e-8", "--num-slices", "1,2",
+                        "--global-batch", "64", "--price-per-chip-hour", "v5e=1.5",
+                        "--cache-dir", str(cache_dir), "--json")
   again = json.loads(out)["candidates"]
   assert code == 0 and all(r["cached"] for r in again)
   assert [r["cost_usd"] for r in again] == [r["cost_usd"] for r in rows]
 
 
-def test_plan_prints_a_table_and_a_plot(capsys, cache_dir, tmp_path):
+def test_plan_prints_a_table_and_a_plot(plan, cache_dir, tmp_path):
   plot = tmp_path / "plan.png"
-  code, out, _ = _plan(capsys, "--accelerator-type", "v5e-8", "--num-slices", "1,2",
-                       "--global-batch", "64", "--cache-dir", str(cache_dir),
-                       "--plot", str(plot))
+  code, out, _ = plan("--accelerator-type", "v5e-8", "--num-slices", "1,2",
+                      "--global-batch", "64", "--cache-dir", str(cache_dir),
+                      "--plot", str(plot))
   assert code == 0
   assert "not measurements" in out and "FASTEST" in out and "CHEAPEST" in out
   assert "2 x v5litepod-8, batch 64" in out
@@ -106,8 +107,8 @@ def test_plan_prints_a_table_and_a_plot(capsys, cache_dir, tmp_path):
     (("--accelerator-type", "v5e-8", "--price-per-chip-hour", "v9=1"),
      ["unknown TPU generation 'v9'"]),
 ])
-def test_plan_names_each_bad_input_in_one_line(capsys, args, lines):
-  code, out, err = _plan(capsys, *args)
+def test_plan_names_each_bad_input_in_one_line(plan, args, lines):
+  code, out, err = plan(*args)
   assert code == 2 and out == ""
   errors = err.strip().splitlines()
   assert len(errors) == len(lines), err
@@ -116,15 +117,15 @@ def test_plan_names_each_bad_input_in_one_line(capsys, args, lines):
   assert "Traceback" not in err
 
 
-def test_plan_without_libtpu_says_how_to_install_it(capsys, monkeypatch):
+def test_plan_without_libtpu_says_how_to_install_it(plan, monkeypatch):
   real = importlib.util.find_spec
   monkeypatch.setattr(importlib.util, "find_spec",
                       lambda name, *a: None if name == "libtpu" else real(name, *a))
-  code, _, err = _plan(capsys, "--accelerator-type", "v5e-8")
+  code, _, err = plan("--accelerator-type", "v5e-8")
   assert code == 2 and "pip install 'jax[tpu]'" in err
 
 
-def test_a_candidate_that_fails_to_compile_does_not_hide_the_others(capsys, tmp_path,
+def test_a_candidate_that_fails_to_compile_does_not_hide_the_others(plan, tmp_path,
                                                                      monkeypatch):
   from examples.mnist1d_lstm import train  # noqa: PLC0415
 
@@ -136,8 +137,8 @@ def test_a_candidate_that_fails_to_compile_does_not_hide_the_others(capsys, tmp_
     return real(config, tpu)
 
   monkeypatch.setattr(train, "compile_target", target)
-  code, out, _ = _plan(capsys, "--accelerator-type", "v6e-8,v5e-8", "--global-batch", "64",
-                       "--cache-dir", str(tmp_path), "--json")
+  code, out, _ = plan("--accelerator-type", "v6e-8,v5e-8", "--global-batch", "64",
+                      "--cache-dir", str(tmp_path), "--json")
   assert code == 1
   failed, ok = json.loads(out)["candidates"]
   assert failed["error"] == "RuntimeError: INTERNAL: a compiler error" and not failed["fastest"]
@@ -195,6 +196,6 @@ def test_a_growing_batch_takes_its_steps_from_a_study_log(tmp_path):
     cli_plan.growth_steps(str(tmp_path / "none.jsonl"), "lstm:adaptive")
 
 
-def test_growth_log_and_run_go_together(capsys):
-  code, _, err = _plan(capsys, "--accelerator-type", "v5e-8", "--growth-log", "x.jsonl")
+def test_growth_log_and_run_go_together(plan):
+  code, _, err = plan("--accelerator-type", "v5e-8", "--growth-log", "x.jsonl")
   assert code == 2 and "--growth-log and --growth-run go together" in err

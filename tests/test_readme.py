@@ -6,9 +6,10 @@ working directory, with the process's environment restored afterwards. Its
 set-up lines (the CPU platform, 8 emulated devices) are already in effect here
 (tests/conftest.py): a `jax.config.update` of those two options to the values
 the process has is a no-op, and any other value fails the test; the
-distributed runtime finds no cluster, as in a fresh single-host interpreter. Running in
-process shares the test run's imports and compiled programs, where a fresh
-interpreter for each of 20-odd snippets cost about a minute of `make test`.
+distributed runtime finds no cluster, as in a fresh single-host interpreter.
+Running in process shares the test run's imports and compiled programs,
+where a fresh interpreter for each of 20-odd snippets cost about a minute of
+`make test`.
 
 A snippet states its output in comments `# prints <line>`, one per line of
 stdout, in order (at the end of the `print` call's line, or on lines of their

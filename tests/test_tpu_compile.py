@@ -9,10 +9,10 @@ and v3-8 keep this file to about a minute.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import jax
@@ -332,25 +332,9 @@ def test_lamb_norm_of_a_model_sharded_layer_is_a_scalar_all_reduce():
 
 
 @pytest.fixture
-def run_compile(capsys, monkeypatch):
-  """`date-optax compile ARGS` in this process: (exit code, stdout, stderr).
-
-  The test run already has the command's compile-only environment
-  (tests/conftest.py): a new interpreter and JAX for each call would add
-  seconds and test nothing more (`test_first_screen` runs entry points as
-  processes).
-  """
-  from date_optax._src import cli  # noqa: PLC0415
-
-  monkeypatch.chdir(ROOT)
-  monkeypatch.setattr(sys, "path", list(sys.path))  # the command adds the folder
-
-  def run(*args):
-    code = cli.main(["compile", *args])
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-  return run
+def run_compile(run_cli):
+  """`date-optax compile ARGS` in this process: (exit code, stdout, stderr)."""
+  return functools.partial(run_cli, "compile")
 
 
 def test_compile_command_reports_every_program_of_an_example(run_compile):
