@@ -89,3 +89,28 @@ def run_cli(capsys, monkeypatch):
     return code, out.out, out.err
 
   return run
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m 'not slow'` deselects
+def pytest_collection_modifyitems(config, items):
+  """Marks the tests of `moved_to_test_all.MOVED` slow (`make test-all` runs them).
+
+  A full collection (no paths or ids given) fails where the list names a test
+  the suite lacks, or a covering test that is not in the default run.
+  """
+  from moved_to_test_all import MOVED  # noqa: PLC0415
+
+  default = set()
+  for item in items:
+    name = item.nodeid.removeprefix("tests/")
+    if name in MOVED:
+      item.add_marker(pytest.mark.slow)
+    elif item.get_closest_marker("slow") is None:
+      default.add(name)
+  if config.args_source == pytest.Config.ArgsSource.TESTPATHS and not config.option.keyword:
+    names = {item.nodeid.removeprefix("tests/") for item in items}
+    stale = sorted(set(MOVED) - names)
+    stale += sorted({c for cover in MOVED.values() for c in cover} - default)
+    if stale:
+      raise pytest.UsageError("tests/moved_to_test_all.py names tests that are not in the "
+                              f"suite or not in its default run: {stale}")

@@ -163,7 +163,7 @@ def test_a_checkpoint_with_a_ratio_per_leaf_restores_into_the_record(tmp_path):
   params = jax.tree.map(jnp.asarray, _tree(0))
   grads = jax.tree.map(jnp.asarray, _tree(1))
   tx = date_optax.lars(0.1, weight_decay=1e-4, layer_axes=AXES)
-  _, state = tx.update(grads, tx.init(params), params)
+  _, state = jax.jit(tx.update)(grads, tx.init(params), params)
   legacy = {"opt_state": state._replace(ratios=state.ratios.unpack()), "step": 3}
   with CheckpointManager(str(tmp_path)) as mgr:
     mgr.save(3, legacy, force=True)
@@ -175,7 +175,7 @@ def test_a_checkpoint_with_a_ratio_per_leaf_restores_into_the_record(tmp_path):
                                   np.asarray(state.ratios.values))
     jax.tree.map(np.testing.assert_array_equal, restored["opt_state"].momentum,
                  state.momentum)
-    _, again = tx.update(grads, restored["opt_state"], params)  # usable as is
+    _, again = jax.jit(tx.update)(grads, restored["opt_state"], params)  # usable as is
     assert isinstance(again.ratios, date_optax.LayerRatios)
     wrong = {"opt_state": tx.init({**params, "extra": jnp.ones(3)}), "step": 0}
     with pytest.raises(CheckpointMismatchError, match="extra"):
