@@ -95,7 +95,7 @@ def run_cli(capsys, monkeypatch):
 def pytest_collection_modifyitems(config, items):
   """Marks the tests of `moved_to_test_all.MOVED` slow (`make test-all` runs them).
 
-  A full collection (no paths or ids given) fails where the list names a test
+  A full collection (no paths, ids or -k given) fails where the list names a test
   the suite lacks, or a covering test that is not in the default run.
   """
   from moved_to_test_all import MOVED  # noqa: PLC0415
