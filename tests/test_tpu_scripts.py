@@ -492,7 +492,8 @@ def test_plan_refuses_the_bn_layout_the_library_refuses():
 # The fakes are bash, not Python: each run starts about fifteen of them.
 FAKE_GCLOUD = r'''#!/usr/bin/env bash
 set -u
-printf '%s\t' "$@" >> "$FAKE_GCLOUD_LOG"; printf '\n' >> "$FAKE_GCLOUD_LOG"
+# One write per call: the per-node calls run at once and append to one log.
+line=$(printf '%s\t' "$@"); printf '%s\n' "$line" >> "$FAKE_GCLOUD_LOG"
 if [ -n "${FAKE_GCLOUD_FAIL:-}" ] && [[ " $* " == *"$FAKE_GCLOUD_FAIL"* ]]; then
   exit 7
 fi
