@@ -49,7 +49,8 @@ def covering_tests(lines: Mapping[str, frozenset], moved: Iterable[str]) -> dict
     {'t.py::f[a]': (['t.py::f[b]', 't.py::g'], [])}
   """
   moved = list(moved)
-  default = {n: s for n, s in lines.items() if n not in set(moved)}
+  left_out = set(moved)
+  default = {n: s for n, s in lines.items() if n not in left_out}
   by_line = collections.defaultdict(set)
   for name, executed in default.items():
     for line in executed:
