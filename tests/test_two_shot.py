@@ -367,3 +367,26 @@ def test_two_shot_cost_is_two_rounds():
   aps = dp.allreduce_cost("two_shot", p, m, alpha=1.0, beta=0.0, comm_dtype="int8",
                           aps=True, layers=10)
   assert aps.latency_steps == 4  # the APS pmax is one more two-shot reduction
+
+
+@pytest.mark.parametrize("comm_dtype", ["int8", "int4", "float8_e4m3fn"])
+def test_rows_encoded_alone_are_the_whole_buffer_encoded_at_once(comm_dtype):
+  # Rounding to nearest, two_shot encodes each (r, w) row alone (a TPU never
+  # flattens the buffer); the messages and the values sent are, byte for
+  # byte, those of the whole buffer encoded at once and cut into rows.
+  from date_optax._src.parallel.comm import low_precision as lp
+  from date_optax._src.parallel.comm import two_shot
+
+  rng = np.random.default_rng(0)
+  t = (rng.normal(size=(8, 4 * 32)) * np.exp(rng.normal(size=(8, 4 * 32)) * 4)).astype(np.float32)
+  t[2, 5], t[5, 70], t[7, 32:64] = np.nan, np.inf, 0.0
+  fmt = lp.comm_format(comm_dtype)
+  msgs, sent = jax.jit(two_shot._Codec(fmt, 32, None).encode)(t)
+  codec = lp.ScaledFormat(fmt, block_size=32)
+  wire = codec.encode(jnp.asarray(t.reshape(-1)))
+  want = jnp.concatenate([wire[: t.size].reshape(8, -1), wire[t.size :].reshape(8, -1)], axis=1)
+  assert msgs.dtype == want.dtype and msgs.shape == want.shape
+  np.testing.assert_array_equal(np.asarray(msgs.astype(jnp.int32)),
+                                np.asarray(want.astype(jnp.int32)))
+  np.testing.assert_array_equal(np.asarray(sent),
+                                np.asarray(codec.decode(wire)).reshape(t.shape))

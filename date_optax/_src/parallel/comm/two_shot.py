@@ -17,8 +17,13 @@ for it. Every other leaf is flattened row-major and zero-padded to a
 multiple of N, `c = ceil(size / N)`. With block scales each leaf's row is
 then zero-padded to whole blocks (a block never mixes two leaves) and every
 message carries one 8-bit exponent per block; with the measured shift one
-exponent per leaf piece of the message. The worker residual has the leaf's
-shape, and the block padding is never stored. The server residual of a leaf
+exponent per leaf piece of the message. Block scales rounded to nearest
+encode each row on its own, never the flattened buffer: the bytes are those
+of the flat encoding cut into rows, and on a TPU, whose arrays lie in tiles
+of 8 rows by 128 lanes, flattening an `(N, c)` buffer is a copy of all of it
+in another layout (stochastic rounding draws its bits over the flat buffer,
+and the measured shift its segment ids, so those stay flat). The worker
+residual has the leaf's shape, and the block padding is never stored. The server residual of a leaf
 is `(ceil(size / N),)` on every device, with or without `scatter`, so where
 N does not divide a whole leaf the last owners' chunks hold its
 `N·c - size` pad positions (fewer than N elements per leaf in all). Those
@@ -89,6 +94,12 @@ class _Codec:
     r, w = t.shape
     if self.block_size is None and self.ids is None:
       wire, rest = send_with_feedback(self.fmt, t)
+      return wire, t - rest
+    if self.block_size is not None and lp.rounding_counter(self.fmt) is None:
+      # Rounding to nearest: each row alone, never flattened (on a TPU a
+      # flat copy of an (r, w) buffer is a relayout of all of it).
+      codec = lp.ScaledFormat(self.fmt, block_size=self.block_size)
+      wire, rest = jax.vmap(lambda row: send_with_feedback(codec, row))(t)
       return wire, t - rest
     codec, gid = self._scaled(r)
     flat = t.reshape(-1)
