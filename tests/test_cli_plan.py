@@ -199,3 +199,34 @@ def test_a_growing_batch_takes_its_steps_from_a_study_log(tmp_path):
 def test_growth_log_and_run_go_together(plan):
   code, _, err = plan("--accelerator-type", "v5e-8", "--growth-log", "x.jsonl")
   assert code == 2 and "--growth-log and --growth-run go together" in err
+
+
+def test_the_cache_key_follows_the_source_not_only_the_version(tmp_path, monkeypatch):
+  # An editable checkout keeps its version while its code changes: the key
+  # holds a digest of the files, their paths and their bytes.
+  import hashlib  # noqa: PLC0415
+  import types  # noqa: PLC0415
+
+  import ml_collections  # noqa: PLC0415
+
+  pkg = tmp_path / "plan_fake_pkg"
+  (pkg / "sub").mkdir(parents=True)
+  (pkg / "__init__.py").write_text("x = 1\n")
+  (pkg / "sub" / "m.py").write_text("y = 2\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  first = cli_plan.source_digest("plan_fake_pkg")
+  assert cli_plan.source_digest("plan_fake_pkg") == first
+  (pkg / "sub" / "m.py").write_text("y = 3\n")
+  edited = cli_plan.source_digest("plan_fake_pkg")
+  (pkg / "sub" / "m.py").rename(pkg / "sub" / "n.py")
+  moved = cli_plan.source_digest("plan_fake_pkg")
+  assert len({first, edited, moved}) == 3
+  assert cli_plan.source_digest("plan_no_such_package") == hashlib.sha256().hexdigest()[:24]
+
+  config = ml_collections.ConfigDict({"batch_size": 64})
+  cand = types.SimpleNamespace(accelerator_type="v5litepod-8", num_slices=1)
+  keys = []
+  for digest in ("a", "a", "b"):
+    monkeypatch.setattr(cli_plan, "source_digest", lambda *names, d=digest: d)
+    keys.append(cli_plan.cache_key("mnist1d_lstm", config, cand))
+  assert keys[0] == keys[1] != keys[2]

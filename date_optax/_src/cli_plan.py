@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import importlib
 import importlib.metadata
+import importlib.util
 import json
 import math
 import os
@@ -299,11 +300,34 @@ def _versions() -> dict[str, str]:
   return out
 
 
+def source_digest(*packages: str) -> str:
+  """A hash of the Python files of `packages` (importable names; absent ones skipped).
+
+  The programs depend on the library's and the example's code as well as on
+  their versions: in an editable checkout (`pip install -e .`) the version
+  stays the same while the code changes, and a cache keyed on the version
+  alone would price the old programs.
+  """
+  h = hashlib.sha256()
+  for name in packages:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+      continue
+    for root in sorted(spec.submodule_search_locations):
+      for path in sorted(Path(root).rglob("*.py")):
+        h.update(f"{name}/{path.relative_to(root).as_posix()}\0".encode())
+        h.update(path.read_bytes())
+  return h.hexdigest()[:24]
+
+
 def cache_key(example: str, config: Any, cand: Candidate) -> str:
-  """A stable hash of what the compiled programs depend on."""
+  """A stable hash of what the compiled programs depend on: the example, its
+  config, the target, the versions of jax, jaxlib, libtpu and date-optax, and
+  the source of `date_optax` and `examples` (`source_digest`)."""
   text = json.dumps({"example": example, "config": json.loads(config.to_json()),
                      "accelerator_type": cand.accelerator_type,
-                     "num_slices": cand.num_slices, "versions": _versions()},
+                     "num_slices": cand.num_slices, "versions": _versions(),
+                     "source": source_digest("date_optax", "examples")},
                     sort_keys=True)
   return hashlib.sha256(text.encode()).hexdigest()[:24]
 
