@@ -5,6 +5,7 @@ import doctest
 import importlib
 import inspect
 import pkgutil
+import re
 
 import pytest
 
@@ -103,3 +104,34 @@ def test_code_outside_the_library_uses_public_names_only():
           offenders.append(f"{path.relative_to(root)}:{node.lineno}")
   assert offenders == [], offenders
   assert not (root / "date_optax" / "_src" / "lstm_demo.py").exists()
+
+
+# An inline literal closed right before a letter or digit (`jax.Array`s) is
+# not markup to docutils: `make docs` fails on it (a warning), and that build
+# runs only in `make test-all`.
+_LITERAL = re.compile(r"``.+?``|`[^`]+`")  # left to right, as docutils pairs them
+
+
+def _docstrings():
+  seen = set()
+  for pkg, name, obj in PUBLIC:
+    members = [(name, obj)]
+    if inspect.isclass(obj):
+      members += [(f"{name}.{m}", v) for m, v in vars(obj).items() if not m.startswith("_")]
+    for label, member in members:
+      target = member.fget if isinstance(member, property) else member
+      doc = inspect.getdoc(target) if callable(target) or isinstance(member, property) else None
+      if doc and id(target) not in seen:
+        seen.add(id(target))
+        yield f"{pkg}.{label}", doc
+
+
+def test_docstrings_close_every_inline_literal_before_a_space_or_punctuation():
+  bad = []
+  for label, doc in _docstrings():
+    prose = [line for line in doc.splitlines() if not line.lstrip().startswith((">>>", "..."))]
+    for par in "\n".join(prose).split("\n\n"):  # docutils pairs marks within a paragraph
+      text = " ".join(par.split())
+      bad += [f"{label}: {text[m.start():m.end() + 1]}" for m in _LITERAL.finditer(text)
+              if text[m.end():m.end() + 1].isalnum()]
+  assert bad == [], bad

@@ -345,7 +345,7 @@ class CheckpointManager:
 
     Args:
       target: a pytree with the structure of the saved state whose leaves are
-        arrays or `jax.ShapeDtypeStruct`s; their shapes, dtypes and shardings
+        arrays or `jax.ShapeDtypeStruct` values; their shapes, dtypes and shardings
         are those of the restored arrays (orbax reshards when the mesh
         differs from the one that saved). A leaf without a sharding is
         restored with the sharding it was saved with, which needs the

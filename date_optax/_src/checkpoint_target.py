@@ -1,6 +1,6 @@
 """The restore target: what orbax is asked to read, and whether it fits.
 
-A target's leaves become `jax.ShapeDtypeStruct`s with their shardings (typed
+A target's leaves become `jax.ShapeDtypeStruct` values with their shardings (typed
 PRNG keys as their raw key data, wrapped back after the read); they are
 checked against the `[path, shape, dtype]` of every saved leaf (format 3 on)
 before orbax reads anything, trying the older layouts a checkpoint may hold

@@ -356,7 +356,7 @@ def torus_all_reduce(
   first, leaving each device one fully summed piece of each half; the
   all-gather runs each half's phases in reverse. The two halves advance in the
   same rounds: round k sends half A's k-th and half B's k-th message, as two
-  `ppermute`s with no data dependence between them when the halves are on
+  `ppermute` calls with no data dependence between them when the halves are on
   different axes (XLA may run them at the same time, on disjoint links), or
   as one `ppermute` carrying both when they are on the same axis (in `|X-Y|`
   rounds of the scatter and of the gather when X ≠ Y). On an X×Y torus the

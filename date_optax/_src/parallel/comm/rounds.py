@@ -151,7 +151,7 @@ def run_in_rounds(*programs: Generator) -> list[Any]:
 
   Exchanges of one round over the same ring (same axes and permutation)
   travel in a single `ppermute`; exchanges over different rings are
-  separate `ppermute`s with no data dependence between them, which XLA is
+  separate `ppermute` calls with no data dependence between them, which XLA is
   free to run at the same time. The rounds between two phase changes are
   one `lax.fori_loop` (a single round is traced as it is).
 

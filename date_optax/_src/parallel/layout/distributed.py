@@ -113,7 +113,7 @@ def host_local_to_global(tree: Any, sharding: NamedSharding) -> Any:
       `NamedSharding(mesh, P("data"))`.
 
   Returns:
-    A pytree of global `jax.Array`s whose leading dimension is
+    A pytree of global `jax.Array` values whose leading dimension is
     `process_count` times the local one.
 
   Examples:

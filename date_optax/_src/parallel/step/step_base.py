@@ -405,7 +405,7 @@ class TrainStep:
   def abstract_state(
       self, params: PyTree, model_state: PyTree = None, rng: Any = None
   ) -> TrainState:
-    """The state `init` would build, as `jax.ShapeDtypeStruct`s with their shardings.
+    """The state `init` would build, as `jax.ShapeDtypeStruct` values with their shardings.
 
     Nothing is allocated, so this works on a mesh of devices this process
     cannot hold arrays on (a TPU slice's from `tpu_slice`): it is what
@@ -413,23 +413,23 @@ class TrainStep:
 
     Args:
       params, model_state, rng: as for `init`; arrays or
-        `jax.ShapeDtypeStruct`s (an `rng` may be an int seed).
+        `jax.ShapeDtypeStruct` values (an `rng` may be an int seed).
 
     Returns:
-      A `TrainState` of `jax.ShapeDtypeStruct`s laid out by `state_sharding`.
+      A `TrainState` of `jax.ShapeDtypeStruct` values laid out by `state_sharding`.
     """
     shapes = jax.eval_shape(self.init, params, model_state, rng)
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                         shapes, self.state_sharding(shapes))
 
   def abstract_batch(self, batch: PyTree) -> PyTree:
-    """A global batch as `jax.ShapeDtypeStruct`s in the step's batch sharding.
+    """A global batch as `jax.ShapeDtypeStruct` values in the step's batch sharding.
 
     Args:
-      batch: arrays or `jax.ShapeDtypeStruct`s with the global batch's rows.
+      batch: arrays or `jax.ShapeDtypeStruct` values with the global batch's rows.
 
     Returns:
-      The same pytree of `jax.ShapeDtypeStruct`s split over the replicas.
+      The same pytree of `jax.ShapeDtypeStruct` values split over the replicas.
     """
     return jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=self.batch_sharding),
@@ -438,7 +438,7 @@ class TrainStep:
   def lower(self, state: TrainState, batch: PyTree) -> jax.stages.Lowered:
     """The lowered step (`.compile().as_text()` shows the collectives).
 
-    `state` and `batch` may be concrete, or abstract: `jax.ShapeDtypeStruct`s
+    `state` and `batch` may be concrete, or abstract: `jax.ShapeDtypeStruct` values
     (`abstract_state`, `abstract_batch`; leaves without a sharding get the
     step's), also on a mesh of devices that this process cannot run, such as
     a TPU slice's (`tpu_slice`). A batch-scheduled step lowers the program of
@@ -475,7 +475,7 @@ class TrainStep:
 
     Args:
       state: the state the calls will take (concrete or `abstract_state`).
-      batch: one batch, any rows (arrays or `jax.ShapeDtypeStruct`s): its
+      batch: one batch, any rows (arrays or `jax.ShapeDtypeStruct` values): its
         leaves' trailing shapes and dtypes make each program's batch. None:
         those of the batches this step has run or lowered (a ValueError
         before it has seen one).
