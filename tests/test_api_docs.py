@@ -120,7 +120,7 @@ def _docstrings():
       members += [(f"{name}.{m}", v) for m, v in vars(obj).items() if not m.startswith("_")]
     for label, member in members:
       target = member.fget if isinstance(member, property) else member
-      doc = inspect.getdoc(target) if callable(target) or isinstance(member, property) else None
+      doc = inspect.getdoc(target) if callable(target) else None
       if doc and id(target) not in seen:
         seen.add(id(target))
         yield f"{pkg}.{label}", doc

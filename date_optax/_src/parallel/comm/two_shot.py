@@ -23,12 +23,12 @@ of the flat encoding cut into rows, and on a TPU, whose arrays lie in tiles
 of 8 rows by 128 lanes, flattening an `(N, c)` buffer is a copy of all of it
 in another layout (stochastic rounding draws its bits over the flat buffer,
 and the measured shift its segment ids, so those stay flat). The worker
-residual has the leaf's shape, and the block padding is never stored. The server residual of a leaf
-is `(ceil(size / N),)` on every device, with or without `scatter`, so where
-N does not divide a whole leaf the last owners' chunks hold its
-`N·c - size` pad positions (fewer than N elements per leaf in all). Those
-stay zero: zeros are sent there and a zero sum rounds to zero in every
-format, so they carry nothing into the next step.
+residual has the leaf's shape, and the block padding is never stored. The
+server residual of a leaf is `(ceil(size / N),)` on every device, with or
+without `scatter`, so where N does not divide a whole leaf the last
+owners' chunks hold its `N·c - size` pad positions (fewer than N elements
+per leaf in all). Those stay zero: zeros are sent there and a zero sum
+rounds to zero in every format, so they carry nothing into the next step.
 
 `grad_sync` calls `two_shot_sum` for the low-precision leaves of
 `GradSync("two_shot", ...)`; its exact leaves go through
@@ -98,7 +98,7 @@ class _Codec:
     if self.block_size is not None and lp.rounding_counter(self.fmt) is None:
       # Rounding to nearest: each row alone, never flattened (on a TPU a
       # flat copy of an (r, w) buffer is a relayout of all of it).
-      codec = lp.ScaledFormat(self.fmt, block_size=self.block_size)
+      codec, _ = self._scaled(1)
       wire, rest = jax.vmap(lambda row: send_with_feedback(codec, row))(t)
       return wire, t - rest
     codec, gid = self._scaled(r)
