@@ -51,6 +51,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # (a new closure, the same program) reads the executable back instead of
 # compiling it again. A fresh directory each run, removed when it ends; a
 # directory given in DATE_OPTAX_TEST_JAX_CACHE is kept; "off" compiles everything.
+import gc  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
@@ -61,6 +62,20 @@ if _CACHE_VAR not in os.environ:
 from workers import use_the_runs_compile_cache  # noqa: E402
 
 use_the_runs_compile_cache()  # the processes the tests start call it too
+
+
+# Python's cyclic garbage collector: after collection, the imported modules and
+# JAX's caches are frozen out of its scans, and it runs after 50,000
+# allocations rather than 700. Measured on tests/test_batch_schedule.py (2-core
+# VM): 1,110 collections for 3.4 s became 13 for 1.4 s. Objects still go as
+# soon as nothing refers to them; only cycles wait longer.
+gc.set_threshold(50_000, 50, 1_000)
+
+
+def pytest_collection_finish(session):
+  del session
+  gc.collect()
+  gc.freeze()
 
 
 def pytest_sessionfinish(session, exitstatus):

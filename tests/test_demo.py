@@ -106,7 +106,7 @@ def test_load_mnist1d_is_deterministic_cached_and_leaves_global_rng(tmp_path):
 def test_demo_end_to_end_small(tmp_path, capsys, monkeypatch):
   # The demo sets XLA_FLAGS for its process; keep other tests' env as it was.
   monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
-  argv = ["--workdir", str(tmp_path), "--num-train", "512", "--num-test",
+  argv = ["--workdir", str(tmp_path), "--num-train", "256", "--num-test",
           "128", "--epochs", "6", "--base-batch", "8", "--scale", "8",
           "--devices", "8", "--no-progress"]
   assert demo.main(argv) == 0
@@ -115,14 +115,14 @@ def test_demo_end_to_end_small(tmp_path, capsys, monkeypatch):
   results = json.load(open(tmp_path / "results.json"))
   runs = {r["method"].split(" ")[0]: r for r in results["runs"]}
   assert [r["batch_size"] for r in results["runs"]] == [8, 64, 64]
-  assert [r["iterations"] for r in results["runs"]] == [6 * 64, 6 * 8, 6 * 8]
+  assert [r["iterations"] for r in results["runs"]] == [6 * 32, 6 * 4, 6 * 4]
   assert all(len(r["test_accuracy"]) == 6 for r in results["runs"])
   # End-of-epoch learning rates from the tuned Adam lr 8e-3: DATE peaks at
-  # 8e-3 * sqrt(8) after its round(0.1 * 512 / 8) = 6 warmup iterations, the
-  # linear run at 8e-3 * 8 after 5 epochs (40 iterations).
+  # 8e-3 * sqrt(8) after its round(0.1 * 256 / 8) = 3 warmup iterations, the
+  # linear run at 8e-3 * 8 after 5 epochs (20 iterations).
   date_lrs = runs["DATE"]["learning_rate"]
   np.testing.assert_allclose(
-      date_lrs[0], 8e-3 * math.sqrt(8) * (1 - (8 - 6) / (48 - 6)), rtol=1e-5)
+      date_lrs[0], 8e-3 * math.sqrt(8) * (1 - (4 - 3) / (24 - 3)), rtol=1e-5)
   np.testing.assert_allclose(runs["linear"]["learning_rate"][4], 8e-3 * 8, rtol=1e-5)
   assert results["settings"]["learning_rate"] == demo.TUNED_LEARNING_RATES["adam"]
   assert os.path.getsize(tmp_path / "demo.png") > 10_000
