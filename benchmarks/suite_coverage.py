@@ -85,7 +85,6 @@ def covering_tests(lines: Mapping[str, frozenset], moved: Iterable[str]) -> dict
   return result
 
 
-
 def movable_tests(lines: Mapping[str, frozenset], default: Iterable[str],
                   seconds: Mapping[str, float], keep=lambda name: False) -> list[str]:
   """Default tests that may join the moved ones, the slowest first.
@@ -122,6 +121,7 @@ def movable_tests(lines: Mapping[str, frozenset], default: Iterable[str],
       family[name.split("[")[0]] -= 1
       taken.append(name)
   return taken
+
 
 def _propose(lines: dict, moved: Mapping, args) -> int:
   """Prints `tests/moved_to_test_all.py`'s entries with the tests `movable_tests` adds."""
@@ -177,14 +177,14 @@ def main(argv=None) -> int:
   p.add_argument("--keep", default=KEEP,
                  help="propose: a regular expression of test names never proposed")
   args = p.parse_args(argv)
+  sys.path.insert(0, os.path.join(ROOT, "tests"))
+  from moved_to_test_all import MOVED  # noqa: PLC0415
+
   if args.command == "run":
     with tempfile.NamedTemporaryFile("w", suffix=".cfg", delete=False) as rc:
       rc.write("[run]\nsource =\n" + "".join(f"  {s}\n" for s in SOURCES)
                + f"parallel = true\ndata_file = {args.data}\n")
     cov = ["--cov", f"--cov-config={rc.name}", "--cov-context=test", "--cov-report="]
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from moved_to_test_all import MOVED  # noqa: PLC0415
-
     runs = [  # the default suite, then the listed tests (marked slow) into the same file
         ["-p", "no:cacheprovider", *cov, *(f"--ignore=tests/{f}" for f in STARTS_PROCESSES)],
         ["-p", "no:cacheprovider", "-m", "", *cov, "--cov-append", *(f"tests/{n}" for n in MOVED)],
@@ -195,9 +195,6 @@ def main(argv=None) -> int:
       if status := subprocess.call(cmd, cwd=ROOT):
         return status
     return 0
-  sys.path.insert(0, os.path.join(ROOT, "tests"))
-  from moved_to_test_all import MOVED  # noqa: PLC0415
-
   lines = _read(args.data)
   if args.command == "propose":
     return _propose(lines, MOVED, args)
