@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import parallel_model as pm
 import pytest
-from workers import WorkerPair
+from workers import WorkerPair, once_per_run
 
 import date_optax
 import date_optax.parallel as dp
@@ -18,23 +18,23 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TIMEOUT_S = 240
 
 
-def _run_workers(tmp_path, low_precision) -> list[dict]:
-  outs = [tmp_path / f"out{i}.npz" for i in range(2)]
+def _run_workers(tmp_path, low_precision) -> None:
+  """Both processes' outputs written to `tmp_path`/out{0,1}.npz."""
   args = ["--low-precision", ",".join(low_precision)]
   pair = WorkerPair(os.path.join(HERE, "multihost_worker.py"),
-                    lambda i: ["--out", str(outs[i]), *args],
+                    lambda i: ["--out", str(tmp_path / f"out{i}.npz"), *args],
                     [tmp_path / f"log{i}.txt" for i in range(2)], cwd=HERE,
                     timeout=TIMEOUT_S, what="multi-host workers")
   for i, rc in enumerate(pair.wait()):
     if rc != 0:
       pytest.fail(f"worker {i} exited with {rc}:\n{pair.log(i)[-3000:]}")
-  return [dict(np.load(o)) for o in outs]
 
 
 @pytest.fixture(scope="module")
 def worker_results(tmp_path_factory, request):
   """The two processes' outputs; they run every training in one start-up,
-  the low-precision ones only where this run selected their test."""
+  the low-precision ones only where this run selected their test, once per
+  test run (xdist's workers share them)."""
   import multihost_worker as worker
 
   low_precision = sorted({
@@ -42,7 +42,9 @@ def worker_results(tmp_path_factory, request):
                                   for k in ("grad_reduce", "comm_dtype", "rounding", "aps")))
       for item in request.session.items
       if item.originalname == "test_low_precision_payload_two_processes_match_one_process"})
-  return _run_workers(tmp_path_factory.mktemp("multihost"), low_precision)
+  folder = once_per_run(tmp_path_factory, "multihost-" + "-".join(low_precision),
+                        lambda path: _run_workers(path, low_precision))
+  return [dict(np.load(folder / f"out{i}.npz")) for i in range(2)]
 
 
 def test_two_processes_match_one_process_with_8_devices(worker_results):

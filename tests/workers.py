@@ -128,3 +128,29 @@ class WorkerPair:
         p.wait()
     for f in self._files:
       f.close()
+
+
+def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str,
+                 produce: Callable[[os.PathLike], None]) -> os.PathLike:
+  """A folder that `produce` filled once for the whole test run.
+
+  pytest-xdist may hand a module's tests to both of its workers, and each
+  would set up the module's fixture: where that fixture starts processes for
+  seconds, the second worker waits for the first (a lock in the run's shared
+  temporary folder) and reads what it wrote. Without xdist, a fresh folder.
+  """
+  run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+  if run is None:
+    folder = tmp_path_factory.mktemp(name)
+    produce(folder)
+    return folder
+  import fcntl  # noqa: PLC0415 - POSIX only, as the two-process tests are
+
+  folder = tmp_path_factory.getbasetemp().parent / f"{name}-{run}"
+  folder.mkdir(exist_ok=True)
+  with open(folder / ".lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not (folder / ".done").exists():
+      produce(folder)
+      (folder / ".done").touch()
+  return folder
