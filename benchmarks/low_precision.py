@@ -51,7 +51,8 @@ per-device gradient bytes), and writes `low_precision_step_time.md`.
 `hierarchical`, Multislice's sync over two emulated slices of 4 devices:
 float32 inside each slice, the payload across them) in
 place of the task's own (ring, or the 2x4 torus for cnn_gbn);
-`--algorithm own,two_shot` runs both. float32, the exact reference, always
+`--algorithm own,two_shot` runs both. With `--long`, `--feedback-only` keeps
+float32 and the rows with error feedback at every hop. float32, the exact reference, always
 runs the task's own. `--extras-only` runs float32 and the `--extras` rows
 alone (no APS on/off rows). The tables show each overriding row (all-reduce
 column) next to the task's own row of the same payload, where logged.
@@ -747,6 +748,9 @@ def main(argv=None) -> int:
                       help=f"comma-separated, from {ROUNDINGS} (default nearest)")
   parser.add_argument("--extras-only", action="store_true",
                       help="run only float32 and the --extras rows (no APS on/off rows)")
+  parser.add_argument("--feedback-only", action="store_true",
+                      help="with --long: float32 and the rows with error feedback at "
+                           "every hop only")
   parser.add_argument("--algorithm", default=None,
                       help="comma-separated reductions for the low-bit rows: 'own' (the "
                            f"task's own, the default) and/or some of {ALGORITHMS}, which "
@@ -774,6 +778,10 @@ def main(argv=None) -> int:
       parser.error(f"--rounding must name some of {ROUNDINGS}, got {args.rounding}")
   if args.extras_only:
     cfg["roundings"] = ()
+  if args.feedback_only:
+    if not args.long:
+      parser.error("--feedback-only needs --long")
+    cfg["variants"] = tuple(v for v in cfg["variants"] if v[0] == "float32" or v[4] is True)
   if args.algorithm is not None:
     names = [a for a in args.algorithm.split(",") if a]
     if not names or any(a != "own" and a not in ALGORITHMS for a in names):

@@ -433,3 +433,33 @@ def test_pods_today_scales_looped_programs_and_judges_the_goals(tmp_path):
   assert [s for g, s in goals.items() if g.startswith("the roofline")] == ["met"]
   md = pods.report(str(log), str(tmp_path / "p.md"), None)
   assert "| r50-32k | hier-int8-ef |" in md and "not an estimate" not in md
+
+
+def test_gpt_lm_study_summarizes_seeds_against_b0_and_writes_its_table(tmp_path):
+  """The language-model study's table: the mean and sample sd over seeds, the
+  gap to B0's mean in percent, the steps as a fraction of B0's 1,200, runs
+  above the unigram entropy counted; the plot written beside it."""
+  study = load_benchmark("gpt_lm_study")
+
+  def rec(row, seed, loss, steps, path=None):
+    r = dict(row=row, seed=seed, eval_loss=loss, steps=steps, tokens=614_400, wall_s=10.0,
+             eval_unigram_entropy=5.5, eval_curve=[[307_200, loss + 0.5], [614_400, loss]])
+    return r if path is None else dict(r, path=path)
+
+  done = {"b0/0": rec("b0", 0, 4.0, 1200), "b0/1": rec("b0", 1, 4.2, 1200),
+          "grow/0": rec("grow", 0, 4.1, 100, [[512, 8, 300.0], [614_400, 16, 400.0]]),
+          "grow/1": rec("grow", 1, 4.3, 140, [[512, 8, 250.0], [614_400, 32, 900.0]]),
+          "lamb64/0": rec("lamb64", 0, 5.8, 19)}
+  lines = {ln["row"]: ln for ln in study.summarize(done)}
+  assert list(lines) == ["b0", "lamb64", "grow"]  # the study's order
+  np.testing.assert_allclose(lines["b0"]["eval_loss_sd"], np.std([4.0, 4.2], ddof=1))
+  np.testing.assert_allclose(lines["grow"]["gap_pct"], 100 * (4.2 / 4.1 - 1))
+  np.testing.assert_allclose(lines["grow"]["step_fraction"], 120 / 1200)
+  assert lines["grow"]["worst"] == 4.3 and lines["lamb64"]["eval_loss_sd"] == 0.0
+  assert (lines["lamb64"]["diverged"], lines["grow"]["diverged"]) == (1, 0)
+  text = study.report(done, str(tmp_path / "gpt_lm"), ["--seeds", "0", "1"])
+  assert "| growing B0→64·B0, defaults, k rate (configs/adaptive.py) | 2 | 4.2000 ± 0.1414 " \
+         "| 4.3000 | +2.44 % | 120 | 1/10.0 | 0 |" in text
+  assert "`python benchmarks/gpt_lm_study.py --seeds 0 1`" in text
+  assert (tmp_path / "gpt_lm.md").read_text() == text
+  assert (tmp_path / "gpt_lm.png").stat().st_size > 10_000

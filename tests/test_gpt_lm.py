@@ -135,6 +135,14 @@ def test_the_optimizer_and_batch_configs():
     assert recipe.total_steps == 19  # the same tokens: 1,200 steps of B0 in 18.75
   schedule = train.make_batch_schedule(adaptive.get_config())
   assert schedule.kind == "adaptive" and schedule.batch_sizes[-1] == 512
+  assert (schedule.threshold, schedule.min_steps) == (3.0, 10)  # the library's defaults
+  config = adaptive.get_config()
+  config.growth.threshold, config.growth.hold_examples = 12.0, 64
+  schedule = train.make_batch_schedule(config)
+  assert (schedule.threshold, schedule.hold_examples, schedule.min_steps) == (12.0, 64, 10)
+  config.growth.threshold = -1.0
+  with pytest.raises(ValueError, match="threshold"):
+    train.make_batch_schedule(config)
   assert train.train_steps(adaptive.get_config()) == [None] * 7
   assert train.train_steps(default.get_config()) == [1200]
   config = adaptive.get_config()

@@ -97,8 +97,9 @@ def make_baseline(config: ml_collections.ConfigDict) -> date_optax.Baseline:
 
 
 def make_batch_schedule(config: ml_collections.ConfigDict) -> date_optax.BatchSchedule | None:
-  """None (a fixed batch) or `BatchSchedule.adaptive` with its defaults,
-  from `base_batch_size` to `batch_size` (B0 times a power of 2).
+  """None (a fixed batch) or `BatchSchedule.adaptive` from `base_batch_size`
+  to `batch_size` (B0 times a power of 2), with the trigger's settings of
+  `config.growth` (unset ones: the library's defaults).
 
   Examples:
     >>> from examples.gpt_lm.configs import adaptive
@@ -107,7 +108,9 @@ def make_batch_schedule(config: ml_collections.ConfigDict) -> date_optax.BatchSc
   """
   if _loop.batch_schedule_kind(config, BATCH_SCHEDULES) is None:
     return None
-  return date_optax.BatchSchedule.adaptive(config.base_batch_size, max_batch=config.batch_size)
+  growth = {k: v for k, v in config.get("growth", {}).items() if v is not None}
+  return date_optax.BatchSchedule.adaptive(config.base_batch_size, max_batch=config.batch_size,
+                                           **growth)
 
 
 def make_optimizer(

@@ -56,6 +56,13 @@ def get_config() -> ml_collections.ConfigDict:
   # None (a fixed batch_size) or "adaptive" (BatchSchedule.adaptive from
   # base_batch_size to batch_size; needs optimizer "date").
   config.batch_schedule = ml_collections.config_dict.placeholder(str)
+  # The growing batch's trigger (BatchSchedule.adaptive's keywords); unset:
+  # the library's defaults.
+  config.growth = ml_collections.ConfigDict(dict(
+      threshold=ml_collections.config_dict.placeholder(float),
+      calibration=ml_collections.config_dict.placeholder(float),
+      min_steps=ml_collections.config_dict.placeholder(int),
+      hold_examples=ml_collections.config_dict.placeholder(int)))
   config.num_train_tokens = 8 * 64 * 1200  # 1,200 steps at B0
   config.base_learning_rate = 2e-3
   config.warmup_ratio = 0.01
