@@ -10,6 +10,7 @@ one log.
 from __future__ import annotations
 
 import argparse
+import csv
 import fcntl
 import json
 import os
@@ -91,6 +92,15 @@ def run_and_log(path: str, done: dict[str, dict], ident: str, key: dict,
   rec = dict(key=key, **rec)
   log_run(path, done, ident, rec)
   return rec
+
+
+def read_metrics(workdir: str) -> dict[str, dict[int, float]]:
+  """An example's ``workdir/metrics.csv`` as ``{name: {step: value}}``."""
+  out: dict[str, dict[int, float]] = {}
+  with open(os.path.join(workdir, "metrics.csv")) as f:
+    for row in csv.DictReader(f):
+      out.setdefault(row["name"], {})[int(row["step"])] = float(row["value"])
+  return out
 
 
 def rows_parser(description: str, timeout: float) -> argparse.ArgumentParser:

@@ -52,7 +52,6 @@ al., "Pollux", OSDI 2021, https://arxiv.org/abs/2008.12260.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import platform
@@ -176,10 +175,7 @@ def run_example(flags: list[str], devices: int) -> dict:
 
 
 def _curves(workdir: str) -> dict[str, list]:
-  out: dict[str, dict[int, float]] = {}
-  with open(os.path.join(workdir, "metrics.csv")) as f:
-    for row in csv.DictReader(f):
-      out.setdefault(row["name"], {})[int(row["step"])] = float(row["value"])
+  out = _runlog.read_metrics(workdir)
   tokens = out.get("tokens", {})
   return {name: [[tokens[s], out[name][s]] for s in sorted(out[name]) if s in tokens]
           for name in ("loss", "eval_loss", "learning_rate", "trust_ratio/median",

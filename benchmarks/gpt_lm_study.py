@@ -35,7 +35,6 @@ each run.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import subprocess
@@ -45,7 +44,8 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 from benchmarks import _runlog  # noqa: E402
 
 _CONFIGS = "examples/gpt_lm/configs"
@@ -70,15 +70,6 @@ SEQ_LEN = 64
 B0_STEPS = 1200
 
 
-def _read_metrics(path: str) -> dict[str, dict[int, float]]:
-  """metrics.csv as {name: {step: value}}."""
-  out: dict[str, dict[int, float]] = {}
-  with open(path) as f:
-    for row in csv.DictReader(f):
-      out.setdefault(row["name"], {})[int(row["step"])] = float(row["value"])
-  return out
-
-
 def run(row: str, seed: int) -> dict:
   """Trains one row at one seed in a child process; returns its record."""
   config, overrides, _ = ROWS[row]
@@ -88,12 +79,12 @@ def run(row: str, seed: int) -> dict:
            "--config.save_checkpoints=False", "--config.log_every_steps=1",
            *(f"--config.{o}" for o in overrides)]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     if proc.returncode:
       raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-2000:]}")
     with open(os.path.join(workdir, "results.json")) as f:
       result = json.load(f)
-    metrics = _read_metrics(os.path.join(workdir, "metrics.csv"))
+    metrics = _runlog.read_metrics(workdir)
   batch = metrics["batch_size"] if "batch_size" in metrics else None
   steps = int(result["steps"])
   sizes = ([int(batch[s]) for s in range(1, steps + 1)] if batch is not None
@@ -176,8 +167,9 @@ def plot(done: dict[str, dict], path: str) -> None:
   import matplotlib.pyplot as plt  # noqa: PLC0415
 
   fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
-  seed0 = {r["row"]: r for r in done.values() if r["seed"] == min(
-      x["seed"] for x in done.values() if x["row"] == r["row"])}
+  seed0 = {}  # each row's run of its lowest seed
+  for r in sorted(done.values(), key=lambda r: r["seed"]):
+    seed0.setdefault(r["row"], r)
   for row in ROWS:
     if row not in seed0:
       continue
