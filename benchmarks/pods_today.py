@@ -102,7 +102,8 @@ def rows() -> dict[str, dict]:
 #: What the log keeps of each program (the compile report's fields).
 _KEEP = ("name", "train_steps", "global_batch", "num_devices", "compile_seconds", "fits",
          "total_bytes", "hbm_bytes", "argument_bytes", "temp_bytes", "flops",
-         "bytes_accessed", "loops", "estimated_seconds", "estimate_source", "estimate_note",
+         "bytes_accessed", "loops", "executed_flops", "executed_bytes_accessed",
+         "loops_counted", "estimated_seconds", "estimate_source", "estimate_note",
          "cost_model_seconds", "roofline_seconds", "roofline_overlap_seconds",
          "roofline_compute_seconds", "roofline_memory_seconds", "roofline_ici_seconds",
          "roofline_dcn_seconds", "ici_bytes", "dcn_bytes", "collective_counts",
@@ -138,9 +139,9 @@ def plan_row(name: str, cache_dir: str | None) -> dict:
 
 
 def run(names: list[str], log: str, timeout: float, cache_dir: str | None,
-        retry: bool = False) -> None:
+        retry: bool = False, redo: bool = False) -> None:
   done = _runlog.load_runs(log)
-  todo = [n for n in names if n not in done or (retry and "error" in done[n])]
+  todo = [n for n in names if redo or n not in done or (retry and "error" in done[n])]
   print(f"{len(todo)} rows to compile ({len(names) - len(todo)} logged)", flush=True)
   for i, name in enumerate(todo):
     start = time.perf_counter()
@@ -174,10 +175,11 @@ def run(names: list[str], log: str, timeout: float, cache_dir: str | None,
 def times(rec: dict) -> list[tuple[float, float] | None]:
   """Each program's roofline step time (no overlap, full overlap), seconds.
 
-  XLA's cost analysis counts a loop's body once; a program that loops over k
-  microbatches has its compute and memory terms taken k times (an upper
-  bound: the optimizer's update is in the body's count once, not k times;
-  the gradient sync runs once, after the loop).
+  The roofline counts every loop iteration (`CompileReport.executed_flops`).
+  Rows logged before it did (no ``executed_flops``): XLA's cost analysis
+  counted a loop's body once, so a program that loops over k microbatches
+  has its compute and memory terms taken k times (an upper bound: the
+  optimizer's update is in the body's count once, not k times).
   """
   k = rec.get("microbatches", 1)
   out = []
@@ -185,7 +187,7 @@ def times(rec: dict) -> list[tuple[float, float] | None]:
     if p.get("roofline_seconds") is None or p.get("fits") is False:
       out.append(None)
       continue
-    scale = k if p.get("loops") and k > 1 else 1
+    scale = k if p.get("loops") and k > 1 and p.get("executed_flops") is None else 1
     comp, mem = scale * p["roofline_compute_seconds"], scale * p["roofline_memory_seconds"]
     comm = p["roofline_ici_seconds"] + p["roofline_dcn_seconds"]
     out.append((max(comp, mem) + comm, max(comp, mem, comm)))
@@ -333,7 +335,7 @@ def report(log: str, md: str, png: str | None) -> str:
     k = rec.get("microbatches", 1)
     for i, (p, t) in enumerate(zip(rec["programs"], times(rec), strict=True)):
       label = name if len(rec["programs"]) == 1 else f"{name} {p['name'].split(' (')[0]}"
-      looped = " ×k" if p.get("loops") and k > 1 else ""
+      looped = " ×k" if p.get("loops") and k > 1 and p.get("executed_flops") is None else ""
       fits = {True: "yes", False: "**no**", None: "–"}[p.get("fits")]
       mem = _gib(p.get("total_bytes") if p.get("fits") is not False else p.get("required_bytes"))
       step = "–" if t is None else f"{_ms(t[0])} ({_ms(t[1])}){looped}"
@@ -346,8 +348,10 @@ def report(log: str, md: str, png: str | None) -> str:
           f"{p.get('compile_seconds') or 0:.0f} | {p.get('train_steps') or '–'} | "
           + (f"{_dur(tt['hours'])} ({_dur(tt['hours_overlap'])}) | "
              f"{tt['usd']:,.0f} ({tt['usd_overlap']:,.0f}) |" if last and tt else " | |"))
-  lines += ["", "Rows marked ×k loop over k = "
-            f"{BERT_MICROBATCHES} microbatches: XLA's cost analysis counts the loop body "
+  lines += ["", "Compute and memory count every iteration of a program's loops "
+            "(microbatches, scanned layers: the compile report's executed flops and bytes). "
+            "Rows marked ×k were logged before the report counted them: they loop over k = "
+            f"{BERT_MICROBATCHES} microbatches, XLA's cost analysis counted the loop body "
             "once, so their compute and memory terms (shown per microbatch) are taken k "
             "times in the step time (an upper bound; the gradient sync runs once).", ""]
   # Compression across slices.
@@ -525,6 +529,9 @@ def main(argv=None) -> int:
                       help="date-optax plan's compile cache (default its own)")
   parser.add_argument("--retry", action="store_true",
                       help="run again the rows logged with an error (a compile over --timeout)")
+  parser.add_argument("--redo", action="store_true",
+                      help="run again the rows --only selects, logged or not (the last "
+                           "record of a row is the one read)")
   parser.add_argument("--row", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.row:
@@ -534,7 +541,7 @@ def main(argv=None) -> int:
   log = prefix + ".jsonl"
   if not args.report_only:
     names = [n for n in rows() if n.startswith(args.only)]
-    run(names, log, args.timeout, args.cache_dir, args.retry)
+    run(names, log, args.timeout, args.cache_dir, args.retry, args.redo)
   print(report(log, prefix + ".md", prefix + ".png"))
   return 0
 

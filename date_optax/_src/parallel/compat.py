@@ -118,3 +118,18 @@ def mesh_axis_sizes(mesh: jax.sharding.Mesh, axes: Sequence[Hashable]) -> int:
   for a in axes:
     n *= int(mesh.shape[a])
   return n
+
+
+def hlo_text_cost(hlo_text: str) -> dict[str, float] | None:
+  """XLA's cost analysis (``flops``, ``bytes accessed``) of an HLO module's
+  text, run by the host CPU client; None where this jaxlib does not expose
+  the parser and the analysis (both are jaxlib internals) or the text does
+  not parse."""
+  try:
+    from jax._src.lib import _jax  # noqa: PLC0415
+    from jaxlib import _hlo  # noqa: PLC0415
+    module = _hlo.hlo_module_from_text(hlo_text)
+    cost = _jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
+  except Exception:  # noqa: BLE001 - an internal API that may move or refuse the text
+    return None
+  return {k: float(cost[k]) for k in ("flops", "bytes accessed") if k in cost}

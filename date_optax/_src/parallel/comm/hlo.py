@@ -393,3 +393,91 @@ def _collective(name: str, result: str, kind: str, rest: str,
 def fusion_count(hlo_text: str) -> int:
   """Fusion instructions in a compiled program (its kernels, roughly)."""
   return len(re.findall(r"=[^=\n]*?\sfusion\(", hlo_text))
+
+
+def loop_bodies(hlo_text: str) -> list[tuple[str, int, str | None]]:
+  """``(body, executions, enclosing body)`` of every ``while`` loop reached
+  from the entry: how many times the body runs per call of the program (the
+  product of its own and its enclosing loops' trip counts, 1 per unknown
+  count) and the body of the loop it sits in (None at the top)."""
+  comps, entry = _computations(hlo_text)
+  out: list[tuple[str, int, str | None]] = []
+
+  def walk(name: str, runs: int, enclosing: str | None, depth: int) -> None:
+    for ins in comps.get(name, ()):
+      for callee in ins.callees:
+        if callee not in comps or depth > 64:
+          continue
+        if ins.op == "while":
+          out.append((callee, runs * ins.trips, enclosing))
+          walk(callee, runs * ins.trips, callee, depth + 1)
+        else:
+          walk(callee, runs, enclosing, depth + 1)
+
+  if entry is not None:
+    walk(entry, 1, None, 0)
+  return out
+
+
+def as_entry(hlo_text: str, computation: str) -> str:
+  """The module text with `computation` as its entry (a plain header: the
+  original entry's aliasing and layout do not apply to it)."""
+  text = re.sub(r"^ENTRY\s+", "", hlo_text, flags=re.MULTILINE)
+  text = re.sub(r"^HloModule[^\n]*", "HloModule loop_body", text, count=1, flags=re.MULTILINE)
+  text, found = re.subn(rf"^(%?{re.escape(computation)}\s)", r"ENTRY \1", text, count=1,
+                        flags=re.MULTILINE)
+  if not found:
+    raise ValueError(f"no computation named {computation!r} in the module.")
+  return text
+
+
+def executed_cost(hlo_text: str, flops: float, bytes_accessed: float,
+                  analyse: Any = None) -> tuple[float, float, bool]:
+  """The flops and bytes accessed of a program as it runs, loops included.
+
+  XLA's cost analysis (``compiled.cost_analysis()``) and the TPU cost model
+  count a ``while`` body once, however many times it runs, so a program
+  with a microbatch loop or layers under `nn.scan` reads as a fraction of
+  its work. Each loop body is analysed alone (`as_entry`, XLA's own cost
+  analysis on the host) and what it does beyond its first run is added:
+
+  .. math::
+    F = F_\\text{counted} + \\sum_b (n_b - 1)\\,(F_b - \\textstyle\\sum_{c \\in b} F_c),
+
+  with n_b the executions of body b (`loop_bodies`) and the inner sum over
+  the loops directly inside b (whose own extra runs their own terms add).
+  Loop conditions and loops of unknown trip count add nothing.
+
+  Args:
+    hlo_text: ``compiled.as_text()``.
+    flops: its counted flops (``cost_analysis()["flops"]``).
+    bytes_accessed: its counted bytes (``cost_analysis()["bytes accessed"]``).
+    analyse: ``text -> {"flops", "bytes accessed"}`` or None (default: XLA's
+      cost analysis through `compat.hlo_text_cost`).
+
+  Returns:
+    ``(flops, bytes_accessed, complete)``: `complete` is False where a body
+    could not be analysed (its extra runs are then left out).
+  """
+  if analyse is None:
+    from date_optax._src.parallel import compat  # noqa: PLC0415
+    analyse = compat.hlo_text_cost
+  bodies = loop_bodies(hlo_text)
+  if not any(runs > 1 for _, runs, _ in bodies):
+    return flops, bytes_accessed, True
+  inclusive: dict[str, dict | None] = {}
+  for body, _, _ in bodies:
+    inclusive[body] = analyse(as_entry(hlo_text, body))
+  complete = all(c is not None for c in inclusive.values())
+  keys = ("flops", "bytes accessed")
+  own = {b: dict(c) if c is not None else None for b, c in inclusive.items()}
+  for body, _, enclosing in bodies:
+    if enclosing is not None and own.get(enclosing) is not None and inclusive[body] is not None:
+      for k in keys:
+        own[enclosing][k] = own[enclosing].get(k, 0.0) - inclusive[body].get(k, 0.0)
+  extra = dict.fromkeys(keys, 0.0)
+  for body, runs, _ in bodies:
+    if own[body] is not None:
+      for k in keys:
+        extra[k] += (runs - 1) * max(0.0, own[body].get(k, 0.0))
+  return flops + extra["flops"], bytes_accessed + extra["bytes accessed"], complete

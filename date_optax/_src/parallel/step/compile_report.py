@@ -40,22 +40,30 @@ class CompileReport:
     output_bytes: the outputs per device (the new state and metrics).
     alias_bytes: outputs written over donated arguments (counted once).
     temp_bytes: the program's temporaries (activations, gradients) per device.
-    flops: floating-point operations per device (cost analysis).
-    bytes_accessed: memory traffic per device (cost analysis).
+    flops: floating-point operations per device as XLA's cost analysis
+      counts them: each loop body once.
+    bytes_accessed: memory traffic per device, counted the same way.
     estimated_seconds: the best step time there is: `cost_model_seconds`
-      where the compiler's cost model gives one, else `roofline_seconds`;
-      None with neither (a CPU target without a `TpuSlice`).
+      where the compiler's cost model gives one and the program's loops do
+      not add more than 5 % to its flops or bytes, else `roofline_seconds`
+      (which counts every iteration); None with neither (a CPU target
+      without a `TpuSlice`).
     collectives: every collective (`date_optax.parallel.collectives`).
     fusions: the program's fusion count.
     loops: ``while`` loops in the program (microbatch accumulation,
-      scanned layers). XLA's cost analysis counts a loop's body once, so
-      with loops `flops`, `bytes_accessed` and `estimated_seconds` are
-      lower bounds.
+      scanned layers, the ring's rounds).
+    executed_flops: the flops of the program as it runs, every loop body
+      once per iteration (`hlo.executed_cost`: XLA's cost analysis of each
+      body times its trip count); `flops` in a program without loops.
+    executed_bytes_accessed: the bytes accessed counted the same way.
+    loops_counted: False where a loop body's cost could not be read (this
+      jaxlib lacks the analysis): the executed counts are then lower bounds.
     hbm_bytes: one device's memory (a `TpuSlice`'s), or None.
     peak_flops: one device's dense bf16 FLOP/s, or None.
     cost_model_seconds: the TPU cost model's step time (``optimal_seconds``),
       None where it gives none (some programs on v4, v5e, v6e; the
-      Multislice programs tried here; CPU). It does not price DCN.
+      Multislice programs tried here; CPU). It does not price DCN, and it
+      counts a loop's body once.
     estimate_source: where `estimated_seconds` comes from: ``"cost_model"``,
       ``"roofline"`` or ``"none"``.
     estimate_note: why an estimate is missing or partial (empty when the
@@ -65,8 +73,10 @@ class CompileReport:
       a `TpuSlice`, as are the roofline fields below.
     roofline_overlap_seconds: the roofline with full overlap: the largest of
       compute, memory and the collectives (`Roofline.overlap_seconds`).
-    roofline_compute_seconds: `flops` over the device's peak bf16 FLOP/s.
-    roofline_memory_seconds: `bytes_accessed` over the device's HBM bandwidth.
+    roofline_compute_seconds: `executed_flops` over the device's peak bf16
+      FLOP/s.
+    roofline_memory_seconds: `executed_bytes_accessed` over the device's HBM
+      bandwidth.
     roofline_ici_seconds: the collectives inside a slice (ICI).
     roofline_dcn_seconds: the collectives across slices (DCN); 0 on one slice.
     ici_bytes: bytes one device sends on ICI (ring algorithm bytes).
@@ -132,6 +142,9 @@ class CompileReport:
   ici_bytes: float | None = None
   dcn_bytes: float | None = None
   roofline_collectives: tuple[dict, ...] = ()
+  executed_flops: float | None = None
+  executed_bytes_accessed: float | None = None
+  loops_counted: bool = True
 
   @property
   def total_bytes(self) -> int:
@@ -152,10 +165,13 @@ class CompileReport:
 
   @property
   def mfu(self) -> float | None:
-    """Estimated FLOP utilisation: the program's flops over the step time at
-    the device's peak (all flops the program does, the optimizer's included)."""
+    """Estimated FLOP utilisation: the program's executed flops over the step
+    time at the device's peak (all flops the program does, the optimizer's
+    and rematerialisation's included: a hardware utilisation; a model's
+    useful flops give its MFU)."""
     t = self.estimated_seconds
-    return None if not t or not self.peak_flops else self.flops / (t * self.peak_flops)
+    flops = self.flops if self.executed_flops is None else self.executed_flops
+    return None if not t or not self.peak_flops else flops / (t * self.peak_flops)
 
   def collective_bytes(self) -> dict[str, int]:
     """Bytes per device by collective kind (payloads as stored, summed)."""
@@ -240,9 +256,12 @@ class CompileReport:
           f"{ms(self.roofline_dcn_seconds)} ({self.dcn_bytes:,.0f} bytes)")
     if self.estimate_note:
       lines.append(f"  note: {self.estimate_note}")
-    if self.loops:
-      lines.append(f"  {self.loops} loop(s): the cost analysis counts each loop body once, so "
-                   "flops and time are lower bounds")
+    if self.loops and self.executed_flops is not None:
+      lines.append(
+          f"  {self.loops} loop(s): executed flops {self.executed_flops:.3e}, bytes accessed "
+          f"{self.executed_bytes_accessed:.3e}, every iteration counted (the cost analysis "
+          f"counts each body once"
+          f"{'' if self.loops_counted else '; some bodies unread: lower bounds'})")
     counts, sizes = self.collective_counts(), self.collective_bytes()
     for kind in hlo.COLLECTIVE_KINDS:
       if kind in counts:
@@ -308,12 +327,24 @@ def _mesh_devices(compiled: Any) -> list[Any] | None:
   return None
 
 
-def _estimates(cost_model: float | None, roof: rl.Roofline | None) -> dict[str, Any]:
-  """The report's estimate fields: the best time, its source, and what is missing."""
+def _estimates(cost_model: float | None, roof: rl.Roofline | None,
+               loops_add: float = 1.0) -> dict[str, Any]:
+  """The report's estimate fields: the best time, its source, and what is
+  missing; `loops_add`: executed over counted work (flops or bytes, the larger)."""
   notes = []
+  if cost_model is not None and loops_add > 1.05:
+    notes.append(f"the cost model counts each loop body once ({cost_model * 1e3:.4g} ms; the "
+                 f"loops run {loops_add:.3g}x the counted work)"
+                 + ("" if roof is None else ": the estimate is the roofline's"))
+    if roof is not None:
+      cost_model_kept, cost_model = cost_model, None
+    else:
+      cost_model_kept = cost_model
+  else:
+    cost_model_kept = cost_model
   if roof is None:
     notes.append("no roofline: no TpuSlice given (pass tpu=)")
-  if cost_model is None:
+  if cost_model_kept is None:
     notes.append("the TPU cost model gives no time for this program" if roof is not None
                  else "no cost-model time from this backend")
   elif roof is not None and roof.dcn_bytes:
@@ -325,7 +356,7 @@ def _estimates(cost_model: float | None, roof: rl.Roofline | None) -> dict[str, 
     best, source = roof.seconds, "roofline"
   else:
     best, source = None, "none"
-  fields: dict[str, Any] = dict(estimated_seconds=best, cost_model_seconds=cost_model,
+  fields: dict[str, Any] = dict(estimated_seconds=best, cost_model_seconds=cost_model_kept,
                                 estimate_source=source, estimate_note="; ".join(notes))
   if roof is not None:
     fields.update(
@@ -348,13 +379,16 @@ def report_compiled(compiled: Any, *, num_devices: int, global_batch: int,
   text = compiled.as_text()
   seconds = cost.get("optimal_seconds")
   flops, accessed = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+  run_flops, run_bytes, counted = hlo.executed_cost(text, flops, accessed)
+  loops_add = max(run_flops / flops if flops else 1.0, run_bytes / accessed if accessed else 1.0)
   roof = None
   if tpu is not None:
     hbm_bytes = tpu.hbm_per_device if hbm_bytes is None else hbm_bytes
     peak_flops = tpu.peak_flops_per_device if peak_flops is None else peak_flops
     if devices is None:
       devices = _mesh_devices(compiled)
-    roof = rl.roofline(text, flops=flops, bytes_accessed=accessed, tpu=tpu, devices=devices)
+    roof = rl.roofline(text, flops=run_flops, bytes_accessed=run_bytes, tpu=tpu,
+                       devices=devices)
   return CompileReport(
       device_kind=device_kind,
       num_devices=num_devices,
@@ -371,7 +405,10 @@ def report_compiled(compiled: Any, *, num_devices: int, global_batch: int,
       loops=len(re.findall(r"\swhile\(", text)),
       hbm_bytes=hbm_bytes,
       peak_flops=peak_flops,
-      **_estimates(float(seconds) if seconds and seconds > 0 else None, roof),
+      executed_flops=run_flops,
+      executed_bytes_accessed=run_bytes,
+      loops_counted=counted,
+      **_estimates(float(seconds) if seconds and seconds > 0 else None, roof, loops_add),
   )
 
 

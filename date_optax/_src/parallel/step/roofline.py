@@ -275,17 +275,20 @@ def roofline(hlo_text: str, *, flops: float, bytes_accessed: float, tpu: TpuSlic
   slices is priced wholly on DCN. The DCN share of a chip is the host's
   bandwidth over its chips (`TpuGeneration.dcn_bandwidth_per_chip`), all
   chips sending at once. Flops are priced at the bf16 peak, so f32 matmuls
-  (several bf16 passes on a TPU) make the compute time a lower bound; a
-  loop's body counts once in the flops and bytes accessed, as in the cost
-  analysis, while its collectives count once per iteration where the trip
-  count can be read (`date_optax.parallel.collectives`: the ring and torus
-  rounds run as loops).
+  (several bf16 passes on a TPU) make the compute time a lower bound. A
+  loop's collectives count once per iteration where the trip count can be
+  read (`date_optax.parallel.collectives`: the ring and torus rounds run as
+  loops); its flops and bytes are what the caller passes: the cost
+  analysis counts a loop's body once, `compile_report` passes every
+  iteration's (`CompileReport.executed_flops`).
 
   Args:
     hlo_text: ``compiled.as_text()``: one device's optimized program.
-    flops: its flops per device (``cost_analysis()["flops"]``).
+    flops: its flops per device (``cost_analysis()["flops"]``, or with its
+      loops' iterations, `CompileReport.executed_flops`).
     bytes_accessed: its bytes accessed per device
-      (``cost_analysis()["bytes accessed"]``).
+      (``cost_analysis()["bytes accessed"]``, or
+      `CompileReport.executed_bytes_accessed`).
     tpu: the `TpuSlice` it was compiled for.
     devices: the program's devices by partition id, i.e. its mesh's
       ``mesh.devices.flat`` (default: the slice's devices in id order,
