@@ -183,13 +183,13 @@ def test_1b_compiles_for_a_tpu_slice_and_fsdp_cuts_the_bytes_per_device():
   # The 1 B config's shapes per layer (width 2,048, 32/4 heads, SwiGLU
   # 5,632, 32,000-token vocabulary, 2,048-token context, remat) with 2 of
   # its 22 layers, on the 8 chips of a v5e slice split 2 and 4 ways over
-  # "fsdp"; 2 sequences per data replica in both.
+  # "fsdp"; one sequence per device in both (FSDP: every device a replica).
   tpu = date_optax.parallel.tpu_slice("v5litepod-8")
   reports = {}
   for fsdp in (2, 4):
     config = llama_1b.get_config()
     config.model.num_layers, config.fsdp, config.microbatches = 2, fsdp, 1
-    config.batch_size = config.base_batch_size = 2 * 8 // fsdp
+    config.batch_size = config.base_batch_size = 8
     ((name, step, state, batch),) = train.compile_target(config, tpu)
     assert name == f"batch {config.batch_size} (length 2048)"
     reports[fsdp] = date_optax.parallel.compile_report(step, state, batch, tpu=tpu)
@@ -204,6 +204,18 @@ def test_1b_compiles_for_a_tpu_slice_and_fsdp_cuts_the_bytes_per_device():
     assert state_bytes <= r.argument_bytes < 1.02 * state_bytes + 2**20, (fsdp, r.argument_bytes)
   assert reports[4].argument_bytes < 0.7 * reports[2].argument_bytes
   assert reports[4].total_bytes < reports[2].total_bytes
+  # FSDP, not tensor parallelism: kernels are gathered over "fsdp" and only
+  # the gradients are reduced (over all 8 devices), never activations over
+  # an fsdp group; each device does the flops of its own sequence: 8 N T
+  # for the blocks (remat: forward twice), 6 N T for the output layer, and
+  # attention's two T x T products per layer four times (forward twice,
+  # backward two), T = 2,048 tokens.
+  blocks, head, t = params - 2 * 2048 * 32000, 2048 * 32000, 2048
+  flops = 8 * blocks * t + 6 * head * t + 2 * 4 * (2 * 2 * t * t * 2048)
+  for fsdp, r in reports.items():
+    assert {c["group_size"] for c in r.collectives if c["kind"] == "all-reduce"} == {8}
+    assert any(c["kind"] == "all-gather" and c["group_size"] == fsdp for c in r.collectives)
+    np.testing.assert_allclose(r.executed_flops, flops, rtol=0.1)
 
 
 @pytest.mark.slow  # one more training run (two programs): the default run keeps to the smoke

@@ -321,6 +321,40 @@ def test_sharded_params_equal_data_parallel_and_one_device(opt_name, rules, shar
     assert x.addressable_shards[0].data.size == x.size // ways, x.sharding
 
 
+@pytest.mark.parametrize("shard_update, microbatches", [(False, 1), (True, 2)])
+def test_fsdp_over_a_data_axis_equals_data_parallel(shard_update, microbatches):
+  """FSDP: the kernels split over "model", which also splits the batch (8
+  replicas); the same numbers as the 8-way data-parallel step, the noise
+  statistics included."""
+  kwargs = dict(grad_stats=True, donate=False, microbatches=microbatches)
+  step = dp.make_train_step(pm.loss_fn, OPTIMIZERS["lamb"](), mesh_2d(),
+                            data_axes=("data", "model"), param_sharding=FSDP,
+                            shard_update=shard_update, **kwargs)
+  assert step.num_replicas == 8 and step.batch_spec == P(("data", "model"))
+  data = dp.make_train_step(pm.loss_fn, OPTIMIZERS["lamb"](), dp.data_mesh(), **kwargs)
+  state, expected = step.init(pm.init_params()), data.init(pm.init_params())
+  for batch in BATCHES:
+    state, metrics = step(state, batch)
+    expected, expected_metrics = data(expected, batch)
+  assert_close(state.params, expected.params, rtol=1e-5, atol=1e-6)
+  assert_close(state.opt_state, expected.opt_state, rtol=1e-5, atol=1e-6)
+  for key in ("loss", "grad_noise_scale"):
+    np.testing.assert_allclose(metrics[key], expected_metrics[key], rtol=1e-4)
+  kernel = state.params["out"]["kernel"]
+  assert kernel.sharding.spec == P("model", None)
+  assert kernel.addressable_shards[0].data.shape[0] == 16 // 2
+  moments = [x for x in jax.tree.leaves(state.opt_state) if x.shape == (16, 3)]
+  assert moments and all(  # with shard_update also over the batch's other axis
+      x.addressable_shards[0].data.size == x.size // (8 if shard_update else 2)
+      for x in moments)
+
+
+def test_fsdp_over_a_data_axis_needs_the_compilers_psum():
+  with pytest.raises(ValueError, match=r"names the data axes \['model'\] \(FSDP\)"):
+    dp.make_train_step(pm.loss_fn, optax.sgd(0.1), mesh_2d(), data_axes=("data", "model"),
+                       param_sharding=FSDP, comm_dtype="int8")
+
+
 def test_sharded_params_with_model_state_keys_and_microbatches():
   step = dp.make_train_step(bn_dropout_loss, OPTIMIZERS["lamb"](),
                             dp.data_mesh(), microbatches=2, donate=False)
@@ -355,9 +389,9 @@ def test_param_sharding_as_a_spec_tree():
 
 def test_param_sharding_bad_input():
   mesh, opt = mesh_2d(), optax.sgd(0.1)
-  with pytest.raises(ValueError, match="data axis 'data'"):
+  with pytest.raises(ValueError, match="names the data axes"):
     dp.make_train_step(pm.loss_fn, opt, mesh, data_axes=("data",),
-                       param_sharding=[(".*", P("data"))])
+                       param_sharding=[(".*", P("data"))], grad_reduce="ring")
   with pytest.raises(ValueError, match="'tensor', not an axis"):
     dp.make_train_step(pm.loss_fn, opt, mesh, param_sharding=[(".*", P("tensor"))])
   with pytest.raises(ValueError, match='grad_reduce="torus" needs two data axes'):

@@ -34,6 +34,8 @@ logits are returned in float32.
 
 from __future__ import annotations
 
+from typing import Any
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -66,6 +68,11 @@ def rotary(x: jax.Array, base: float) -> jax.Array:
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x.dtype)
 
 
+def _constrain(x: jax.Array, sharding: Any) -> jax.Array:
+  """`x` laid out as `sharding` (a no-op for None)."""
+  return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)
+
+
 class Block(nn.Module):
   """One pre-norm decoder block: causal attention and a SwiGLU MLP, each residual."""
 
@@ -75,10 +82,12 @@ class Block(nn.Module):
   mlp_dim: int
   rope_base: float
   num_layers: int
+  activation_sharding: Any = None
 
   @nn.compact
   def __call__(self, x, _):
     d = x.shape[-1]
+    x = _constrain(x, self.activation_sharding)
     # GPT-2's scaled start of the projections into the residual stream:
     # the stream's variance grows with the layers, not with their number.
     out_init = nn.initializers.normal(stddev=0.02 / (2 * self.num_layers) ** 0.5)
@@ -98,7 +107,7 @@ class Block(nn.Module):
     gate = nn.Dense(self.mlp_dim, use_bias=False, kernel_init=INIT, name="gate")(h)
     up = nn.Dense(self.mlp_dim, use_bias=False, kernel_init=INIT, name="up")(h)
     x = x + nn.Dense(d, use_bias=False, kernel_init=out_init, name="down")(nn.silu(gate) * up)
-    return x, None
+    return _constrain(x, self.activation_sharding), None
 
 
 class CausalLM(nn.Module):
@@ -117,6 +126,10 @@ class CausalLM(nn.Module):
     output_bias: add a bias ``head_bias`` ``[vocab]`` to the logits (Llama
       has none; the small configs start it at the training tokens'
       log-frequencies, see `train.init_output_bias`).
+    activation_sharding: None, or a `jax.sharding.Sharding` the residual
+      stream ``[rows, length, d_model]`` is constrained to at each block's
+      input and output (FSDP: ``NamedSharding(mesh, P())`` inside the
+      step's replica `vmap`, i.e. split by rows only, never along d_model).
   """
 
   vocab_size: int
@@ -128,6 +141,7 @@ class CausalLM(nn.Module):
   rope_base: float = 10000.0
   remat: bool = False
   output_bias: bool = False
+  activation_sharding: Any = None
 
   @nn.compact
   def __call__(self, tokens):
@@ -142,7 +156,8 @@ class CausalLM(nn.Module):
     blocks = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
                      in_axes=nn.broadcast, length=self.num_layers)
     x, _ = blocks(self.num_heads, kv, self.d_model // self.num_heads, self.mlp_dim,
-                  self.rope_base, self.num_layers, name="layers")(x, None)
+                  self.rope_base, self.num_layers, self.activation_sharding,
+                  name="layers")(x, None)
     x = nn.RMSNorm(name="final_norm")(x)
     logits = nn.Dense(self.vocab_size, use_bias=False, kernel_init=INIT, name="head")(x)
     if self.output_bias:

@@ -1,11 +1,13 @@
-"""Parameter layouts over the non-data mesh axes (FSDP, tensor parallelism).
+"""Parameter layouts over mesh axes (FSDP, tensor parallelism).
 
 A layout is declared, the way MaxText and big_vision declare them: either a
 pytree of `PartitionSpec` shaped like the parameters, or a list of
 `(regex, PartitionSpec)` rules matched (`re.fullmatch`) against '/'-joined
 parameter paths such as ``"encoder/layer_0/mlp/kernel"``; the first matching
-rule wins and unmatched parameters are replicated. Specs may name only mesh
-axes that do not carry data replicas.
+rule wins and unmatched parameters are replicated. Specs name mesh axes that
+carry no data replicas (tensor parallelism, or FSDP on its own axis), or,
+with the compiler's float32 psum, data axes too: FSDP as ZeRO-3 runs it,
+each parameter split over devices that also split the batch.
 
 The optimizer state follows the parameters: a state leaf whose path ends
 with a parameter's path and has that parameter's shape (momentum, Adam
@@ -56,7 +58,8 @@ def spec_axes(spec: P) -> list[Hashable]:
   return axes
 
 
-def _check_spec(where: str, spec: Any, mesh: jax.sharding.Mesh, data_axes) -> P:
+def _check_spec(where: str, spec: Any, mesh: jax.sharding.Mesh, data_axes,
+                allow_data: bool = False) -> P:
   if spec is None:
     return P()
   if not isinstance(spec, P):
@@ -72,12 +75,12 @@ def _check_spec(where: str, spec: Any, mesh: jax.sharding.Mesh, data_axes) -> P:
           f"the mesh {tuple(mesh.axis_names)}; parameters may be sharded over "
           f"{tuple(model_axes)}."
       )
-    if a in data_axes:
+    if a in data_axes and not allow_data:
       raise ValueError(
           f"param_sharding: {where} is {spec}, which names the data axis {a!r}; "
           f"parameters may be sharded only over the non-data axes "
-          f"{tuple(model_axes)} (use shard_update=True to split the update "
-          "over the data axes)."
+          f"{tuple(model_axes)} with this grad_sync (use shard_update=True to split "
+          "the update over the data axes)."
       )
     if a in seen:
       raise ValueError(f"param_sharding: {where} is {spec}, which names {a!r} twice.")
@@ -142,9 +145,12 @@ Layout = RuleLayout | TreeLayout
 
 
 def check_param_sharding(
-    param_sharding: Any, mesh: jax.sharding.Mesh, data_axes: Sequence[Hashable]
+    param_sharding: Any, mesh: jax.sharding.Mesh, data_axes: Sequence[Hashable],
+    allow_data: bool = False,
 ) -> Layout:
-  """Validates what can be checked before the parameters are known."""
+  """Validates what can be checked before the parameters are known; with
+  `allow_data` a spec may name data axes (FSDP: a parameter split over the
+  devices that also split the batch)."""
   data_axes = tuple(data_axes)
   if isinstance(param_sharding, (list, tuple)) and all(
       isinstance(r, (list, tuple)) and len(r) == 2 and isinstance(r[0], str)
@@ -158,12 +164,14 @@ def check_param_sharding(
         raise ValueError(
             f"param_sharding: rule {i} pattern {pattern!r} is not a regex: {e}."
         ) from e
-      rules.append((regex, _check_spec(f"rule {pattern!r}", spec, mesh, data_axes)))
+      rules.append((regex, _check_spec(f"rule {pattern!r}", spec, mesh, data_axes,
+                                       allow_data)))
     return RuleLayout(tuple(rules))
   for path, spec in jax.tree_util.tree_flatten_with_path(
       param_sharding, is_leaf=_is_spec
   )[0]:
-    _check_spec(f"the spec at {path_name(path) or '<root>'}", spec, mesh, data_axes)
+    _check_spec(f"the spec at {path_name(path) or '<root>'}", spec, mesh, data_axes,
+                allow_data)
   return TreeLayout(param_sharding)
 
 
@@ -219,8 +227,15 @@ def with_data_axes(
   """`spec` with the data axes added on the largest dimension they divide.
 
   The per-device size of each dimension under `spec` is what the data axes
-  must divide; an array with no such dimension keeps `spec`.
+  must divide; an array with no such dimension keeps `spec`. Data axes the
+  spec already names (FSDP) are not added again.
   """
+  named = set(spec_axes(spec))
+  if named & set(data_axes):
+    data_axes = tuple(a for a in data_axes if a not in named)
+    if not data_axes:
+      return spec
+    num_replicas = int(np.prod([mesh.shape[a] for a in data_axes]))
   entries = list(spec) + [None] * (len(shape) - len(spec))
   local = [s // _ways(mesh, e) for s, e in zip(shape, entries, strict=True)]
   d = us.update_shard_axis(local, num_replicas)

@@ -1,8 +1,12 @@
 """The data-parallel step of sharded parameters: one GSPMD program.
 
-Parameters are laid out over non-data mesh axes by `(regex, PartitionSpec)`
-rules (`param_sharding`). The replicas' forward passes are a `vmap` whose
-axis is laid out over the data axes (`spmd_axis_name`), so each replica still
+Parameters are laid out over mesh axes by `(regex, PartitionSpec)` rules
+(`param_sharding`): axes that carry no data (tensor parallelism), or, with
+the compiler's psum, the data axes themselves (FSDP: every device holds a
+shard of each parameter and its own rows of the batch; the compiler gathers
+a layer's weights where the layer runs and reduce-scatters its gradient).
+The replicas' forward passes are a `vmap` whose axis is laid out over the
+data axes (`spmd_axis_name`), so each replica still
 sees only its slice; the step differentiates the mean of their losses, so the
 compiler reduces each gradient as the backward pass produces it, and inserts
 the other reductions, including the exact cross-shard sums of trust-ratio
@@ -266,7 +270,7 @@ def make_sharded_train_step(
   """Builds the data-parallel step of sharded parameters (one GSPMD `jit`).
 
   Parameters (and the optimizer state that mirrors them) are laid out over
-  mesh axes that carry no data (FSDP, tensor parallelism), declared as data
+  mesh axes (FSDP, tensor parallelism), declared as data
   the way big_vision declares them: `(regex, PartitionSpec)` rules matched
   (`re.fullmatch`) against '/'-joined parameter paths, first match wins,
   unmatched parameters replicated. The step is one `jax.jit` program with
@@ -302,7 +306,12 @@ def make_sharded_train_step(
     mesh: the device mesh, e.g. `jax.make_mesh((4, 2), ("data", "model"))`.
     param_sharding: a sequence of `(regex, PartitionSpec)` rules (or a
       pytree of `PartitionSpec` shaped like the parameters). Specs may name
-      only non-data axes; a rule that matches no parameter warns at `init`.
+      axes that carry no data, and with the default `grad_sync` data axes
+      too (FSDP: pass ``data_axes`` naming them, e.g. ``("data", "fsdp")``
+      with kernels split over "fsdp"; the model should then keep its
+      activations unsplit along the features, as MaxText's rules do, so
+      the compiler gathers weights rather than reducing activations). A
+      rule that matches no parameter warns at `init`.
     grad_sync: how the gradients are reduced over the data axes, a
       `GradSync` (algorithm, payload format, block scales, rounding, error
       feedback; see above). None or `GradSync()`: the compiler's float32
@@ -322,7 +331,8 @@ def make_sharded_train_step(
     A `ShardedTrainStep`, called and initialised as `make_train_step`'s.
 
   Raises:
-    ValueError: a spec that names a data axis or an unknown axis, a pattern
+    ValueError: a spec that names a data axis with an explicit `grad_sync`,
+      or an unknown axis, a pattern
       that is not a regex, a `grad_sync` torus that does not fit the data
       axes, or other arguments out of range.
     TypeError: arguments of the wrong kind (a `grad_sync` that is not a
@@ -383,9 +393,14 @@ def make_sharded_train_step(
   mesh, config, axes = check_step_args(
       loss_fn, optimizer, mesh, step_config, shard_update, data_axes, named
   )
-  layout = ps.check_param_sharding(param_sharding, mesh, axes)
-  n = compat.mesh_axis_sizes(mesh, axes)
   sync = grad_sync_from(grad_sync)
+  if sync != GradSync() and named & set(axes):
+    raise ValueError(
+        f"param_sharding names the data axes {sorted(named & set(axes), key=str)} (FSDP); "
+        f"that needs the compiler's float32 psum (grad_sync=None), got {sync!r}: "
+        "an explicit grad_sync reduces whole per-replica gradients over the data axes.")
+  layout = ps.check_param_sharding(param_sharding, mesh, axes, allow_data=sync == GradSync())
+  n = compat.mesh_axis_sizes(mesh, axes)
   sync.check_replicas(axes, n)
   decay = gs_lib.check_options(grad_stats, grad_stats_decay, n, config.microbatches,
                                batch_schedule)

@@ -40,8 +40,11 @@ from date_optax._src.types import PyTree
 
 
 def stacked_spec(spec: P, data_axes: tuple[Hashable, ...]) -> P:
-  """The spec of a per-replica stack of a leaf laid out as `spec`."""
-  return P(us.axes_entry(data_axes), *spec)
+  """The spec of a per-replica stack of a leaf laid out as `spec` (the stack
+  split over the data axes `spec` does not already split, FSDP's)."""
+  named = {a for e in spec if e is not None for a in (e if isinstance(e, tuple) else (e,))}
+  free = tuple(a for a in data_axes if a not in named)
+  return P(us.axes_entry(free) if free else None, *spec)
 
 
 def residual_sizes(

@@ -9,7 +9,7 @@ the two builders, each with one program:
   "ring", "torus", any payload) and, with `shard_update=True`, a
   reduce-scatter / all-gather.
 * `make_sharded_train_step` (`sharded_step`): parameters sharded over
-  non-data axes by `(regex, PartitionSpec)` rules; one GSPMD program whose
+  mesh axes by `(regex, PartitionSpec)` rules (tensor parallelism, FSDP); one GSPMD program whose
   reductions the compiler places, or, with any other `GradSync`, whose
   gradients `sync_gradients` reduces over the data axes in a `shard_map`
   island (`sharded_sync`).
@@ -98,8 +98,9 @@ def make_train_step(
   memory falls with k.
 
   *Sharded parameters.* `param_sharding` lays parameters (and the optimizer
-  state that mirrors them) out over mesh axes that carry no data (FSDP or
-  tensor parallelism), as a pytree of `PartitionSpec` or a list of
+  state that mirrors them) out over mesh axes (tensor parallelism over axes
+  that carry no data; FSDP over the data axes themselves, with the
+  compiler's psum), as a pytree of `PartitionSpec` or a list of
   `(regex, PartitionSpec)` rules matched (`re.fullmatch`) against
   '/'-joined parameter paths, first match wins, unmatched replicated. The
   step is then one GSPMD program (`jax.jit` with the state's shardings as
@@ -216,7 +217,8 @@ def make_train_step(
       the global batch must divide by replicas × k.
     param_sharding: None (parameters replicated), a pytree of
       `PartitionSpec` shaped like the parameters, or a list of
-      `(regex, PartitionSpec)` rules. Specs may name only non-data axes; a
+      `(regex, PartitionSpec)` rules. Specs may name data axes only with
+      the default float32 psum (FSDP; see `make_sharded_train_step`); a
       rule that matches no parameter warns at `init`.
     comm_dtype: the gradient payload format: None or "float32" (exact,
       float32 accumulation), "bfloat16", "float8_e4m3fn", "float8_e5m2",
