@@ -108,6 +108,45 @@ def test_float32_equals_the_psum_mean(scatter):
                              rtol=1e-5, atol=1e-5)
 
 
+def _bn_loss(params, batch, model_state):
+  """A batch-norm-like running mean of 150 floats (a bias of width 150)."""
+  h = batch["x"] @ params["w"] + params["b"]
+  new = {"mean": 0.9 * model_state["mean"] + 0.1 * jnp.mean(h, axis=0),
+         "count": model_state["count"] + 1}
+  return jnp.mean((h - jnp.mean(h, axis=0)) ** 2), new
+
+
+def test_model_state_crosses_the_slices_as_a_shard():
+  """With "hierarchical" the running statistics are averaged as the gradient
+  is: reduce-scatter in the slice, the 1/M shard across, all-gather; the
+  same numbers as psum's mean, and no all-reduce over all 8 devices carries
+  more than the step's few scalars."""
+  mesh = slice_mesh()
+  rng = np.random.default_rng(5)
+  params = {"w": rng.normal(size=(8, 150)).astype(np.float32),
+            "b": np.zeros(150, np.float32)}
+  model_state = {"mean": np.zeros(150, np.float32), "count": np.zeros((), np.int32)}
+  batch = {"x": rng.normal(size=(ROWS, 8)).astype(np.float32)}
+  out, texts = {}, {}
+  for sync in (None, dp.GradSync("hierarchical")):
+    step = dp.make_train_step(_bn_loss, optax.sgd(0.1), mesh, data_axes=AX, grad_sync=sync,
+                              donate=False)
+    state = step.init(params, model_state=model_state)
+    texts[sync] = step.lower(state, step.shard_batch(batch)).compile().as_text()
+    for _ in range(2):
+      state, _ = step(state, batch)
+    out[sync] = state
+  want, got = out[None], out[dp.GradSync("hierarchical")]
+  np.testing.assert_allclose(got.model_state["mean"], want.model_state["mean"], rtol=1e-6,
+                             atol=1e-7)
+  assert int(got.model_state["count"]) == 2
+  np.testing.assert_allclose(got.params["w"], want.params["w"], rtol=1e-6, atol=1e-7)
+  whole = lambda text: [c for c in dp.collectives(text)
+                        if c["kind"] == "all-reduce" and c["group_size"] == N]
+  assert any(c["elements"] >= 150 for c in whole(texts[None]))  # psum: the whole mean
+  assert all(c["elements"] <= 8 for c in whole(texts[dp.GradSync("hierarchical")]))
+
+
 def test_more_than_two_data_axes_keep_all_but_the_first_inside_the_slice():
   # ("dcn", "data", "model") all carrying replicas (a step without sharding
   # rules on a Multislice mesh with a model axis): the first crosses slices.

@@ -429,22 +429,32 @@ def mean_aux(aux: Any, axes: Any) -> Any:
   return jax.tree.map(red, aux)
 
 
-def replicate_model_state(state: Any, axes: Any, replica: jax.Array) -> Any:
+def replicate_model_state(state: Any, axes: Any, replica: jax.Array,
+                          mean: Any = None) -> Any:
   """Float leaves averaged over replicas; other leaves taken from replica 0.
 
   The averaged state is the same on every replica, as a replicated model
-  state (flax's cross-replica batch-norm statistics) must be.
+  state (flax's cross-replica batch-norm statistics) must be. `mean`, if
+  given, averages the tree of float leaves at once in their accumulation
+  dtype (Multislice: the hierarchical float32 mean, so only 1/M of the
+  statistics crosses the slices); default `lax.pmean` over `axes`.
   """
   if state is None:
     return None
+  leaves, treedef = jax.tree.flatten(state)
+  floats = [i for i, x in enumerate(leaves) if is_float(x)]
+  if mean is not None and floats:
+    means = mean([leaves[i].astype(acc_dtype(leaves[i].dtype)) for i in floats])
+    averaged = {i: m.astype(leaves[i].dtype) for i, m in zip(floats, means, strict=True)}
+  else:
+    averaged = {i: lax.pmean(leaves[i].astype(acc_dtype(leaves[i].dtype)), axes).astype(
+        leaves[i].dtype) for i in floats}
 
-  def red(x):
-    if is_float(x):
-      return lax.pmean(x.astype(acc_dtype(x.dtype)), axes).astype(x.dtype)
-    first = jnp.where(replica == 0, x.astype(jnp.int32), 0)
-    return lax.psum(first, axes).astype(x.dtype)
+  def first(x):
+    return lax.psum(jnp.where(replica == 0, x.astype(jnp.int32), 0), axes).astype(x.dtype)
 
-  return jax.tree.map(red, state)
+  return jax.tree.unflatten(treedef, [averaged[i] if i in averaged else first(x)
+                                      for i, x in enumerate(leaves)])
 
 
 def replicate_stacked_model_state(state: Any) -> Any:

@@ -13,6 +13,7 @@ program and calls the same `apply_update`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Hashable
 from typing import Any, NamedTuple
 
@@ -91,7 +92,12 @@ def replica_step(
     mean_sq = jnp.sum(jnp.square(scalars[2:])) if lossy else None
   else:
     loss = lax.pmean(loss, axes)
-  model_state = lg.replicate_model_state(model_state, axes, replica)
+  # Multislice: the statistics cross the slices as the gradient does, a
+  # 1/M shard per device, exact in float32.
+  mean = (functools.partial(sync_gradients, axis_name=axes,
+                            grad_sync=GradSync("hierarchical", dcn_algorithm=None))
+          if grad_sync.algorithm == "hierarchical" else None)
+  model_state = lg.replicate_model_state(model_state, axes, replica, mean)
   return ReplicaResult(loss, lg.mean_aux(aux, axes), grads, model_state, unit_sq,
                        residual if grad_sync.error_feedback else None, mean_sq)
 
