@@ -8,6 +8,7 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -426,3 +427,36 @@ def test_psum_over_one_device_is_left_out_unless_the_type_needs_it():
   text = step.lower(state, step.shard_batch(pm.make_data(16, seed=0))).compile().as_text()
   reduced = [ln for ln in text.splitlines() if " all-reduce(" in ln]
   assert all(re.search(r"= [fs]32\[\] all-reduce", ln) for ln in reduced), reduced
+
+
+def test_sharded_step_reduces_the_microbatches_gradient_once():
+  """Parameters split over "model", 4 microbatches: the data-axis reduction of
+  the gradient runs once, after the microbatches are accumulated (the bytes
+  of one microbatch's step, the gradient's model shard plus a few scalars),
+  and the step equals the one-microbatch step. Left to the compiler, the
+  gradient of the replicas' mean loss was all-reduced in every microbatch
+  (4.0x the bytes here, 9x with 8 microbatches for BERT-large on v5p-512)."""
+
+  def loss_fn(p, b):
+    return jnp.mean((jnp.tanh(b["x"] @ p["w1"]) @ p["w2"] - b["y"]) ** 2)
+
+  rng = np.random.default_rng(0)
+  params = {"w1": jnp.asarray(rng.normal(size=(16, 64)), jnp.float32),
+            "w2": jnp.asarray(rng.normal(size=(64, 4)), jnp.float32)}
+  batch = {"x": jnp.asarray(rng.normal(size=(32, 16)), jnp.float32),
+           "y": jnp.asarray(rng.normal(size=(32, 4)), jnp.float32)}
+  mesh = jax.make_mesh((4, 2), ("data", "model"))
+  shard_bytes = (16 * 64 + 64 * 4) * 4 // 2  # the gradient's model shard, float32
+  results = {}
+  for k in (1, 4):
+    step = dp.make_train_step(
+        loss_fn, optax.sgd(0.1), mesh, data_axes=("data",), microbatches=k, donate=False,
+        param_sharding=[("w1", P(None, "model")), ("w2", P("model", None))])
+    state = step.init(params)
+    text = step.compile(state, step.abstract_batch(batch)).as_text()
+    reduced = sum(c["bytes"] for c in dp.collectives(text) if c["kind"] == "all-reduce")
+    assert shard_bytes <= reduced < shard_bytes + 1024, (k, reduced)
+    results[k] = (reduced, step(state, batch)[0].params)
+  assert results[4][0] == results[1][0]
+  for name in params:
+    np.testing.assert_allclose(results[4][1][name], results[1][1][name], rtol=1e-6, atol=1e-7)
