@@ -8,8 +8,9 @@ context. AdamW: batch 1,024 × 4,096 tokens (4 M), peak learning rate 3e-4,
 (b1, b2) = (0.9, 0.95), weight decay 0.1, cosine decay; 160 B training
 tokens (20 per parameter, Hoffmann et al., 2022,
 https://arxiv.org/abs/2203.15556). Everything else is `llama_1b.py`'s
-(the same family, batch and optimizer), with FSDP over 16 devices and 16
-accumulated microbatches per replica.
+(the same family, batch and optimizer), with FSDP over 16 devices and 8
+accumulated microbatches of one sequence per device (every device is a
+replica: 8 sequences each on a v5p-256's 128 chips).
 
   date-optax compile --example gpt_lm --accelerator-type v5p-256 \
       --config examples/gpt_lm/configs/llama_8b.py
@@ -27,5 +28,5 @@ def get_config():
   config.num_train_tokens = 160 * 10**9
   config.base_learning_rate = 3e-4
   config.fsdp = 16
-  config.microbatches = 16
+  config.microbatches = 8
   return config
