@@ -53,7 +53,9 @@ class ShardedTrainStep(TrainStep):
   the gradient of the mean of their losses is reduced inside the backward
   pass (or, with an explicit `grad_sync`, the replicas' gradients are
   reduced by it in a `shard_map` island over the data axes), and the
-  optimizer runs on the sharded state.
+  optimizer runs on the sharded state. Its `fsdp` attribute says whether a
+  spec names a data axis (FSDP: every device a replica that holds a shard
+  of those parameters).
 
   Args:
     loss_fn, optimizer, mesh: see `make_sharded_train_step`.
@@ -381,6 +383,20 @@ def make_sharded_train_step(
     >>> state, metrics = step(step.init({"w": np.zeros((4, 1), np.float32)}), batch)
     >>> state.grad_residual.worker["w"].sharding.spec == P("data", "model", None)
     True
+    >>> float(metrics["loss"])
+    1.0
+
+    FSDP: the kernel split over "fsdp", which carries rows too, so all 8
+    devices are replicas (the compiler gathers the kernel where it is used
+    and reduce-scatters its gradient):
+
+    >>> fsdp = jax.make_mesh((4, 2), ("data", "fsdp"))
+    >>> step = dp.make_sharded_train_step(
+    ...     loss_fn, date_optax.lamb(1e-2), fsdp, data_axes=("data", "fsdp"),
+    ...     param_sharding=[("w", P("fsdp", None))])
+    >>> step.num_replicas, step.fsdp
+    (8, True)
+    >>> state, metrics = step(step.init({"w": np.zeros((4, 1), np.float32)}), batch)
     >>> float(metrics["loss"])
     1.0
 
