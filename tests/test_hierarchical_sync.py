@@ -34,6 +34,7 @@ from test_two_shot import BLOCK, LR, _block_round, _chunks, _local_grads, _unchu
 
 import date_optax.parallel as dp
 from date_optax._src.parallel import compat
+from date_optax._src.parallel.comm.hierarchical import exact_is_smaller
 from date_optax._src.parallel.layout.distributed import fetch_replicated
 from date_optax.checkpoint import CheckpointManager
 
@@ -215,6 +216,12 @@ def _hierarchical(shares, worker, server, axis, qmax):
   return mean, worker, server
 
 
+#: Whole leaves whose shard crosses the slices in float32: b's 3 elements
+#: leave a shard of 1 per device, 1 per chunk padded to a block of 8 (9 or
+#: 5 bytes with its exponent, against 4 in float32).
+EXACT = {"b"}
+
+
 def _reference(batches, qmax, split):
   """SGD(LR) over the steps: params, worker residuals, server residuals."""
   params = {k: v.astype(np.float64) for k, v in _params().items()}
@@ -223,8 +230,11 @@ def _reference(batches, qmax, split):
   for batch in batches:
     g = _local_grads(batch, N)
     for k in params:
-      mean, worker[k], server[k] = _hierarchical(g[k] / N, worker[k], server[k],
-                                                 split.get(k), qmax)
+      if k in EXACT and split.get(k) is None:
+        mean = g[k].mean(0)  # exact; the residuals stay zero
+      else:
+        mean, worker[k], server[k] = _hierarchical(g[k] / N, worker[k], server[k],
+                                                   split.get(k), qmax)
       params[k] = params[k] - LR * mean
   return params, worker, server
 
@@ -279,6 +289,42 @@ def _unrows(rows, shape, axis):
   return np.moveaxis(blocks.reshape(moved), 0, axis)
 
 
+def test_a_shard_smaller_than_its_blocks_crosses_exactly_with_its_residuals():
+  """b (3 elements: a shard of 1 per device, padded to a block in each chunk)
+  crosses the slices in float32; the residuals it holds from before (a
+  checkpoint of another layout) are added once, the worker's from every
+  device, the two-shot server's from the owner of the chunk it covers, and
+  come back zero."""
+  mesh = slice_mesh()
+  rng = np.random.default_rng(11)
+  shares = rng.normal(size=(N, 3)).astype(np.float32)
+  worker = rng.normal(size=(N, 1)).astype(np.float32)
+  hop = rng.normal(size=(N, 1)).astype(np.float32)
+  sync = dp.GradSync("hierarchical", comm_dtype="int8", error_feedback=True)
+  # Bytes across the slices: a shard of 1 in int8 is 2 chunks x (32 + 1
+  # exponent) = 66 against 4 in float32; w's shard of 32 with blocks of 8 is
+  # 2 x (16 + 2) = 36 against 128.
+  assert exact_is_smaller(1, S, 32, 8) and not exact_is_smaller(32, S, 8, 8)
+  assert exact_is_smaller(16, 4, 32, 4) and not exact_is_smaller(128, 4, 32, 4)
+
+  def f(b, w, h):
+    state = dp.ErrorFeedbackState(worker={"b": w[0]}, hop={"b": h[0]})
+    out, res = dp.sync_gradients({"b": b[0]}, AX, sync, residual=state)
+    return out["b"], res.worker["b"][None], res.hop["b"][None]
+
+  run = jax.jit(compat.shard_map(f, mesh=mesh, in_specs=(P(AX),) * 3,
+                                 out_specs=(P(), P(AX), P(AX))))
+  sharding = NamedSharding(mesh, P(AX))
+  put = lambda a: jax.make_array_from_callback(a.shape, sharding, lambda i: a[i])  # noqa: E731
+  got, new_w, new_h = run(put(shares), put(worker), put(hop))
+  # Element j is row j of each slice's sum (device (s, j) of every slice s);
+  # the chunk holding it belongs to slice 0, whose server residual counts.
+  want = [sum(shares[s * M:(s + 1) * M, j].sum() / N + worker[s * M + j, 0] for s in range(S))
+          + hop[j, 0] for j in range(3)]
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-6)
+  assert not np.asarray(new_w).any() and not np.asarray(new_h).any()
+
+
 def test_ring_across_slices_loses_nothing_with_sharded_updates():
   """make_replicated_train_step, dcn_algorithm="ring", int4, shard_update: SGD(1.0)
   from zero on a constant gradient. After 4 steps the parameters are the exact
@@ -303,7 +349,8 @@ def test_ring_across_slices_loses_nothing_with_sharded_updates():
                    0 if k == "w" else None)
     gap = np.asarray(state.params[k], np.float64) - exact[k]
     np.testing.assert_allclose(gap, held, rtol=0, atol=1e-5 * np.abs(exact[k]).max())
-    assert np.abs(held).max() > 0
+    # b's shard of 1 element crosses in float32 (EXACT): nothing held back.
+    assert (np.abs(held).max() == 0) == (k in EXACT)
   # One int4 step's rounding (a grid step of 1/7 to 1/14 of a block's largest value),
   # spread over the 4 steps.
   ratio = np.linalg.norm(np.asarray(state.params["w"]) - exact["w"]) / np.linalg.norm(

@@ -18,6 +18,12 @@ network, and only there in the payload format:
    without a format;
 3. inside each slice, XLA's all-gather of the shards.
 
+A whole leaf whose shard is too small to fill its blocks (a batch-norm
+scale of 64 split 256 ways: one element, padded to a block of 32 in each
+of the S chunks) crosses in float32 instead, exactly, wherever that sends
+no more bytes than the payload would (`exact_is_smaller`); its residuals,
+if it holds any, are added to it once and come back zero.
+
 Layout. Device (s, i) is replica `k = s·M + i`, the row-major order of
 `PartitionSpec(("dcn", "ici"))`. A whole leaf is flattened and zero-padded
 to a multiple of M and cut into M rows of `c = ceil(size / M)`; a leaf that
@@ -200,6 +206,18 @@ def _ring_across(
   return out, new_hop
 
 
+def exact_is_smaller(size: int, s: int, block_size: int, bits: int) -> bool:
+  """Whether a whole leaf's shard of `size` elements costs no more bytes
+  across `s` slices in float32 than in a `bits`-wide payload with block
+  scales: each of its `s` chunks is padded to whole blocks and carries an
+  exponent byte per block (two for 16-bit formats), so a shard of a few
+  elements (a batch-norm scale split 256 ways) sends dozens of padded ones."""
+  width = -(-int(size) // s)
+  padded = -(-width // block_size) * block_size
+  exponent = 1 if bits <= 8 else 2
+  return s * (padded * bits / 8 + padded // block_size * exponent) >= 4 * int(size)
+
+
 def _check_residuals(pieces: list[jax.Array], worker: Any, hop: Any, s: int, m: int,
                      dcn_algorithm: str) -> None:
   """Residuals shaped as `ErrorFeedbackState.zeros(..., slices=S)` builds them."""
@@ -300,12 +318,33 @@ def hierarchical_reduce(
   worker_l = None if worker is None else jax.tree.leaves(worker)
   hop_l = None if hop is None else jax.tree.leaves(hop)
   _check_residuals(pieces, worker_l, hop_l, s, m, sync.dcn_algorithm)
+  new_worker = None if worker_l is None else list(worker_l)
+  new_hop = None if hop_l is None else list(hop_l)
+  if low and sync.block_size and not sync.uses_aps:
+    # Shards too small to fill their blocks cross in float32, exactly, with
+    # whatever their residuals hold (then zero): nothing is lost.
+    small = [i for i in low if dims[i] is None and exact_is_smaller(
+        pieces[i].size, s, sync.block_size, fmt.bits)]
+    me = lax.axis_index(outer)
+    for i in small:
+      p = pieces[i]
+      if worker_l is not None:
+        p = p + worker_l[i].astype(jnp.float32)
+        new_worker[i] = jnp.zeros_like(worker_l[i])
+      if hop_l is not None:
+        h = hop_l[i].astype(jnp.float32)
+        if sync.dcn_algorithm == "two_shot":  # this slice owns chunk `me` of the shard
+          h = lax.dynamic_update_slice(jnp.zeros((s * h.size,), jnp.float32), h,
+                                       (me * h.size,))[: p.size]
+        p = p + h
+        new_hop[i] = jnp.zeros_like(hop_l[i])
+      pieces[i] = p
+    low = [i for i in low if i not in small]
+    exact = sorted(exact + small)
   reduced: list[Any] = [None] * len(leaves)
   for i, r in zip(exact, _exact_across([pieces[i] for i in exact], [dims[i] for i in exact],
                                        outer, s), strict=True):
     reduced[i] = r
-  new_worker = None if worker_l is None else list(worker_l)
-  new_hop = None if hop_l is None else list(hop_l)
   if low:
     ps = [pieces[i] for i in low]
     if worker_l is not None:  # the residual rides with the shard it was left on
