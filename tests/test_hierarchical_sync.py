@@ -68,8 +68,11 @@ GRADS = {"w": _RNG.normal(size=(N, 16, 8)).astype(np.float32),
 
 @functools.cache
 def _mean_fn(mesh, sync, scatter):
+  """The mean (or with `scatter` the update shards: over every replica for
+  psum, over the slice's M devices for "hierarchical") as global arrays."""
   own = lambda tree: jax.tree.map(lambda x: x[0], tree)
-  specs = {k: P() if dp.update_shard_axis(v.shape[1:], N) is None or not scatter else P(AX)
+  n, axes = (M, P("ici")) if sync.algorithm == "hierarchical" else (N, P(AX))
+  specs = {k: P() if dp.update_shard_axis(v.shape[1:], n) is None or not scatter else axes
            for k, v in GRADS.items()}
   return jax.jit(compat.shard_map(
       lambda t: dp.sync_gradients(own(t), AX, sync, scatter=scatter), mesh=mesh,
@@ -88,7 +91,8 @@ def _global(mesh, tree):
 def test_float32_equals_the_psum_mean(scatter):
   """Exact in-slice reduce-scatter, float32 psum across the slices, in-slice
   all-gather: the mean of every leaf (or with `scatter` its shards: w splits
-  along axis 0, the others come back whole) to float32 rounding."""
+  along axis 0 over the slice's devices, the same block on each slice, the
+  others come back whole) to float32 rounding."""
   mesh = slice_mesh()
   g = _global(mesh, GRADS)
   got = _mean_fn(mesh, dp.GradSync("hierarchical"), scatter)(g)
@@ -101,7 +105,7 @@ def test_float32_equals_the_psum_mean(scatter):
       np.testing.assert_allclose(np.asarray(got[k]), v.astype(np.float64).mean(0),
                                  rtol=1e-5, atol=1e-6)
   if scatter:
-    assert got["w"].sharding.spec == P(AX)
+    assert got["w"].sharding.spec == P("ici") and want["w"].sharding.spec == P(AX)
   total = jax.jit(compat.shard_map(
       lambda t: dp.all_reduce(t[0], AX, algorithm="hierarchical"), mesh=mesh,
       in_specs=P(AX), out_specs=P()))(g["w"])
@@ -173,12 +177,13 @@ def test_more_than_two_data_axes_keep_all_but_the_first_inside_the_slice():
 
 
 def _rows(x, axis):
-  """A leaf as M rows `(M, w)`: row i what in-slice device i reduces."""
+  """A leaf as M rows `(M, w)`: row i what in-slice device i reduces (with
+  weight-update sharding, block i of the leaf split along `axis`: device i's
+  shard in every slice)."""
   if axis is None:
     flat = x.reshape(-1)
     return np.pad(flat, (0, (-flat.size) % M)).reshape(M, -1)
-  blocks = np.moveaxis(x, axis, 0).reshape(N, -1)  # block k: replica k's shard
-  return blocks.reshape(S, M, -1).transpose(1, 0, 2).reshape(M, -1)
+  return np.moveaxis(x, axis, 0).reshape(M, -1)
 
 
 def _hierarchical(shares, worker, server, axis, qmax):
@@ -192,8 +197,7 @@ def _hierarchical(shares, worker, server, axis, qmax):
   slice_sum = rows.reshape(S, M, M, -1).sum(axis=1)  # [s, i]: row i of slice s's sum
   worker, server = worker.copy(), server.copy()
   w = slice_sum.shape[2]
-  piece = (w,) if axis is None else (S, w // S)  # device (s, i)'s row, as a leaf
-  cut = None if axis is None else 0
+  piece, cut = (w,), None  # device (s, i)'s row, summed whole across the slices
   out_rows = []
   for i in range(M):
     devs = [s * M + i for s in range(S)]
@@ -209,10 +213,9 @@ def _hierarchical(shares, worker, server, axis, qmax):
     out_rows.append(_unchunk(out, piece, cut).reshape(-1))
   if axis is None:
     mean = np.stack(out_rows).reshape(-1)[: int(np.prod(shape))].reshape(shape)
-  else:  # device (s, i) keeps block s·M + i; the step gathers the parameters
-    blocks = np.stack(out_rows).reshape(M, S, -1).transpose(1, 0, 2).reshape(N, -1)
+  else:  # device (s, i) keeps block i; the step gathers the parameters in the slice
     moved = (shape[axis],) + tuple(d for j, d in enumerate(shape) if j != axis)
-    mean = np.moveaxis(blocks.reshape(moved), 0, axis)
+    mean = np.moveaxis(np.stack(out_rows).reshape(moved), 0, axis)
   return mean, worker, server
 
 
@@ -284,9 +287,8 @@ def _unrows(rows, shape, axis):
   """Inverse of `_rows`: `(M, w)` rows back as the leaf."""
   if axis is None:
     return rows.reshape(-1)[: int(np.prod(shape))].reshape(shape)
-  blocks = rows.reshape(M, S, -1).transpose(1, 0, 2).reshape(N, -1)
   moved = (shape[axis],) + tuple(d for j, d in enumerate(shape) if j != axis)
-  return np.moveaxis(blocks.reshape(moved), 0, axis)
+  return np.moveaxis(rows.reshape(moved), 0, axis)
 
 
 def test_a_shard_smaller_than_its_blocks_crosses_exactly_with_its_residuals():

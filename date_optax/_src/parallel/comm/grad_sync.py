@@ -199,7 +199,8 @@ def sync_gradients(
   `grad_sync`'s algorithm and payload format, and cast back to its dtype.
 
   With `scatter=True` (weight-update sharding) every leaf that N divides
-  along some axis (`update_shard_axis`) comes back as this replica's shard of
+  along some axis (`update_shard_axis`; "hierarchical": M, below) comes back
+  as this replica's shard of
   the mean, split along that axis (a reduce-scatter); the other leaves come
   back whole. With a low-precision `comm_dtype` the float leaves travel in
   the format, APS shifts from one `pmax` over all of them, whole and split.
@@ -223,7 +224,9 @@ def sync_gradients(
   float32, each device's 1/M shard (M devices per slice) is reduced across
   the slices in the payload format by `grad_sync.dcn_algorithm`, and the
   slice all-gathers the shards (`hierarchical.hierarchical_reduce`); with
-  `scatter` the split leaves keep their shards and skip the gather. Its
+  `scatter` a leaf that M divides along an axis comes back as this device's
+  in-slice shard (block i of M, the same on every slice: weight-update
+  sharding inside the slice, so no parameter crosses the slices). Its
   residuals live on the shard: `ErrorFeedbackState.zeros(grads, grad_sync,
   chunks=N, slices=S)`, one flat `(ceil(size / M),)` worker residual per
   leaf and the cross-slice algorithm's hop residual.

@@ -26,12 +26,13 @@ if it holds any, are added to it once and come back zero.
 
 Layout. Device (s, i) is replica `k = s·M + i`, the row-major order of
 `PartitionSpec(("dcn", "ici"))`. A whole leaf is flattened and zero-padded
-to a multiple of M and cut into M rows of `c = ceil(size / M)`; a leaf that
-weight-update sharding splits over the N = S·M replicas (`scatter=True`,
-`update_sharding.to_blocks`, blocks of r elements) is laid out so that row i
-holds the blocks `s·M + i` of every slice s, `c = S·r`: the cross-slice
-reduce-scatter then leaves block k, replica k's shard, on device k, and
-stage 3 is skipped for it.
+to a multiple of M and cut into M rows of `c = ceil(size / M)`. Weight-update
+sharding (`scatter=True`) splits the update inside the slice only, as
+Multislice training keeps the slices pure data parallel: a leaf that M
+divides along an axis (`update_sharding.to_blocks` over M) has row i =
+block i, device i's shard; the cross-slice sum leaves it on device (s, i) of
+every slice, and stage 3 is skipped for it. The new parameters are then
+all-gathered inside the slice; nothing but the gradient's shard crosses.
 
 Error feedback (two-stage, as `error_feedback.ErrorFeedbackState`): the
 rounding happens on the shard only, so the worker residual is the shard's,
@@ -114,8 +115,7 @@ def _rows(x: jax.Array, d: int | None, s: int, m: int) -> jax.Array:
   """A leaf as `(m, c)` rows, row i the part in-slice device i reduces."""
   if d is None:
     return pad_to(x.reshape(-1), m).reshape(m, -1)
-  blocks = us.to_blocks(x, d, s * m)  # row k = s·m + i: replica k's shard
-  return blocks.reshape(s, m, -1).transpose(1, 0, 2).reshape(m, -1)
+  return us.to_blocks(x, d, m)  # row i: in-slice device i's shard
 
 
 def _groups(xs: Sequence[jax.Array], idxs: Sequence[int]) -> list[list[int]]:
@@ -262,8 +262,9 @@ def hierarchical_reduce(
       rounding and `dcn_algorithm`).
     key: the stochastic-rounding key (this device's index is folded in), or
       None.
-    scatter: return each leaf that N = S·M divides along an axis as this
-      replica's shard of the sum (weight-update sharding; no stage 3).
+    scatter: return each leaf that M divides along an axis as this
+      device's in-slice shard of the sum, block i of M on device (s, i) of
+      every slice (weight-update sharding inside the slice; no stage 3).
     worker: None, or this device's worker residuals, one float32
       `(ceil(size / M),)` shard per leaf (`ErrorFeedbackState.zeros(...,
       slices=S)`), a pytree like `tree`.
@@ -308,7 +309,7 @@ def hierarchical_reduce(
   s, m = compat.axis_size(outer), compat.axis_size(inner)
   leaves, treedef = jax.tree.flatten(tree)
   leaves = [jnp.asarray(x) for x in leaves]
-  dims = [us.update_shard_axis(x.shape, s * m) if scatter else None for x in leaves]
+  dims = [us.update_shard_axis(x.shape, m) if scatter else None for x in leaves]
   fmt = sync.format
   low, exact = lp.split_floats(leaves) if fmt is not None else ([], list(range(len(leaves))))
   lossy = set(low)
@@ -323,8 +324,7 @@ def hierarchical_reduce(
   if low and sync.block_size and not sync.uses_aps:
     # Shards too small to fill their blocks cross in float32, exactly, with
     # whatever their residuals hold (then zero): nothing is lost.
-    small = [i for i in low if dims[i] is None and exact_is_smaller(
-        pieces[i].size, s, sync.block_size, fmt.bits)]
+    small = [i for i in low if exact_is_smaller(pieces[i].size, s, sync.block_size, fmt.bits)]
     me = lax.axis_index(outer)
     for i in small:
       p = pieces[i]
@@ -342,7 +342,7 @@ def hierarchical_reduce(
     low = [i for i in low if i not in small]
     exact = sorted(exact + small)
   reduced: list[Any] = [None] * len(leaves)
-  for i, r in zip(exact, _exact_across([pieces[i] for i in exact], [dims[i] for i in exact],
+  for i, r in zip(exact, _exact_across([pieces[i] for i in exact], [None for i in exact],
                                        outer, s), strict=True):
     reduced[i] = r
   if low:
@@ -356,7 +356,7 @@ def hierarchical_reduce(
     hops = None if hop_l is None else [
         shift(hop_l[i].astype(jnp.float32), j, 1) for j, i in enumerate(low)]
     dev_fmt = lp.device_format(fmt, axes_t, key)
-    split = [dims[i] is not None for i in low]
+    split = [False for _ in low]  # every shard is summed whole across the slices
     shaped = [p.reshape(s, -1) if sp else p for p, sp in zip(ps, split, strict=True)]
     if sync.dcn_algorithm == "two_shot":
       sums, hops, sent = ts.two_shot_sum(shaped, [0 if sp else None for sp in split], outer,
@@ -377,7 +377,7 @@ def hierarchical_reduce(
   out = []
   for i, x in enumerate(leaves):
     full = gathered[i] if dims[i] is None else us.shard_from_chunk(reduced[i], x.shape,
-                                                                   dims[i], s * m)
+                                                                   dims[i], m)
     out.append(full != 0 if x.dtype == jnp.bool_ else full.astype(x.dtype))
   unflatten = lambda like, new: None if new is None else jax.tree.unflatten(
       jax.tree.structure(like), new)

@@ -121,7 +121,7 @@ class ReplicatedTrainStep(TrainStep):
     )
     fn = compat.shard_map(
         lambda p: us.all_gather_params(
-            p, shapes, self.data_axes, self.grad_reduce, self.num_replicas,
+            p, shapes, self.update_axes, self.grad_reduce, self.update_shards,
             self.grad_sync.grid,
         ),
         mesh=self.mesh,

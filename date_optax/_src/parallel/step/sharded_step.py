@@ -148,7 +148,7 @@ class ShardedTrainStep(TrainStep):
   def _update_spec(self, shape: Sequence[int], spec: P) -> P:
     if not self.shard_update:
       return spec
-    return ps.with_data_axes(shape, spec, self.mesh, self.data_axes, self.num_replicas)
+    return ps.with_data_axes(shape, spec, self.mesh, self.update_axes, self.update_shards)
 
   def _check_layout(self, params: PyTree) -> None:
     ps.resolve(self.param_layout, params, self.mesh, warn=True)  # unused rules warn

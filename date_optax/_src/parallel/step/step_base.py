@@ -151,11 +151,26 @@ class TrainStep:
     """The `PartitionSpec` of every parameter (all `P()` when replicated)."""
     return jax.tree.map(lambda _: P(), params)
 
+  @property
+  def update_axes(self) -> tuple[Hashable, ...]:
+    """The axes `shard_update` splits the update over: the data axes, or with
+    `GradSync("hierarchical")` the in-slice ones only (the slices stay pure
+    data parallel, so no parameter crosses them)."""
+    sync = getattr(self, "grad_sync", None)
+    if sync is not None and sync.algorithm == "hierarchical":
+      return tuple(self.data_axes[1:])
+    return tuple(self.data_axes)
+
+  @property
+  def update_shards(self) -> int:
+    """Devices one update is split over (`update_axes`' size)."""
+    return compat.mesh_axis_sizes(self.mesh, self.update_axes)
+
   def _update_spec(self, shape: Sequence[int], spec: P) -> P:
     """Layout of a gradient / optimizer-state leaf mirroring a parameter."""
     if not self.shard_update:
       return spec
-    return us.sharded_spec(shape, self.data_axes, self.num_replicas)
+    return us.sharded_spec(shape, self.update_axes, self.update_shards)
 
   def _update_specs(self, params: PyTree) -> PyTree:
     return jax.tree.map(
