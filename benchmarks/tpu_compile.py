@@ -378,10 +378,10 @@ def _slim(result: dict) -> dict:
   return {**{k: v for k, v in result.items() if k != "programs"}, "programs": programs}
 
 
-def run(names: list[str], log: str, timeout: float) -> None:
+def run(names: list[str], log: str, timeout: float, redo: bool = False) -> None:
   done = _runlog.load_runs(log)
   table = rows()
-  todo = [n for n in names if n not in done]
+  todo = [n for n in names if redo or n not in done]
   print(f"{len(todo)} rows to compile ({len(names) - len(todo)} logged)", flush=True)
   for i, name in enumerate(todo):
     start = time.perf_counter()
@@ -565,6 +565,9 @@ def _plot(done: dict, png: str) -> None:
 
 def main(argv=None) -> int:
   parser = _runlog.rows_parser(__doc__.split("\n")[0], timeout=1200.0)
+  parser.add_argument("--redo", action="store_true",
+                      help="compile again the rows --only selects, logged or not (the last "
+                           "record of a row is the one read)")
   parser.add_argument("--update", nargs=2, metavar=("MODEL", "OPT"), help=argparse.SUPPRESS)
   parser.add_argument("--plain", nargs=2, metavar=("SLICE", "OPT"), help=argparse.SUPPRESS)
   parser.add_argument("--sync", nargs=3, metavar=("SLICE", "ALG", "PAYLOAD"),
@@ -583,7 +586,7 @@ def main(argv=None) -> int:
   log = prefix + ".jsonl"
   if not args.report_only:
     names = [n for n in rows() if n.startswith(args.only)]
-    run(names, log, args.timeout)
+    run(names, log, args.timeout, args.redo)
   report(log, prefix + ".md", prefix + ".png")
   return 0
 
