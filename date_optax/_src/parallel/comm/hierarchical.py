@@ -111,7 +111,7 @@ def check_axes(axes: Any) -> tuple[Hashable, Any]:
   return axes_t[0], axes_t[1] if len(axes_t) == 2 else tuple(axes_t[1:])
 
 
-def _rows(x: jax.Array, d: int | None, s: int, m: int) -> jax.Array:
+def _rows(x: jax.Array, d: int | None, m: int) -> jax.Array:
   """A leaf as `(m, c)` rows, row i the part in-slice device i reduces."""
   if d is None:
     return pad_to(x.reshape(-1), m).reshape(m, -1)
@@ -138,7 +138,7 @@ def _scatter_in_slice(
   """Stage 1: each leaf's row of its slice's sum, flat; one reduce-scatter per dtype."""
   out: list[Any] = [None] * len(xs)
   for idxs in _groups(xs, range(len(xs))):
-    rows = [_rows(xs[i], dims[i], s, m) for i in idxs]
+    rows = [_rows(xs[i], dims[i], m) for i in idxs]
     buf = jnp.concatenate(rows, axis=1)
     own = lax.psum_scatter(buf.reshape(-1), inner, scatter_dimension=0, tiled=True)
     for i, piece in zip(idxs, _cut(own, [r.shape[1] for r in rows]), strict=True):
@@ -158,52 +158,25 @@ def _gather_in_slice(
   return out
 
 
-def _exact_across(pieces: list[jax.Array], dims: list[int | None], outer: Hashable,
-                  s: int) -> list[jax.Array]:
-  """Stage 2 without a format: `lax.psum` of the whole leaves' rows, a float32
-  reduce-scatter of the split ones' (`(s, r)` -> this slice's `(r,)`)."""
+def _exact_across(pieces: list[jax.Array], outer: Hashable) -> list[jax.Array]:
+  """Stage 2 without a format: `lax.psum` of the shards, one per dtype."""
   out: list[Any] = [None] * len(pieces)
-  whole = [i for i, d in enumerate(dims) if d is None]
-  for group in _groups(pieces, whole):
+  for group in _groups(pieces, range(len(pieces))):
     summed = lax.psum(jnp.concatenate([pieces[i] for i in group]), outer)
     for i, p in zip(group, _cut(summed, [pieces[i].size for i in group]), strict=True):
-      out[i] = p
-  split = [i for i, d in enumerate(dims) if d is not None]
-  for group in _groups(pieces, split):
-    rows = [pieces[i].reshape(s, -1) for i in group]
-    own = lax.psum_scatter(jnp.concatenate(rows, axis=1), outer, scatter_dimension=0,
-                           tiled=True)[0]
-    for i, p in zip(group, _cut(own, [r.shape[1] for r in rows]), strict=True):
       out[i] = p
   return out
 
 
 def _ring_across(
-    xs: list[jax.Array], split: list[bool], outer: Hashable, sync: Any, fmt: Any,
-    hop: list[jax.Array] | None,
+    xs: list[jax.Array], outer: Hashable, sync: Any, fmt: Any, hop: list[jax.Array] | None,
 ) -> tuple[list[jax.Array], list[jax.Array] | None]:
   """Stage 2 over a ring of the slices, a rounding at every hop (`low_bit_sum`):
-  the whole leaves' rows all-reduced, the split ones' `(s, r)` reduce-scattered."""
-  s = compat.axis_size(outer)
-  out: list[Any] = [None] * len(xs)
-  new_hop: list[Any] | None = None if hop is None else [None] * len(xs)
+  every shard all-reduced whole."""
   options = {"block_size": sync.block_size, "measured_shift": sync.measured_shift}
-  whole = [j for j, sp in enumerate(split) if not sp]
-  parts = [j for j, sp in enumerate(split) if sp]
-  for idxs, scatter in ((whole, False), (parts, True)):
-    if not idxs:
-      continue
-    shaped = (lambda x: x.reshape(s, -1)) if scatter else (lambda x: x)
-    fb = None if hop is None else [shaped(hop[j]) for j in idxs]
-    reduce = low_bit_sum.low_precision_reduce_scatter if scatter else low_bit_sum.low_precision_sum
-    got = reduce([shaped(xs[j]) for j in idxs], outer, "ring", None, fmt, feedback=fb,
-                 **options)
-    sums, fb = got if hop is not None else (got, None)
-    for n, j in enumerate(idxs):
-      out[j] = sums[n]
-      if fb is not None:
-        new_hop[j] = fb[n].reshape(-1)
-  return out, new_hop
+  got = low_bit_sum.low_precision_sum(xs, outer, "ring", None, fmt, feedback=hop, **options)
+  sums, fb = got if hop is not None else (got, None)
+  return list(sums), None if fb is None else [f.reshape(-1) for f in fb]
 
 
 def exact_is_smaller(size: int, s: int, block_size: int, bits: int) -> bool:
@@ -342,8 +315,7 @@ def hierarchical_reduce(
     low = [i for i in low if i not in small]
     exact = sorted(exact + small)
   reduced: list[Any] = [None] * len(leaves)
-  for i, r in zip(exact, _exact_across([pieces[i] for i in exact], [None for i in exact],
-                                       outer, s), strict=True):
+  for i, r in zip(exact, _exact_across([pieces[i] for i in exact], outer), strict=True):
     reduced[i] = r
   if low:
     ps = [pieces[i] for i in low]
@@ -356,14 +328,12 @@ def hierarchical_reduce(
     hops = None if hop_l is None else [
         shift(hop_l[i].astype(jnp.float32), j, 1) for j, i in enumerate(low)]
     dev_fmt = lp.device_format(fmt, axes_t, key)
-    split = [False for _ in low]  # every shard is summed whole across the slices
-    shaped = [p.reshape(s, -1) if sp else p for p, sp in zip(ps, split, strict=True)]
+    # Every shard is summed whole across the slices.
     if sync.dcn_algorithm == "two_shot":
-      sums, hops, sent = ts.two_shot_sum(shaped, [0 if sp else None for sp in split], outer,
-                                         sync, s, dev_fmt, hops)
+      sums, hops, sent = ts.two_shot_sum(ps, [None] * len(ps), outer, sync, s, dev_fmt, hops)
     else:
-      sent = shaped if worker_l is None else [ef.compress(p, dev_fmt, sync) for p in shaped]
-      sums, hops = _ring_across(sent, split, outer, sync, dev_fmt, hops)
+      sent = ps if worker_l is None else [ef.compress(p, dev_fmt, sync) for p in ps]
+      sums, hops = _ring_across(sent, outer, sync, dev_fmt, hops)
     for j, i in enumerate(low):
       r = sums[j].reshape(-1)
       reduced[i] = r if scaling is None else scaling.undo(j, r)

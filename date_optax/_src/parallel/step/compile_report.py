@@ -332,31 +332,26 @@ def _estimates(cost_model: float | None, roof: rl.Roofline | None,
   """The report's estimate fields: the best time, its source, and what is
   missing; `loops_add`: executed over counted work (flops or bytes, the larger)."""
   notes = []
-  if cost_model is not None and loops_add > 1.05:
+  looped = cost_model is not None and loops_add > 1.05
+  if looped:
     notes.append(f"the cost model counts each loop body once ({cost_model * 1e3:.4g} ms; the "
                  f"loops run {loops_add:.3g}x the counted work)"
                  + ("" if roof is None else ": the estimate is the roofline's"))
-    if roof is not None:
-      cost_model_kept, cost_model = cost_model, None
-    else:
-      cost_model_kept = cost_model
-  else:
-    cost_model_kept = cost_model
   if roof is None:
     notes.append("no roofline: no TpuSlice given (pass tpu=)")
-  if cost_model_kept is None:
+  if cost_model is None:
     notes.append("the TPU cost model gives no time for this program" if roof is not None
                  else "no cost-model time from this backend")
   elif roof is not None and roof.dcn_bytes:
     notes.append(f"the cost model leaves out DCN ({roof.dcn_seconds * 1e3:.3f} ms by the "
                  "roofline)")
-  if cost_model is not None:
+  if cost_model is not None and not (looped and roof is not None):
     best, source = cost_model, "cost_model"
   elif roof is not None:
     best, source = roof.seconds, "roofline"
   else:
     best, source = None, "none"
-  fields: dict[str, Any] = dict(estimated_seconds=best, cost_model_seconds=cost_model_kept,
+  fields: dict[str, Any] = dict(estimated_seconds=best, cost_model_seconds=cost_model,
                                 estimate_source=source, estimate_note="; ".join(notes))
   if roof is not None:
     fields.update(
