@@ -280,3 +280,35 @@ def test_gather_of_a_replicated_chunk_under_checked_types(algorithm):
       mesh=mesh, in_specs=P(), out_specs=P(("x", "y")), check=True)
   chunk = np.arange(5.0, dtype=np.float32)
   np.testing.assert_array_equal(np.asarray(jax.jit(fn)(chunk)), np.tile(chunk, (N, N, 1)))
+
+
+@pytest.mark.skipif(not _LIBTPU, reason="libtpu (pip install 'jax[tpu]') is not installed")
+@pytest.mark.xdist_group("libtpu")
+@pytest.mark.parametrize(("name", "kind"), [
+    ("v5litepod-4", "reduce-scatter"),  # an all-reduce-and-slice fusion
+    ("v6e-4", "reduce-scatter"),  # a reduce-scatter instruction
+    ("v3-8", "all-reduce"),  # an all-reduce, then a slice
+])
+def test_tpu_reduce_scatter_is_read_as_the_compiler_runs_it(name, kind):
+  """`lax.psum_scatter` three times in a loop on the TPU compiler: v5e writes
+  each as a fusion of an all-reduce and a slice that its reduce-scatter
+  emitter runs, v6e as a reduce-scatter, v3 as a plain all-reduce and a
+  slice. `collectives` reports what runs, every iteration: its kind, and
+  the payload's bytes (the whole array, padded to the compiler's tiles)."""
+  tpu = dp.tpu_slice(name)
+  mesh = tpu.data_mesh()
+  n = mesh.size
+
+  def body(x):
+    return lax.fori_loop(0, 3, lambda i, y: lax.psum_scatter(
+        jnp.tile(y, (n, 1)) * 0.5, "data", scatter_dimension=0, tiled=True), x)
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("data"), out_specs=P("data"),
+                            check_vma=False))
+  x = jax.ShapeDtypeStruct((n * 512, 256), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+  text = f.lower(x).compile().as_text()
+  found = [c for c in dp.collectives(text) if c["kind"] != "collective-permute"]
+  assert [c["kind"] for c in found] == [kind] * 3, [(c["kind"], c["name"]) for c in found]
+  assert all(c["group_size"] == n for c in found)
+  for c in found:  # the payload: n shards of 512 x 256 floats, padded to whole tiles
+    assert n * 512 * 256 * 4 <= c["bytes"] <= 1.1 * n * 512 * 256 * 4, c["bytes"]

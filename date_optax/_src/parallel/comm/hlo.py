@@ -100,8 +100,8 @@ def _computations(hlo_text: str) -> tuple[dict[str, list[_Instruction]], str | N
         continue
       name, op, rest = m.groups()
       callees = ()
-      if op in ("while", "call"):
-        callee = re.search(r"\b(?:body|to_apply)=%?([\w.\-]+)", rest)
+      if op in ("while", "call", "fusion"):
+        callee = re.search(r"\b(?:body|to_apply|calls)=%?([\w.\-]+)", rest)
         callees = (callee.group(1),) if callee else ()
       out.append(_Instruction(name, op, tuple(re.findall(r"%([\w.\-]+)", rest)),
                               line.lstrip().startswith("ROOT"), line, callees, 1))
@@ -113,11 +113,15 @@ def _computations(hlo_text: str) -> tuple[dict[str, list[_Instruction]], str | N
   return comps, entry
 
 
-def _executed(hlo_text: str) -> Iterator[tuple[str, _Instruction]]:
+def _executed(hlo_text: str, comps: dict[str, list[_Instruction]] | None = None,
+              entry: str | None = None) -> Iterator[tuple[str, _Instruction]]:
   """`(computation, instruction)` as the program runs them: from the entry,
-  a `while` body repeated its known trip count, a `call`'s computation once;
-  computations not reached that way (or all, without an entry) once, after."""
-  comps, entry = _computations(hlo_text)
+  a `while` body repeated its known trip count, a `call`'s or a `fusion`'s
+  computation once where it is called (a collective the TPU compiler fuses,
+  inside a loop, runs each iteration); computations not reached that way
+  (or all, without an entry) once, after."""
+  if comps is None:
+    comps, entry = _computations(hlo_text)
   seen: set[str] = set()
 
   def walk(name: str) -> Iterator[tuple[str, _Instruction]]:
@@ -150,8 +154,8 @@ def collective_permute_rounds(hlo_text: str) -> list[tuple[int, frozenset]]:
   t's body returns, so a body with one exchange per round that runs T times
   counts T rounds, as the unrolled program would (the ring and torus of
   `rounds.run_in_rounds`). A loop of unknown trip count counts once;
-  computations not reached from the entry by `while` and `call` count once,
-  each on its own.
+  computations not reached from the entry by `while`, `call` and `fusion`
+  count once, each on its own.
 
   Args:
     hlo_text: `jax.jit(f).lower(...).compile().as_text()` (or any HLO text).
@@ -239,6 +243,11 @@ _OPERATION = re.compile(
     r"(-start|-done)?\((.*)$")
 
 
+# A fusion the TPU compiler runs as a reduce-scatter (v5e, v5p: an
+# all-reduce and a dynamic slice in one kernel, "all-reduce-scatter").
+_SCATTER_FUSION = re.compile(r'"emitter":"[^"]*AllReduceScatter')
+
+
 def _stored_bits(dtype: str, layout: str | None) -> int:
   """Bits one element occupies in memory.
 
@@ -314,7 +323,13 @@ def collectives(hlo_text: str) -> list[dict]:
   reduce-scatter, all-gather, all-to-all and collective-permute, counted
   once (an asynchronous ``-start``/``-done`` pair is one collective, sized
   by its ``-done`` result). A loop body of known trip count T counts T
-  times, as the program runs it (`collective_permute_rounds`).
+  times, as the program runs it (`collective_permute_rounds`), and so does
+  a collective inside a fusion called there. On TPU v5e and v5p the
+  compiler writes a reduce-scatter as a fusion of an all-reduce and a slice
+  that its reduce-scatter emitter runs (``"emitter":
+  "SingleInputAllReduceScatterFusion"``): that all-reduce is reported as the
+  reduce-scatter it is, its payload the all-reduce's (on v2-v4 a
+  reduce-scatter compiles to a plain all-reduce and a slice, and is one).
 
   Args:
     hlo_text: `jax.jit(f).lower(...).compile().as_text()`.
@@ -349,13 +364,21 @@ def collectives(hlo_text: str) -> list[dict]:
   sizes = _module_sizes(hlo_text)
   matches: dict[str, Any] = {}
   entries: dict[tuple[str, ...], dict] = {}  # a loop body's collectives, parsed once
-  for _, ins in _executed(hlo_text):
+  comps, entry = _computations(hlo_text)
+  scattering = {callee for instructions in comps.values() for i in instructions
+                if i.op == "fusion" and _SCATTER_FUSION.search(i.line) for callee in i.callees}
+  for comp, ins in _executed(hlo_text, comps, entry):
     if ins.line not in matches:
       matches[ins.line] = _OPERATION.match(ins.line)
     m = matches[ins.line]
     if not m:
       continue
     name, result, kind, phase, rest = m.groups()
+    if kind == "all-reduce" and comp in scattering:
+      # The TPU compiler's reduce-scatter: an all-reduce and a slice fused
+      # for its reduce-scatter emitter; the payload is the all-reduce's.
+      out.append(dict(_collective(name, result, kind, rest, sizes), kind="reduce-scatter"))
+      continue
     if phase == "-start":
       starts[name] = (kind, rest)
       continue
