@@ -65,14 +65,44 @@ ROWS = {
                      "growing, threshold 6, √k rate"),
     "grow_sqrt_t12": ("adaptive.py", ("lr_scaling=sqrt", "growth.threshold=12.0"),
                       "growing, threshold 12, √k rate"),
+    # Triggers decided on the host (benchmarks/gpt_lm_branched.py), same config
+    # as "grow": the library's defaults but for the trigger.
+    "lcb_z0": ("@lcb", ("--z", "0"), "growing, host trigger on B_simple (z = 0, no lag)"),
+    "lcb_z1.645": ("@lcb", ("--z", "1.645"),
+                   "growing, host trigger on a 95 % lower bound of B_simple (z = 1.645)"),
+    "branch_tol0.5": ("@branched", ("--tolerance", "0.005"),
+                      "growing, branched check: 2B within 0.5 % of B on a probe"),
+    "branch_tol1": ("@branched", ("--tolerance", "0.01"),
+                    "growing, branched check: 2B within 1 % of B on a probe"),
 }
 SEQ_LEN = 64
 B0_STEPS = 1200
 
 
+def run_host_trigger(row: str, seed: int) -> dict:
+  """A row of `benchmarks/gpt_lm_branched.py` (a trigger decided on the host)."""
+  trigger, flags, _ = ROWS[row]
+  with tempfile.TemporaryDirectory(prefix="gpt_lm_study_") as tmp:
+    out = os.path.join(tmp, "record.json")
+    cmd = [sys.executable, os.path.join("benchmarks", "gpt_lm_branched.py"),
+           f"--trigger={trigger[1:]}", f"--seed={seed}", *flags, f"--out={out}"]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    if proc.returncode:
+      raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-2000:]}")
+    with open(out) as f:
+      rec = json.load(f)
+  keep = ("steps", "tokens", "eval_loss", "eval_unigram_entropy", "eval_curve", "path",
+          "batch_changes", "branch_steps_discarded", "checks")
+  return dict(row=row, seed=seed, **{k: rec[k] for k in keep if k in rec},
+              wall_s=round(time.perf_counter() - start, 1))
+
+
 def run(row: str, seed: int) -> dict:
   """Trains one row at one seed in a child process; returns its record."""
   config, overrides, _ = ROWS[row]
+  if config.startswith("@"):
+    return run_host_trigger(row, seed)
   with tempfile.TemporaryDirectory(prefix="gpt_lm_study_") as workdir:
     cmd = [sys.executable, "-m", "examples.gpt_lm.main", f"--config={_CONFIGS}/{config}",
            f"--workdir={workdir}", f"--config.seed={seed}", "--config.progress_bar=False",

@@ -486,3 +486,68 @@ def test_gpt_lm_study_summarizes_seeds_against_b0_and_writes_its_table(tmp_path)
   assert "`python benchmarks/gpt_lm_study.py --seeds 0 1`" in text
   assert (tmp_path / "gpt_lm.md").read_text() == text
   assert (tmp_path / "gpt_lm.png").stat().st_size > 10_000
+
+
+def test_noise_scale_bound_matches_the_spread_of_smoothed_noise_scales():
+  """The host trigger's bound: B = Σw·t / Σw·g of exponentially weighted
+  per-step estimates, and its delta-method standard error, against the
+  spread of B over 4,000 independent runs of noisy, correlated estimates
+  (the standard error must match the measured spread within 10 %, and the
+  95 % bound must hold about 95 % of the time)."""
+  bench = load_benchmark("gpt_lm_branched")
+  rng = np.random.default_rng(0)
+  runs, steps, d = 4000, 300, 0.98
+  g = 2.0 + 1.5 * rng.standard_normal((runs, steps))
+  t = 400.0 + 150.0 * rng.standard_normal((runs, steps)) + 40.0 * (g - 2.0)
+  w = (1 - d) * d ** np.arange(steps - 1, -1, -1)  # the weight of each step at the end
+  b = (t @ w) / (g @ w)
+  bounds = []
+  for i in range(200):
+    mom = dict(w=w.sum(), w2=(w**2).sum(), g=g[i] @ w, t=t[i] @ w, gg=(g[i] ** 2) @ w,
+               tt=(t[i] ** 2) @ w, gt=(g[i] * t[i]) @ w)
+    point, low = bench.noise_scale_bound(mom, 1.0)
+    np.testing.assert_allclose(point, b[i], rtol=1e-12)
+    bounds.append(point - low)
+  np.testing.assert_allclose(np.mean(bounds), b.std(), rtol=0.1)
+  truth = 400.0 / 2.0
+  covered = np.mean([bench.noise_scale_bound(dict(
+      w=w.sum(), w2=(w**2).sum(), g=g[i] @ w, t=t[i] @ w, gg=(g[i] ** 2) @ w,
+      tt=(t[i] ** 2) @ w, gt=(g[i] * t[i]) @ w), 1.645)[1] <= truth for i in range(1000)])
+  assert 0.92 <= covered <= 0.98, covered
+  # Nothing measured yet (Σw·g <= 0): no bound, so nothing grows on it.
+  assert bench.noise_scale_bound(dict(w=1, w2=1, g=-1, t=5, gg=1, tt=25, gt=-5), 0)[1] == -math.inf
+
+
+def test_gpt_lm_host_triggers_grow_as_their_rule_says():
+  """The branched check on the smoke config: with a tolerance no loss can
+  miss it grows at every check (16 → 32 → 64, each check's B branch
+  discarded), with -1 (2B must reach a loss <= 0) never; both train every
+  sequence of the budget. The noise-scale trigger at z = 0 grows, and at
+  z = 1e6 (a bound far below zero) never."""
+  import jax  # noqa: PLC0415
+
+  from examples.gpt_lm.configs import smoke  # noqa: PLC0415
+
+  if jax.device_count() % 2:
+    pytest.skip("needs an even number of devices")
+  bench = load_benchmark("gpt_lm_branched")
+  config = smoke.get_config()
+  config.optimizer, config.batch_schedule, config.batch_size = "date", "adaptive", 64
+  config.num_train_tokens = 16 * 32 * 24
+  always = bench.run_branched(config, branch_steps=4, tolerance=1.0, probe_sequences=64,
+                              verbose=False)
+  assert always["batch_changes"] == [[0, 16], [2, 32], [4, 64]]
+  assert always["branch_steps_discarded"] == 8 and always["tokens"] == 16 * 32 * 24
+  assert [c[4] for c in always["checks"]] == [True, True]
+  assert always["steps"] == 2 + 2 + (24 * 16 - 3 * 64) // 64
+  assert [p[1] for p in always["path"]][:5] == [32, 32, 64, 64, 64]
+  never = bench.run_branched(config, branch_steps=4, tolerance=-1.0, probe_sequences=64,
+                             verbose=False)
+  assert never["batch_changes"] == [[0, 16]] and never["steps"] == 24
+  assert never["branch_steps_discarded"] == 2 * 6 and np.isfinite(never["eval_loss"])
+  config.growth.hold_examples, config.growth.min_steps = 32, 3
+  grows = bench.run_lcb(config, z=0.0, eval_every=12, verbose=False)
+  assert len(grows["batch_changes"]) > 1 and grows["tokens"] <= 16 * 32 * 24
+  held = bench.run_lcb(config, z=1e6, eval_every=12, verbose=False)
+  assert held["batch_changes"] == [[0, 16]] and held["steps"] == 24
+  assert len(held["path"]) == 24 and held["eval_curve"][-1][0] == 16 * 32 * 24
