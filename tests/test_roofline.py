@@ -109,6 +109,14 @@ def test_roofline_matches_a_reference_from_the_reports_counts(reports):
                 "all-gather": (n - 1) / n, "all-to-all": (n - 1) / n,
                 "collective-permute": 1.0}[c["kind"]]
       hops = {"all-reduce": 2 * (n - 1), "collective-permute": 1}.get(c["kind"], n - 1)
+      if c["network"] == "ici" and c["kind"] != "collective-permute":
+        # Every ICI group here is one slice's devices: a phase along each
+        # torus axis of its chips (and the cores of a chip), 2 for a psum.
+        mine = [d for d in tpu.devices if getattr(d, "slice_index", 0) == 0]
+        assert n == len(mine), key
+        axes = sum(len({d.coords[i] for d in mine}) - 1 for i in range(3))
+        axes += len({getattr(d, "core_on_chip", 0) for d in mine}) - 1
+        hops = (2 if c["kind"] == "all-reduce" else 1) * axes
       if c["network"] == "ici":
         bandwidth = g.ici_bandwidth_per_link * c["links"] / per_chip
         alpha = g.ici_hop_latency
@@ -157,10 +165,29 @@ def test_a_group_along_one_torus_axis_gets_two_links(axis, links):
   n = math.prod(mesh.shape[a] for a in ((axis,) if isinstance(axis, str) else axis))
   assert (c["kind"], c["group_size"], c["links"]) == ("all-reduce", n, links)
   g = tpu.facts
+  # Latency: a reduce-scatter then an all-gather along each axis spanned,
+  # 1 step along x (2 chips), 3 along y (4): 2 (1 + 3) = 8 over both, where
+  # one ring through the 8 chips would take 2 (8 - 1) = 14.
+  hops = {"x": 1, "y": 3}.get(axis, 4)
+  assert c["steps"] == 2 * hops
   np.testing.assert_allclose(
       r.roofline_ici_seconds,
       2 * (n - 1) / n * 4 * 4096 / (links * g.ici_bandwidth_per_link)
-      + 2 * (n - 1) * g.ici_hop_latency)
+      + 2 * hops * g.ici_hop_latency)
+
+
+@pytest.mark.parametrize(("name", "hops"), [
+    ("v3-32", 3 + 3 + 1),  # 4 x 4 chips of 2 cores
+    ("v3-2048", 31 + 31 + 1),  # 32 x 32 chips: one ring through 2,048 cores takes 2,047
+    ("v4-128", 3 + 3 + 3),  # 4 x 4 x 4 chips, one device each
+    ("v5litepod-256", 15 + 15),  # 16 x 16
+    ("v5p-2048", 7 + 7 + 15),  # 8 x 8 x 16
+])
+def test_torus_hops_count_a_phase_per_axis(name, hops):
+  tpu = dp.tpu_slice(name)
+  assert rl.torus_hops(tpu.devices) == hops
+  assert rl.torus_hops(tpu.devices[:1]) == 0
+  assert rl.torus_hops([object()]) is None
 
 
 # -- DCN ---------------------------------------------------------------------

@@ -177,6 +177,30 @@ def _program_devices(devices: Sequence[Any], num_partitions: int) -> list[Any]:
   return same if len(same) == num_partitions else devices[:num_partitions]
 
 
+def torus_hops(group: Sequence[Any]) -> int | None:
+  """Neighbour steps of one phase of a collective over `group` on a torus.
+
+  XLA's TPU collectives run along one torus axis at a time (a phase per
+  axis the group spans, the two cores of a v2/v3 chip one more), so a
+  reduce-scatter or an all-gather takes ``Σ_d (e_d − 1)`` steps, ``e_d``
+  the distinct coordinates of the group's chips along axis d: 62 for a
+  32 × 32 grid of chips, where one ring through its 1,024 chips takes
+  1,023.
+
+  Args:
+    group: the group's devices (with ``coords``, and ``core_on_chip`` where
+      a chip has several).
+
+  Returns:
+    The steps, or None for devices without coordinates.
+  """
+  coords = [tuple(getattr(d, "coords", None) or ()) for d in group]
+  if not coords or not coords[0]:
+    return None
+  cores = len({getattr(d, "core_on_chip", 0) for d in group})
+  return sum(len({c[i] for c in coords}) - 1 for i in range(len(coords[0]))) + cores - 1
+
+
 def _axes_spanned(group: Sequence[Any]) -> int:
   """Torus axes along which the group's chips differ (0: one chip)."""
   coords = [tuple(getattr(d, "coords", None) or ()) for d in group]
@@ -257,7 +281,9 @@ def roofline(hlo_text: str, *, flops: float, bytes_accessed: float, tpu: TpuSlic
   with F the per-device flops and M the per-device bytes accessed
   (``cost_analysis``), P and B_HBM one device's peak bf16 FLOP/s and HBM
   bytes/s; for each collective c, w_c its `wire_bytes` on a ring of its
-  replica group, s_c its `ring_steps`, and on ICI
+  replica group, s_c its latency steps (on ICI one phase of `torus_hops`
+  per torus axis the group spans, two phases for an all-reduce; on DCN its
+  `ring_steps`), and on ICI
   ``B_c = ici_bandwidth_per_link * links / devices_per_chip``,
   ``alpha_c = ici_hop_latency``; on DCN
   ``B_c = dcn_bandwidth_per_chip / devices_per_chip``,
@@ -303,7 +329,8 @@ def roofline(hlo_text: str, *, flops: float, bytes_accessed: float, tpu: TpuSlic
 
   Examples:
     A psum of 4 MiB per device over a v5e-4's 2 x 2 chips: 2 (3/4) 4 MiB
-    on 4 links of 50 GB/s, plus 6 hops of 1 us:
+    on 4 links of 50 GB/s, plus 4 hops of 1 us (reduce-scatter along each
+    axis, 1 + 1 steps, then all-gather the same):
 
     >>> import jax, jax.numpy as jnp
     >>> from jax.sharding import NamedSharding, PartitionSpec as P
@@ -322,7 +349,7 @@ def roofline(hlo_text: str, *, flops: float, bytes_accessed: float, tpu: TpuSlic
     >>> [(c["kind"], c["network"], c["links"]) for c in r.collectives]
     [('all-reduce', 'ici', 4)]
     >>> round(r.ici_seconds * 1e6, 1), r.dcn_bytes
-    (37.5, 0.0)
+    (35.5, 0.0)
 
   References:
     Williams, Waterman and Patterson, "Roofline", CACM 52(4), 2009;
@@ -356,15 +383,21 @@ def roofline(hlo_text: str, *, flops: float, bytes_accessed: float, tpu: TpuSlic
       links = 0 if network == DCN else (1 if c["kind"] == "collective-permute" else min(
           facts.ici_links_per_chip, 2 * max(1, min((_axes_spanned(g) for g in members),
                                                    default=1))))
-      placed[key] = (n, network, links)
-    n, network, links = placed[key]
-    priced.append({**c, "group_size": n, "network": network, "links": links})
+      known = [h for h in map(torus_hops, members) if h is not None] if (
+          network == ICI and c["kind"] != "collective-permute") else []
+      hops = max(known) if known else None
+      placed[key] = (n, network, links, hops)
+    n, network, links, hops = placed[key]
+    priced.append({**c, "group_size": n, "network": network, "links": links, "hops": hops})
   for c in dcn_transfers(hlo_text, tpu.num_slices):
     priced.append({**c, "network": DCN, "links": 0})
   totals = {ICI: [0.0, 0.0], DCN: [0.0, 0.0]}  # seconds, wire bytes
   for c in priced:
     wire = wire_bytes(c["kind"], c["bytes"], c["group_size"])
     steps = ring_steps(c["kind"], c["group_size"])
+    hops = c.pop("hops", None)
+    if hops is not None and c["group_size"] > 1:  # phases along the torus axes
+      steps = (2 if c["kind"] == "all-reduce" else 1) * min(hops, c["group_size"] - 1)
     if c["network"] == ICI:
       bandwidth = facts.ici_bandwidth_per_link * c["links"] / per_chip
       latency = facts.ici_hop_latency
