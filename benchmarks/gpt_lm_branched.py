@@ -320,7 +320,10 @@ def main(argv: list[str] | None = None) -> None:
     *path, leaf = key.split(".")
     for p in path:
       node = node[p]
-    node[leaf] = type(node[leaf])(value) if node[leaf] is not None else json.loads(value)
+    try:
+      node[leaf] = json.loads(value)
+    except json.JSONDecodeError:  # a bare string
+      node[leaf] = value
   if args.trigger == "lcb":
     rec = run_lcb(config, z=args.z)
   else:

@@ -286,15 +286,17 @@ def test_gather_of_a_replicated_chunk_under_checked_types(algorithm):
 @pytest.mark.xdist_group("libtpu")
 @pytest.mark.parametrize(("name", "kind"), [
     ("v5litepod-4", "reduce-scatter"),  # an all-reduce-and-slice fusion
-    ("v6e-4", "reduce-scatter"),  # a reduce-scatter instruction
+    ("v6e-4", "reduce-scatter"),
     ("v3-8", "all-reduce"),  # an all-reduce, then a slice
+    ("v5litepod-16", "all-reduce"),  # the same over more than 4 devices
 ])
 def test_tpu_reduce_scatter_is_read_as_the_compiler_runs_it(name, kind):
-  """`lax.psum_scatter` three times in a loop on the TPU compiler: v5e writes
-  each as a fusion of an all-reduce and a slice that its reduce-scatter
-  emitter runs, v6e as a reduce-scatter, v3 as a plain all-reduce and a
-  slice. `collectives` reports what runs, every iteration: its kind, and
-  the payload's bytes (the whole array, padded to the compiler's tiles)."""
+  """`lax.psum_scatter` three times in a loop on the TPU compiler: over 4
+  devices of a v5e or v6e slice it is a reduce-scatter (a fusion of an
+  all-reduce and a slice that the compiler's reduce-scatter emitter runs),
+  over 8 v3 cores or 16 v5e chips a plain all-reduce and a slice.
+  `collectives` reports what runs, every iteration: its kind, and the
+  payload's bytes (the whole array, padded to the compiler's tiles)."""
   tpu = dp.tpu_slice(name)
   mesh = tpu.data_mesh()
   n = mesh.size

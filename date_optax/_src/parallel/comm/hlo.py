@@ -243,8 +243,9 @@ _OPERATION = re.compile(
     r"(-start|-done)?\((.*)$")
 
 
-# A fusion the TPU compiler runs as a reduce-scatter (v5e, v5p: an
-# all-reduce and a dynamic slice in one kernel, "all-reduce-scatter").
+# A fusion the TPU compiler runs as a reduce-scatter (over 4 devices on v4,
+# v5e, v5p and v6e: an all-reduce and a dynamic slice in one kernel,
+# "all-reduce-scatter").
 _SCATTER_FUSION = re.compile(r'"emitter":"[^"]*AllReduceScatter')
 
 
@@ -324,12 +325,13 @@ def collectives(hlo_text: str) -> list[dict]:
   once (an asynchronous ``-start``/``-done`` pair is one collective, sized
   by its ``-done`` result). A loop body of known trip count T counts T
   times, as the program runs it (`collective_permute_rounds`), and so does
-  a collective inside a fusion called there. On TPU v5e and v5p the
-  compiler writes a reduce-scatter as a fusion of an all-reduce and a slice
-  that its reduce-scatter emitter runs (``"emitter":
-  "SingleInputAllReduceScatterFusion"``): that all-reduce is reported as the
-  reduce-scatter it is, its payload the all-reduce's (on v2-v4 a
-  reduce-scatter compiles to a plain all-reduce and a slice, and is one).
+  a collective inside a fusion called there. Over 4 devices of a v4, v5e,
+  v5p or v6e slice the TPU compiler writes a reduce-scatter as a fusion of
+  an all-reduce and a slice that its reduce-scatter emitter runs
+  (``"emitter":"SingleInputAllReduceScatterFusion"``): that all-reduce is
+  reported as the reduce-scatter it is, its payload the all-reduce's. Over
+  more devices, and on v2/v3, a reduce-scatter compiles to a plain
+  all-reduce and a slice, and is reported as the all-reduce that runs.
 
   Args:
     hlo_text: `jax.jit(f).lower(...).compile().as_text()`.
