@@ -17,7 +17,13 @@ tokens:
   batch; this task was not used to choose those defaults;
 * ``grow_sqrt_t6``, ``grow_sqrt_t12``: the same with the rate √ in the batch
   and the trigger's threshold at 6 and 12 (grow when the measured critical
-  batch holds at 6 or 12 times the batch; the default is 3).
+  batch holds at 6 or 12 times the batch; the default is 3);
+* ``lcb_z0``, ``lcb_z1.645``, ``branch_tol0.5``, ``branch_tol1``: ``grow``
+  with another trigger, decided on the host by
+  `benchmarks/gpt_lm_branched.py`: a lower confidence bound on B_simple
+  (z standard errors below it) or Merrill et al.'s branched check (grow
+  when a segment trained at 2B ends within the tolerance of the same
+  segment at B, on held-out windows).
 
 Each run is a child process (`python -m examples.gpt_lm.main`, 2 emulated
 CPU devices) logging every step; the study keeps its final eval loss, the

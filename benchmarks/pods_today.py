@@ -101,10 +101,10 @@ def rows() -> dict[str, dict]:
                                          R50 + sets)
   for s in SINGLE:
     out[f"r50-32k/{s}/psum"] = _spec("resnet50_imagenet", s, 1, 32768, R50)
-  # Weight-update sharding where the compiler runs a reduce-scatter as one
-  # (v5p: a fused all-reduce-and-slice with a reduce-scatter emitter; v6e: a
-  # reduce-scatter), against psum on the same slice (issue 55, item 4; on
-  # v2-v4 a reduce-scatter compiles to a whole all-reduce and a slice).
+  # Weight-update sharding against psum on the same slice (issue 55, item 4).
+  # Over more than 4 devices the compiler writes the gradient's reduce-scatter
+  # as an all-reduce and a slice on every generation, and here the parameters'
+  # all-gather as an all-reduce too (benchmarks/tpu_lowering.py).
   for s in ("v5p-512", "v6e-256"):
     out[f"r50-32k/{s}/shard_update"] = _spec("resnet50_imagenet", s, 1, 32768,
                                              R50 + ["shard_update=True"])
