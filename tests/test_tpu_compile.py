@@ -485,3 +485,26 @@ def test_compile_command_says_by_how_much_a_program_does_not_fit(run_compile):
   (program,) = json.loads(stdout)["programs"]
   assert program["fits"] is False and "over by" in program["error"]
   assert program["required_bytes"] > program["hbm_bytes"]
+
+
+@pytest.mark.parametrize(("name", "shard_update", "warned"), [
+    ("v5litepod-16", True, True),  # the TPU compiler: the reduce-scatter is an all-reduce
+    ("v5litepod-16", False, False),
+    (None, True, False),  # 8 CPU devices: a reduce-scatter runs
+])
+def test_compile_report_warns_when_shard_update_gets_no_reduce_scatter(name, shard_update,
+                                                                        warned):
+  tpu = None if name is None else dp.tpu_slice(name)
+  mesh = dp.data_mesh(8) if tpu is None else tpu.data_mesh()
+  step = dp.make_train_step(lambda p, b: ((b @ p) ** 2).mean(), optax.adam(1e-3), mesh,
+                            shard_update=shard_update)
+  state = step.abstract_state(jax.ShapeDtypeStruct((256, 256), jnp.float32))
+  r = dp.compile_report(step, state, jax.ShapeDtypeStruct((64, 256), jnp.float32), tpu=tpu)
+  counts = r.collective_counts()
+  assert bool(r.warnings) == warned, (counts, r.warnings)
+  assert list(r.as_dict()["warnings"]) == list(r.warnings)
+  if warned:
+    assert "reduce-scatter" not in counts and counts["all-reduce"] >= 2
+    assert "shard_update=True" in r.warnings[0] and "warning: shard_update" in r.summary()
+  elif shard_update:
+    assert counts["reduce-scatter"] >= 1
