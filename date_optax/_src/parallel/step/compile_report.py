@@ -477,7 +477,8 @@ def compile_report(step: Any, state: Any, batch: PyTree, *, tpu: Any = None) -> 
 def _step_warnings(step: Any, report: CompileReport) -> tuple[str, ...]:
   """What the program does that `step`'s options did not ask for."""
   kinds = report.collective_counts()
-  if getattr(step, "shard_update", False) and not kinds.get("reduce-scatter"):
+  if (getattr(step, "shard_update", False) and report.num_devices > 1
+      and not kinds.get("reduce-scatter")):
     moved = report.collective_bytes().get("all-reduce", 0)
     return (
         "shard_update=True, but the compiled program has no reduce-scatter: the "
