@@ -236,14 +236,10 @@ def run_lcb(config: Any, *, z: float, eval_every: int = 200, verbose: bool = Tru
   jax = r.jax
   import date_optax  # noqa: PLC0415
 
-  defaults = date_optax.BatchSchedule.adaptive(r.schedule.start,
-                                                       max_batch=r.schedule.max_batch)
-  growth = {k: v for k, v in config.growth.items() if v is not None}
-  rule = date_optax.BatchSchedule.adaptive(
-      r.schedule.start, max_batch=r.schedule.max_batch,
-      **{**{k: getattr(defaults, k) for k in ("threshold", "calibration", "min_steps",
-                                               "hold_examples", "guard_margin")}, **growth})
-  decay0 = 0.99  # the step's smoothing per start batch (grad_stats_decay's default)
+  growth = {k: v for k, v in config.growth.items() if v is not None}  # unset: the defaults
+  rule = date_optax.BatchSchedule.adaptive(r.schedule.start, max_batch=r.schedule.max_batch,
+                                           **growth)
+  decay0 = r.step_fn.grad_stats_decay  # the step's smoothing per start batch
   state, b0, top = r.state, r.schedule.start, r.schedule.max_batch
   batch, examples, steps, last_change, held = b0, 0, 0, 0, 0
   mom = dict(w=0.0, w2=0.0, g=0.0, t=0.0, gg=0.0, tt=0.0, gt=0.0)

@@ -177,6 +177,15 @@ def _program_devices(devices: Sequence[Any], num_partitions: int) -> list[Any]:
   return same if len(same) == num_partitions else devices[:num_partitions]
 
 
+def _extents(group: Sequence[Any]) -> list[int] | None:
+  """Distinct coordinates of the group's chips along each torus axis (None
+  for devices without coordinates)."""
+  coords = [tuple(getattr(d, "coords", None) or ()) for d in group]
+  if not coords or not coords[0]:
+    return None
+  return [len({c[i] for c in coords}) for i in range(len(coords[0]))]
+
+
 def torus_hops(group: Sequence[Any]) -> int | None:
   """Neighbour steps of one phase of a collective over `group` on a torus.
 
@@ -194,19 +203,17 @@ def torus_hops(group: Sequence[Any]) -> int | None:
   Returns:
     The steps, or None for devices without coordinates.
   """
-  coords = [tuple(getattr(d, "coords", None) or ()) for d in group]
-  if not coords or not coords[0]:
+  extents = _extents(group)
+  if extents is None:
     return None
   cores = len({getattr(d, "core_on_chip", 0) for d in group})
-  return sum(len({c[i] for c in coords}) - 1 for i in range(len(coords[0]))) + cores - 1
+  return sum(e - 1 for e in extents) + cores - 1
 
 
 def _axes_spanned(group: Sequence[Any]) -> int:
   """Torus axes along which the group's chips differ (0: one chip)."""
-  coords = [tuple(getattr(d, "coords", None) or ()) for d in group]
-  if not coords or not coords[0]:
-    return 1
-  return sum(len({c[i] for c in coords}) > 1 for i in range(len(coords[0])))
+  extents = _extents(group)
+  return 1 if extents is None else sum(e > 1 for e in extents)
 
 
 @dataclasses.dataclass(frozen=True)
