@@ -270,10 +270,14 @@ def test_stochastic_rounding_with_block_scales_doubles_the_bound(fmt, alg):
 
 def test_exponent_rules_match_the_math():
   rng = np.random.default_rng(5)
-  m = np.concatenate([10.0 ** rng.uniform(-25, 30, 300), [0.0, 127.0, 1.0, 6.0]])
+  # Maxima that are a format's max times a power of two (254 = 2 · 127):
+  # the logarithms round there, and the finest grid is the one that fits exactly.
+  edges = [f * 2.0**j for f in (127.0, 7.0, 448.0, 6.0) for j in (-9, -1, 1, 4)]
+  m = np.concatenate([10.0 ** rng.uniform(-25, 30, 300), [0.0, 127.0, 1.0, 6.0], edges])
   m = m.astype(np.float32)
   for fmt in ("int8", "int4", "float8_e4m3fn", "float4_e2m1fn"):
-    e = np.asarray(lp.group_exponents(jnp.asarray(m), FMAX[fmt]))
+    # Compiled, as the library runs it (XLA's fused log2 rounds differently).
+    e = np.asarray(jax.jit(lp.group_exponents, static_argnums=1)(jnp.asarray(m), FMAX[fmt]))
     np.testing.assert_array_equal(e, [_exponent(float(v), fmt) for v in m])
     ok = m > 0
     assert np.all(m[ok] * 2.0 ** -e[ok] <= FMAX[fmt])

@@ -307,17 +307,21 @@ def device_format(fmt: CommFormat, axes: Any, key: Any) -> Any:
 def aps_exponents(maxabs: jax.Array, n: int, fmt_max: float) -> jax.Array:
   """Per-layer shift exponents `k = floor(log2(fmt_max / (n · maxabs)))`.
 
-  Zero or non-finite `maxabs` gives k = 0; k is clipped to ±100. The result
-  satisfies `n · maxabs · 2^k <= fmt_max` (checked and corrected after the
-  logarithm, which may round).
+  Zero or non-finite `maxabs` gives k = 0; k is clipped to ±100. Within the
+  clip, k is the largest with `n · maxabs · 2^k <= fmt_max` (checked both
+  ways after the logarithm, which may round).
   """
   maxabs = maxabs.astype(jnp.float32)
   ok = (maxabs > 0) & jnp.isfinite(maxabs)
   safe = jnp.where(ok, maxabs, 1.0)
   k = jnp.floor(jnp.log2(jnp.float32(fmt_max)) - jnp.log2(safe * n))
   k = jnp.clip(k, -_MAX_SHIFT, _MAX_SHIFT)
-  k = jnp.where(jnp.ldexp(n * safe, k.astype(jnp.int32)) > fmt_max, k - 1, k)
-  return jnp.where(ok, k, 0.0).astype(jnp.int32)
+  # The logarithms may round either way: one step down if n·M·2^k overflows,
+  # one up if n·M·2^(k+1) still fits (a ratio that is a power of two).
+  k = k.astype(jnp.int32)
+  k = jnp.where(jnp.ldexp(n * safe, k) > fmt_max, k - 1, k)
+  k = jnp.where((k < _MAX_SHIFT) & (jnp.ldexp(n * safe, k + 1) <= fmt_max), k + 1, k)
+  return jnp.where(ok, k, 0)
 
 
 def layer_stats(leaves: Sequence[jax.Array], axes: Any) -> tuple[jax.Array, jax.Array]:
@@ -384,7 +388,7 @@ DEFAULT_BLOCK_SIZE = 32
 # The scale exponent of a group holding a NaN or Inf (MX's E8M0 has a NaN
 # code too): the group decodes to NaN on every device. Other exponents lie in
 # [-_MAX_SHIFT, _MAX_SHIFT] so that 2^e stays a normal float32.
-_NONFINITE_EXP = -128
+NONFINITE_EXP = -128
 
 
 def resolve_scaling(
@@ -522,7 +526,7 @@ class ScaledFormat:
       m = a.reshape(-1, self.block_size).max(axis=1)
       nf = bad.reshape(-1, self.block_size).max(axis=1)
     e = group_exponents(m, self.fmt.max)
-    return jnp.where(nf > 0, _NONFINITE_EXP, e)
+    return jnp.where(nf > 0, NONFINITE_EXP, e)
 
   def _pack_exponents(self, e: jax.Array) -> jax.Array:
     if self.bits == 4:  # e = 16·hi + lo + 8 with hi, lo in [-8, 7]
@@ -542,7 +546,7 @@ class ScaledFormat:
     x = x.astype(jnp.float32)
     e = self.exponents(x, gid)
     ee = self._per_element(e, gid, x.shape[0])
-    scaled = jnp.ldexp(x, -jnp.where(ee == _NONFINITE_EXP, 0, ee))
+    scaled = jnp.ldexp(x, -jnp.where(ee == NONFINITE_EXP, 0, ee))
     payload = self.fmt.encode(scaled)
     if payload.dtype != self.container:
       payload = lax.bitcast_convert_type(payload, self.container)
@@ -559,8 +563,8 @@ class ScaledFormat:
     if self.fmt.wire_dtype != self.container:
       payload = lax.bitcast_convert_type(payload, self.fmt.wire_dtype)
     ee = self._per_element(e, gid, size)
-    out = jnp.ldexp(self.fmt.decode(payload), jnp.where(ee == _NONFINITE_EXP, 0, ee))
-    return jnp.where(ee == _NONFINITE_EXP, jnp.nan, out)
+    out = jnp.ldexp(self.fmt.decode(payload), jnp.where(ee == NONFINITE_EXP, 0, ee))
+    return jnp.where(ee == NONFINITE_EXP, jnp.nan, out)
 
   def round(self, x: jax.Array, gid: Any = None) -> jax.Array:
     """float32 -> the values that would arrive, as float32."""
