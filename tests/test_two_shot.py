@@ -390,3 +390,127 @@ def test_rows_encoded_alone_are_the_whole_buffer_encoded_at_once(comm_dtype):
                                 np.asarray(want.astype(jnp.int32)))
   np.testing.assert_array_equal(np.asarray(sent),
                                 np.asarray(codec.decode(wire)).reshape(t.shape))
+
+
+def _column_round(v, b=BLOCK):
+  """`_block_round` on every run of b consecutive rows of one column of v (p, C)."""
+  out = np.zeros_like(v)
+  for i in range(0, v.shape[0], b):
+    for j in range(v.shape[1]):
+      out[i : i + b, j] = _block_round(v[i : i + b, j])
+  return out
+
+
+def _two_shot_columns(contrib, worker, server, axis=None):
+  """`_two_shot` for a column-blocked leaf: the leaf, its split axis moved
+  first (weight-update sharding), viewed as (rows, last dimension); replica k
+  owns rows k·r .. k·r + r, the same elements as the flat layout's chunk k (or
+  its shard); each chunk, zero-padded to whole blocks of rows, is rounded with
+  one scale per BLOCK rows of a column."""
+  n, shape = contrib.shape[0], contrib.shape[1:]
+  moved = lambda a: a if axis is None else np.moveaxis(a, axis, 0)  # noqa: E731
+  mshape = moved(np.zeros(shape)).shape
+  c, r = mshape[-1], math.prod(mshape[:-1]) // n
+  back = lambda rows: rows.reshape(mshape) if axis is None else np.moveaxis(  # noqa: E731
+      rows.reshape(mshape), 0, axis)
+  pad = (-r) % BLOCK
+
+  def rnd(rows):
+    return _column_round(np.pad(rows, ((0, pad), (0, 0))))[:r]
+
+  p = contrib + worker
+  sent = np.stack([[rnd(moved(p[q]).reshape(n, r, c)[k]) for k in range(n)]
+                   for q in range(n)])
+  new_worker = p - np.stack([back(sent[q]) for q in range(n)])
+  t = sent.sum(axis=0) + server.reshape(n, r, c)
+  out = np.stack([rnd(t[k]) for k in range(n)])
+  return back(out), new_worker, (t - out).reshape(n, r * c)
+
+
+# Leaves of the column-blocks test: k's 128 rows give each of 8 replicas 16
+# rows (2 blocks of 8), p's 528 give 66 (8.25 blocks: padded to 9), f's 6 rows
+# and the vector v do not divide: the flat layout.
+COLUMN_LEAVES = {"k": (8, 16, 24), "p": (528, 3), "f": (6, 10), "v": (40,)}
+
+
+def _dyadic(rng, shape):
+  """Integers times powers of two that vary along both axes (so rows and
+  columns need different scales): sums of 8 of them, /8, are exact."""
+  e = rng.integers(-2, 3, size=shape[:-1] + (1,)) + rng.integers(-2, 3, size=shape[-1:])
+  return (rng.integers(-64, 65, size=shape) * 2.0**e).astype(np.float32)
+
+
+@pytest.mark.parametrize("scatter", [False, True])
+def test_column_blocks_match_numpy_over_three_steps(scatter):
+  """int8 with blocks of 8 and both residuals, 8 replicas, 3 steps: leaves whose
+  rows split into whole (or at least 8) blocks per replica are rounded per
+  column block, the others per flat block; means (with `scatter`, each
+  replica's shard) and residuals against NumPy."""
+  from date_optax._src.parallel.comm import two_shot
+
+  n = 8
+  axis = {k: dp.update_shard_axis(s, n) if scatter else None for k, s in COLUMN_LEAVES.items()}
+  assert axis == ({"k": 2, "p": 0, "f": None, "v": 0} if scatter else dict.fromkeys(axis))
+  rows = {k: two_shot.column_rows(s, n, BLOCK, axis[k]) for k, s in COLUMN_LEAVES.items()}
+  assert rows == {"k": 24 if scatter else 16, "p": 72, "f": None, "v": None}
+  sync = dp.GradSync("two_shot", comm_dtype="int8", block_size=BLOCK, error_feedback=True)
+  spec = P("data")
+  fn = jax.jit(compat.shard_map(
+      lambda g, e: jax.tree.map(lambda a: a[None], dp.sync_gradients(
+          jax.tree.map(lambda a: a[0], g), "data", sync, scatter=scatter,
+          residual=jax.tree.map(lambda a: a[0], e))),
+      mesh=dp.data_mesh(), in_specs=(spec, spec), out_specs=spec))
+  shapes = {k: jnp.zeros(s, jnp.float32) for k, s in COLUMN_LEAVES.items()}
+  res = jax.tree.map(lambda a: np.stack([a] * n),
+                     dp.ErrorFeedbackState.zeros(shapes, sync, chunks=n))
+  worker = {k: np.zeros((n,) + s) for k, s in COLUMN_LEAVES.items()}
+  server = {k: np.zeros((n, -(-math.prod(s) // n))) for k, s in COLUMN_LEAVES.items()}
+  rng = np.random.default_rng(3)
+  for step in range(3):
+    g = {k: _dyadic(rng, (n,) + s) for k, s in COLUMN_LEAVES.items()}
+    mean, res = fn(g, res)
+    for k in COLUMN_LEAVES:
+      contrib = g[k].astype(np.float64) / n
+      ref = _two_shot_columns if rows[k] else _two_shot
+      want, worker[k], server[k] = ref(contrib, worker[k], server[k], axis[k])
+      got = np.asarray(mean[k])
+      if axis[k] is None:  # every replica has the whole mean
+        want = np.broadcast_to(want, got.shape)
+      else:  # replica j has shard j
+        want = np.stack(np.split(want, n, axis=axis[k]))
+      np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-12, err_msg=f"{k} {step}")
+      np.testing.assert_allclose(np.asarray(res.worker[k]), worker[k], rtol=1e-6,
+                                 atol=1e-12, err_msg=k)
+      np.testing.assert_allclose(np.asarray(res.hop[k]), server[k], rtol=1e-6, atol=1e-12,
+                                 err_msg=k)
+  # Both stages round something, and a flat block would round k differently.
+  assert np.abs(server["k"]).max() > 0 and np.abs(worker["p"]).max() > 0
+  zero = (np.zeros((n, 8, 16, 24)), np.zeros((n, 384)), axis["k"])
+  contrib = g["k"].astype(np.float64) / n
+  assert np.abs(_two_shot(contrib, *zero)[0] - _two_shot_columns(contrib, *zero)[0]).max() > 0
+
+
+@pytest.mark.parametrize("comm_dtype", ["int8", "int4", "float8_e4m3fn", "bfloat16"])
+def test_a_column_block_rounds_as_a_flat_block(comm_dtype):
+  # Column blocks change which values share a scale, not how a block rounds:
+  # payload and exponents are, bit for bit, the flat format's on the columns
+  # laid end to end (NaN and Inf blocks included).
+  from date_optax._src.parallel.comm import low_precision as lp
+  from date_optax._src.parallel.comm import two_shot
+
+  rng = np.random.default_rng(0)
+  t = (rng.normal(size=(4 * 32, 5)) * np.exp(rng.normal(size=(4 * 32, 5)) * 4)).astype(np.float32)
+  t[2, 1], t[70, 3], t[32:64, 4] = np.nan, -np.inf, 0.0
+  fmt = lp.comm_format(comm_dtype)
+  payload, exps, sent = jax.jit(two_shot._ColumnCodec(fmt, 32).encode)(t)
+  flat = lp.ScaledFormat(fmt, block_size=32)
+  wire = flat.encode(jnp.asarray(t.T.reshape(-1)))
+  assert payload.dtype == wire.dtype and payload.shape == t.shape and exps.shape == (4, 5)
+  np.testing.assert_array_equal(np.asarray(payload.astype(jnp.int32)).T.reshape(-1),
+                                np.asarray(wire[: t.size].astype(jnp.int32)))
+  np.testing.assert_array_equal(np.asarray(exps).T.reshape(-1),
+                                np.asarray(flat.exponents(jnp.asarray(t.T.reshape(-1)))))
+  np.testing.assert_array_equal(np.asarray(sent).T.reshape(-1),
+                                np.asarray(flat.decode(wire)))
+  assert np.isnan(np.asarray(sent)[:32, 1]).all() and np.isnan(np.asarray(sent)[64:96, 3]).all()
+  assert np.isfinite(np.asarray(sent)[32:64]).all()
