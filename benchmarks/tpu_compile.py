@@ -128,6 +128,16 @@ def rows() -> dict[str, dict]:
   for algorithm, payload in (("two_shot", "int8"), ("two_shot", "int4"),
                              ("torus", "int8"), ("torus", "int4"), ("ring", "int8")):
     out[f"sync/v3-2048/{algorithm}/{payload}"] = sync("v3-2048", algorithm, payload)
+  # Issue 55's low-bit encoding goals on one v3-8: the gradient alone, then a
+  # whole BERT-base step (its temporaries against psum's).
+  for algorithm, payload in (("psum", "float32"), ("two_shot", "int8"), ("two_shot", "int4")):
+    out[f"sync/v3-8/{algorithm}/{payload}"] = sync("v3-8", algorithm, payload)
+  for label, sets in (("psum", []), ("two_shot-int8", [
+      "grad_sync.algorithm='two_shot'", "grad_sync.comm_dtype='int8'",
+      "grad_sync.block_size=32"])):
+    out[f"bert-base/v3-8/{label}"] = _compile_cmd(
+        "bert_lamb", "v3-8", "examples/bert_lamb/configs/lamb_bert.py:32768,base",
+        ["batch_size=256", "stage2.batch_size=64", "vocab_size=30522", *sets])
   out["bert-large-adamw/v3-2048"] = _bert("v3-2048", ["optimizer='adamw'"])
   for s in ("v2-512", "v3-128", "v3-512", "v2-32", "v4-128", "v5litepod-256"):
     out[f"r50/{s}"] = r50_at(s)
@@ -352,7 +362,8 @@ def sync_row(accelerator: str, algorithm: str, payload: str) -> dict:
       compiled, num_devices=n, global_batch=n, tpu=tpu,
       compile_seconds=time.perf_counter() - start, device_kind=f"TPU {accelerator[:2]}")
   return {"programs": [{"name": f"{algorithm} {payload}", **report.as_dict()}],
-          "mesh": dict(mesh.shape)}
+          "mesh": dict(mesh.shape),
+          "gradient_bytes": sum(4 * math.prod(x.shape) for x in jax.tree.leaves(params))}
 
 
 # -- the driver -------------------------------------------------------------------
@@ -489,16 +500,35 @@ def report(log: str, md: str, png: str | None) -> None:
                    f"{p['bytes_per_param']:.2f} | {p['floor_bytes_per_param']} | {floors} | "
                    f"{p['fusions'] / rec['leaves']:.2f} |")
   lines += ["", "## The gradient all-reduce alone (ResNet-50's 25.6M gradients)", "",
-            "| slice | algorithm | payload | est. ms | collectives | bytes per device | "
-            "compile s |", "|---|---|---|---:|---|---:|---:|"]
-  for name, rec in sorted(done.items()):
+            "Bytes accessed and temporaries per device are the compiler's, in units of "
+            "the float32 gradient (102.2 MB); rows compiled before they were recorded "
+            "show none.", "",
+            "| slice | algorithm | payload | est. ms | collectives | bytes sent per device | "
+            "bytes accessed | temporaries | compile s |",
+            "|---|---|---|---:|---|---:|---:|---:|---:|"]
+  for name, rec in sorted(done.items(), key=lambda kv: _sync_order(kv[0])):
     if not name.startswith("sync/") or "error" in rec:
       continue
     _, s, algorithm, payload = name.split("/")
     p = rec["programs"][0]
+    grad = rec.get("gradient_bytes")
+    ratio = lambda key, p=p, grad=grad: f"{p[key] / grad:.2f}×" if grad else ""  # noqa: E731
     lines.append(f"| {s} | {algorithm} | {payload} | {p['estimated_seconds'] * 1e3:.3f} | "
                  f"{p['collective_counts']} | {sum(p['collective_bytes'].values()):,} | "
+                 f"{ratio('bytes_accessed')} | {ratio('temp_bytes')} | "
                  f"{p['compile_seconds']:.1f} |")
+  bert = [(label, done.get(f"bert-base/v3-8/{label}")) for label in ("psum", "two_shot-int8")]
+  if all(rec and "error" not in rec for _, rec in bert):
+    lines += ["", "## A BERT-base step on a v3-8 with the compressed reduction", "",
+              "Stage 1 (batch 256, length 128), LAMB, weight-update sharding: the whole "
+              "step with XLA's psum and with `GradSync(\"two_shot\", comm_dtype=\"int8\", "
+              "block_size=32)`.", "",
+              "| gradient sync | temporaries GiB | bytes accessed GB | est. ms |",
+              "|---|---:|---:|---:|"]
+    for label, rec in bert:
+      p = rec["programs"][0]
+      lines.append(f"| {label} | {p['temp_bytes'] / 2**30:.2f} | "
+                   f"{p['bytes_accessed'] / 1e9:.2f} | {p['estimated_seconds'] * 1e3:.1f} |")
   rec = done.get("growth/v3-128")
   if rec and "error" not in rec:
     lines += ["", "## A growing batch on a v3-128: rows first against accumulation only", "",
@@ -522,6 +552,12 @@ def report(log: str, md: str, png: str | None) -> None:
   print("\n".join(lines))
   if png:
     _plot(done, png)
+
+
+def _sync_order(name: str) -> tuple:
+  """Sync rows by slice size, then by name (v3-8 before v3-128)."""
+  parts = name.split("/")
+  return (_devices(parts[1]) if name.startswith("sync/") else 0, name)
 
 
 def _plot(done: dict, png: str) -> None:

@@ -71,6 +71,11 @@ class GradSync:
       measured on what is sent at every hop. Needs a low-precision
       `comm_dtype` and not "psum"; APS then defaults to off. Stored
       resolved: `GradSync("ring", comm_dtype="int8").block_size == 32`.
+      A block is `block_size` consecutive elements of the flattened layer,
+      except over "two_shot" rounded to nearest, where a layer of two or
+      more dimensions whose rows split among the replicas in whole blocks
+      takes `block_size` consecutive rows of one column (its last
+      dimension's; the layout a TPU's tiles keep in place).
     measured_shift: one power-of-two scale per layer piece of every
       message, measured at every hop instead of APS's worst case `N · M`.
       Needs a low-precision `comm_dtype`, not "psum"; excludes `block_size`.
