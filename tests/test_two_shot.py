@@ -546,3 +546,25 @@ def test_column_blocks_under_pmap_equal_the_mesh_step_bit_for_bit():
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   np.testing.assert_array_equal(np.asarray(b.params["k"]), np.asarray(a.params["k"][0]))
   assert np.abs(np.asarray(b.grad_residual.hop["k"])).max() > 0
+
+
+def test_large_payloads_travel_in_collectives_of_their_own():
+  """Column-blocked payloads of 4 MiB or more get an all-to-all each
+  (concatenating them would copy them once more); smaller ones with the same
+  last dimension share one, their exponents with them. The owners' rounded
+  sums, 1/8 of that, share one all-gather."""
+  from date_optax._src.parallel.comm import two_shot
+
+  big, small = (8192, 1024), (256, 1024)
+  assert 8 * (8192 // 8) * 1024 >= two_shot._ALONE_BYTES > 8 * (256 // 8) * 1024
+  sync = dp.GradSync("two_shot", comm_dtype="int8", block_size=32)
+  shapes = {"a": big, "b": big, "c": small}
+  f = jax.jit(compat.shard_map(
+      lambda g: jax.tree.map(lambda a: a[None], dp.sync_gradients(
+          jax.tree.map(lambda a: a[0], g), "data", sync)),
+      mesh=dp.data_mesh(), in_specs=P("data"), out_specs=P("data")))
+  text = f.lower({k: jax.ShapeDtypeStruct((8, *s), jnp.float32)
+                  for k, s in shapes.items()}).as_text()
+  # a and b alone; c's payload with the three leaves' exponents.
+  assert text.count('"stablehlo.all_to_all"') == 3
+  assert text.count('"stablehlo.all_gather"') == 1

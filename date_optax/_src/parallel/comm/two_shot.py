@@ -43,9 +43,9 @@ the 8 × 128 tiles: the max-abs, scale, round and residual of a block run as
 a few fusions over the leaf where it lies, where blocks of 32 consecutive
 elements on 128 lanes made the compiler relayout the whole gradient
 (ResNet-50 on a v3-8: 1.55 GB accessed and 75 MB of temporaries, down from
-7.06 GB and 1,145 MB, by the compiler's estimates). Leaves with the same
-last dimension and wire dtype travel in one collective, concatenated along
-their rows. Where rows per replica are fewer than a block (many replicas,
+7.06 GB and 1,145 MB, by the compiler's estimates). Payloads under 4 MiB
+with the same last dimension and wire dtype travel in one collective,
+concatenated along their rows; larger ones in their own. Where rows per replica are fewer than a block (many replicas,
 small leaves) the flat layout stays. Blocks change which values share a
 scale, not how a block rounds; `tests/test_two_shot.py` checks both layouts
 against NumPy.
@@ -226,12 +226,19 @@ class _ColumnCodec:
     return jnp.where(bad, jnp.nan, out).reshape(payload.shape)
 
 
+#: Arrays of at least this many bytes travel in a collective of their own;
+#: smaller ones with the same last dimension and dtype share one (each
+#: concatenation is a copy, each collective a latency).
+_ALONE_BYTES = 4 << 20
+
+
 def _by_lanes(arrays: list[jax.Array]) -> list[list[int]]:
-  """Indices of the arrays that can share one collective: same last
-  dimension and dtype (concatenated along their rows)."""
-  groups: dict[tuple[int, Any], list[int]] = {}
+  """Indices of the arrays that share one collective: the small ones with
+  the same last dimension and dtype (concatenated along their rows)."""
+  groups: dict[Any, list[int]] = {}
   for i, a in enumerate(arrays):
-    groups.setdefault((a.shape[-1], a.dtype), []).append(i)
+    key = i if a.size * a.dtype.itemsize >= _ALONE_BYTES else (a.shape[-1], a.dtype)
+    groups.setdefault(key, []).append(i)
   return list(groups.values())
 
 
