@@ -45,10 +45,10 @@ elements on 128 lanes made the compiler relayout the whole gradient
 (ResNet-50 on a v3-8: 1.55 GB accessed and 75 MB of temporaries, down from
 7.06 GB and 1,145 MB, by the compiler's estimates). Payloads under 4 MiB
 with the same last dimension and wire dtype travel in one collective,
-concatenated along their rows; larger ones in their own. Where rows per replica are fewer than a block (many replicas,
-small leaves) the flat layout stays. Blocks change which values share a
-scale, not how a block rounds; `tests/test_two_shot.py` checks both layouts
-against NumPy.
+concatenated along their rows; larger ones in their own. Where rows per
+replica are fewer than a block (many replicas, small leaves) the flat
+layout stays. Blocks change which values share a scale, not how a block
+rounds; `tests/test_two_shot.py` checks both layouts against NumPy.
 
 `grad_sync` calls `two_shot_sum` for the low-precision leaves of
 `GradSync("two_shot", ...)`; its exact leaves go through
