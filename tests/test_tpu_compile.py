@@ -483,6 +483,10 @@ def test_study_rows_and_time_to_train(tmp_path, monkeypatch):
           "programs": [_program(8, 8, 0.004, bytes_accessed=1.5e9, temp_bytes=75e6)],
           "gradient_bytes": 100e6},
       "sync/v3-128/psum/float32": {"programs": [_program(128, 128, 0.001)]},
+      "bert-base/v3-8/psum": {"programs": [_program(
+          256, 8, 0.05, temp_bytes=4.5 * 2**30, bytes_accessed=10e9)]},
+      "bert-base/v3-8/two_shot-int8": {"programs": [_program(
+          256, 8, 0.06, temp_bytes=4.25 * 2**30, bytes_accessed=15e9)]},
   }
   log.write_text("".join(json.dumps({"ident": k, **v}) + "\n" for k, v in runs.items()))
   tpu_compile.report(str(log), str(tmp_path / "t.md"), None)
@@ -503,6 +507,8 @@ def test_study_rows_and_time_to_train(tmp_path, monkeypatch):
                     "| 0.75× | 1.0 |")
   assert text.index("| v3-128 | psum | float32 | 1.000 | {'all-reduce': 1} | 4,000,000.0 "
                     "|  |  |") > v3_8
+  # The BERT-base step with each sync: temporaries GiB, bytes GB, est. ms.
+  assert "| psum | 4.50 | 10.00 | 50.0 |\n| two_shot-int8 | 4.25 | 15.00 | 60.0 |" in text
 
 
 def test_a_program_that_does_not_fit_says_by_how_much():
