@@ -4,7 +4,9 @@ The reference follows the description (Tang et al. 2021), not the code: each
 replica r adds its worker residual to its share, `p = g_r / N + e_r`, cuts
 every leaf into N chunks (flattened and zero-padded to a multiple of N, or
 with weight-update sharding the leaf's shards), rounds every chunk once with
-a scale per block of BLOCK elements (blocks never cross a leaf) and keeps
+a scale per block of BLOCK elements (blocks never cross a leaf; a leaf whose
+rows split among the replicas in whole blocks takes BLOCK rows of a column,
+`_two_shot_columns`) and keeps
 `e_r' = p - C(p)`; owner k sums the N chunks k it receives, adds its server
 residual `s_k` (1/N of the leaf), rounds the sum once and keeps the rest;
 everyone gets every owner's rounded chunk. The model and the dyadic data are
