@@ -177,21 +177,28 @@ def test_two_shot_on_the_sharded_builder_matches_numpy(shard_update):
     _check(state, params, worker, server)
 
 
-def test_pmap_two_shot_equals_the_mesh_step_bit_for_bit():
-  sync = dp.GradSync("two_shot", comm_dtype="int4", rounding="stochastic",
-                     error_feedback=True)
+def _pmap_equals_mesh(loss, params, batches, sync, leaf):
+  """Runs the pmap and the replicated mesh builders side by side; their
+  residuals and `leaf`'s parameters must be the same bits. Returns both states."""
   config = dp.StepConfig(donate=False)
-  pmap = dp.make_pmap_train_step(_loss, optax.sgd(LR), grad_sync=sync, step_config=config)
-  jit = dp.make_replicated_train_step(_loss, optax.sgd(LR), dp.data_mesh(), grad_sync=sync,
+  pmap = dp.make_pmap_train_step(loss, optax.sgd(LR), grad_sync=sync, step_config=config)
+  jit = dp.make_replicated_train_step(loss, optax.sgd(LR), dp.data_mesh(), grad_sync=sync,
                                       step_config=config)
-  a, b = pmap.init(_params()), jit.init(_params())
-  for batch in BATCHES[:3]:
+  a, b = pmap.init(params), jit.init(params)
+  for batch in batches:
     a, _ = pmap(a, batch)
     b, _ = jit(b, batch)
   for x, y in zip(jax.tree.leaves(b.grad_residual), jax.tree.leaves(a.grad_residual),
                   strict=True):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-  np.testing.assert_array_equal(np.asarray(b.params["w"]), np.asarray(a.params["w"][0]))
+  np.testing.assert_array_equal(np.asarray(b.params[leaf]), np.asarray(a.params[leaf][0]))
+  return a, b
+
+
+def test_pmap_two_shot_equals_the_mesh_step_bit_for_bit():
+  sync = dp.GradSync("two_shot", comm_dtype="int4", rounding="stochastic",
+                     error_feedback=True)
+  a, _ = _pmap_equals_mesh(_loss, _params(), BATCHES[:3], sync, "w")
   assert a.grad_residual.hop["w"].shape == (8, 16)
 
 
@@ -535,18 +542,7 @@ def test_column_blocks_under_pmap_equal_the_mesh_step_bit_for_bit():
 
   sync = dp.GradSync("two_shot", comm_dtype="int8", block_size=BLOCK, error_feedback=True)
   assert two_shot.column_rows((256, 4), 8, BLOCK) == 32
-  config = dp.StepConfig(donate=False)
-  pmap = dp.make_pmap_train_step(loss, optax.sgd(LR), grad_sync=sync, step_config=config)
-  jit = dp.make_replicated_train_step(loss, optax.sgd(LR), dp.data_mesh(), grad_sync=sync,
-                                      step_config=config)
-  a, b = pmap.init(params), jit.init(params)
-  for batch in batches:
-    a, _ = pmap(a, batch)
-    b, _ = jit(b, batch)
-  for x, y in zip(jax.tree.leaves(b.grad_residual), jax.tree.leaves(a.grad_residual),
-                  strict=True):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-  np.testing.assert_array_equal(np.asarray(b.params["k"]), np.asarray(a.params["k"][0]))
+  _, b = _pmap_equals_mesh(loss, params, batches, sync, "k")
   assert np.abs(np.asarray(b.grad_residual.hop["k"])).max() > 0
 
 
